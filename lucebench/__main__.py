@@ -1,0 +1,3 @@
+from lucebench.cli import main
+
+main()

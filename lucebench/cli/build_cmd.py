@@ -1,0 +1,3 @@
+"""`lucebench build`."""
+
+from lucebench.cli import app  # noqa: F401

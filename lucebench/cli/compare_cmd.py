@@ -1,0 +1,3 @@
+"""`lucebench compare`."""
+
+from lucebench.cli import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""`lucebench datasets`."""
+
+from lucebench.cli import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""`lucebench env`."""
+
+from lucebench.cli import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""`lucebench generate`."""
+
+from lucebench.cli import app  # noqa: F401

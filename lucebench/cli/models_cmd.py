@@ -1,0 +1,3 @@
+"""`lucebench models`."""
+
+from lucebench.cli import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""`lucebench report`."""
+
+from lucebench.cli import app  # noqa: F401

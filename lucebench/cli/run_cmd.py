@@ -1,0 +1,3 @@
+"""`lucebench run`."""
+
+from lucebench.cli import app  # noqa: F401

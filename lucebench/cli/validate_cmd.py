@@ -1,0 +1,3 @@
+"""`lucebench validate`."""
+
+from lucebench.cli import app  # noqa: F401

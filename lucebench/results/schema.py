@@ -1,0 +1,213 @@
+"""The result schema `lucebench.result/v1`: what one `lucebench run` writes to results.json.
+
+A result is self-describing: the config and its hash, the environment, the lucebench commit, and per
+cell the engine build, the model files, the workload (dataset, prompt ids), every raw repetition sample
+and the derived metrics (defined in docs/metrics.md, computed in lucebench.metrics).
+
+The committed JSON Schema `lucebench/schemas/result-v1.schema.json` is generated from these models
+(`python -m lucebench.results.export_schema`); a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_ID = "lucebench.result/v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------- environment
+class GpuInfo(_Strict):
+    index: int
+    name: str
+    uuid: str | None = None
+    vbios: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    compute_capability: str | None = None
+    power_limit_w: float | None = None
+    power_limit_default_w: float | None = None
+    power_limit_min_w: float | None = None
+    power_limit_max_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    ecc_enabled: bool | None = None
+    energy_counter: bool | None = Field(None, description="NVML total-energy counter available (Volta+)")
+
+
+class Environment(_Strict):
+    hostname: str | None = None
+    os: str
+    kernel: str | None = None
+    cpu: str | None = None
+    cpu_count: int | None = None
+    memory_total_bytes: int | None = None
+    python: str
+    packages: dict[str, str | None] = Field(default_factory=dict)
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    rocm_version: str | None = None
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    compilers: dict[str, str | None] = Field(default_factory=dict)
+    lucebench_version: str
+    lucebench_commit: str | None = None
+    lucebench_dirty: bool | None = None
+    power_available: bool = Field(description="False where no NVML GPU is present: power is 'unavailable', never 0")
+
+
+# ---------------------------------------------------------------------------------------------- per cell
+class EngineInfo(_Strict):
+    name: str
+    kind: Literal["bundled", "baseline"]
+    version: str | None = None
+    backend: str | None = None
+    command: list[str] = Field(default_factory=list)
+    build: dict[str, Any] = Field(default_factory=dict, description="compiler, flags, arch, source hash, commit")
+    ready: dict[str, Any] = Field(default_factory=dict, description="the engine's own ready message")
+
+
+class ModelInfo(_Strict):
+    name: str
+    path: str | None = None
+    files: dict[str, str] = Field(default_factory=dict, description="file name -> sha256")
+    synthetic: bool = False
+    arch: str | None = None
+    dtype: str | None = None
+    n_params: int | None = None
+
+
+class Workload(_Strict):
+    suite: str
+    suite_version: str | None = None
+    dataset: str | None = None
+    dataset_revision: str | None = Field(None, description="hub revision or sha256 of the local file")
+    prompt_ids: list[str] = Field(default_factory=list)
+    prompt_format: str | None = None
+    n_gen: int
+    ignore_eos: bool = True
+    depth: int | None = Field(None, description="context already in the KV cache before the timed phase")
+    skipped_prompts: list[dict[str, Any]] = Field(default_factory=list, description="id and reason of each skipped prompt")
+
+
+class PowerState(_Strict):
+    """The card's power setting for this cell, as requested and as read back."""
+
+    requested_limit_w: float | None = None
+    applied: bool = False
+    limit_w: float | None = None
+    default_limit_w: float | None = None
+    idle_power_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+
+
+class PhaseEnergy(_Strict):
+    """Energy of one phase window: from the NVML counter and from integrating power samples."""
+
+    window_s: float
+    energy_j: float | None = Field(None, description="total-energy counter difference (gross)")
+    energy_integrated_j: float | None = Field(None, description="trapezoid integral of power samples (gross)")
+    energy_net_j: float | None = Field(None, description="gross minus idle power x window")
+    avg_power_w: float | None = None
+    peak_power_w: float | None = None
+    method: Literal["counter", "integrated", "unavailable"] = "unavailable"
+    note: str | None = None
+
+
+class Sample(_Strict):
+    """One measured request (after warm-up). Raw values; metrics are derived from these."""
+
+    rep: int
+    prompt_id: str
+    n_prompt: int
+    n_gen: int
+    decode_steps: int
+    stop: str | None = None
+    prefill_s: float
+    decode_s: float
+    e2e_s: float = Field(description="harness-side wall time from request sent to reply parsed")
+    t_prefill_start_ns: int
+    t_prefill_end_ns: int
+    t_decode_start_ns: int
+    t_decode_end_ns: int
+    bytes_per_token: float | None = None
+    peak_mem_bytes: int | None = None
+    draft_steps: int | None = None
+    accepted_tokens: int | None = None
+    output_ids: list[int] | None = None
+    energy: dict[str, PhaseEnergy] = Field(default_factory=dict, description="phase name -> energy")
+
+
+class MetricSummary(_Strict):
+    unit: str
+    n: int
+    median: float | None
+    mean: float | None
+    stddev: float | None
+    min: float | None
+    max: float | None
+    cov: float | None = Field(None, description="coefficient of variation = stddev / mean")
+    noisy: bool = False
+    samples: list[float] = Field(default_factory=list)
+    note: str | None = None
+
+
+class CellError(_Strict):
+    kind: str = Field(description="crash | timeout | oom | protocol | engine_error | build | config | skipped | interrupted")
+    message: str
+    exit_code: int | None = None
+    signal: str | None = None
+    stderr_tail: str | None = None
+    log_file: str | None = None
+
+
+class Cell(_Strict):
+    id: str = Field(description="deterministic id from the cell's parameters")
+    params: dict[str, Any] = Field(description="the axis values that define this cell")
+    status: Literal["ok", "failed", "skipped"]
+    started: str | None = None
+    finished: str | None = None
+    engine: EngineInfo | None = None
+    model: ModelInfo | None = None
+    workload: Workload | None = None
+    power: PowerState | None = None
+    warmups: int = 0
+    samples: list[Sample] = Field(default_factory=list)
+    power_trace: list[tuple[float, float]] = Field(
+        default_factory=list, description="(seconds since cell start, watts), decimated, for the timeline plot")
+    metrics: dict[str, MetricSummary] = Field(default_factory=dict)
+    error: CellError | None = None
+    log_file: str | None = None
+
+
+class ConfigRecord(_Strict):
+    path: str | None = None
+    sha256: str
+    content: dict[str, Any]
+
+
+class Result(_Strict):
+    schema_: Literal["lucebench.result/v1"] = Field(SCHEMA_ID, alias="schema")
+    run_id: str
+    created: str
+    updated: str | None = None
+    lucebench_version: str
+    metrics_version: str
+    config: ConfigRecord
+    environment: Environment
+    cells: list[Cell] = Field(default_factory=list)
+    complete: bool = Field(False, description="True once every cell of the matrix has a status")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def cell(self, cell_id: str) -> Cell | None:
+        return next((c for c in self.cells if c.id == cell_id), None)
