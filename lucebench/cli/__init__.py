@@ -45,9 +45,11 @@ def _register_commands() -> None:
         datasets_cmd,
         env_cmd,
         generate_cmd,
+        leaderboard_cmd,
         models_cmd,
         report_cmd,
         run_cmd,
+        submit_cmd,
         validate_cmd,
     )
 

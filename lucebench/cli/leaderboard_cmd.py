@@ -1,0 +1,3 @@
+"""`lucebench leaderboard`."""
+
+from lucebench.cli import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""`lucebench submit`."""
+
+from lucebench.cli import app  # noqa: F401
