@@ -1,3 +1,83 @@
-"""`lucebench generate`."""
+"""`lucebench generate`: one greedy generation through any engine, for checks and debugging."""
 
-from lucebench.cli import app  # noqa: F401
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from lucebench.cli import app
+from lucebench.errors import EngineError, UserError
+
+
+def _prompt_ids(model: Path, prompt: Optional[str], prompt_ids: Optional[str]) -> list[int]:
+    if (prompt is None) == (prompt_ids is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    if prompt_ids is not None:
+        try:
+            return [int(x) for x in prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--prompt-ids must be comma-separated integers, got {prompt_ids!r}") from None
+    tokenizer_file = model / "tokenizer.json"
+    if not tokenizer_file.exists():
+        raise UserError("the model has no tokenizer.json to encode --prompt", where=str(model),
+                        hint="use --prompt-ids instead")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_file)).encode(prompt, add_special_tokens=False).ids
+
+
+@app.command()
+def generate(
+    engine: str = typer.Option(..., "--engine", help="ar, hf, llama.cpp, ..."),
+    model: Path = typer.Option(..., "--model", help="model folder (Hugging Face layout)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="cpu, cuda or hip (default: detected)"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="prompt text, encoded with the model's tokenizer"),
+    prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="prompt token ids, e.g. 1,2,3"),
+    n_gen: int = typer.Option(32, "--n-gen", min=1, help="tokens to generate"),
+    device: int = typer.Option(0, "--device", help="GPU index"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object (with output_ids) on stdout"),
+) -> None:
+    """One greedy generation (ignore EOS, exactly --n-gen tokens)."""
+    from lucebench.engines.detect import detect_backend
+    from lucebench.engines.registry import ENGINE_TYPES, LaunchRequest
+    from lucebench.runner.process import EngineProcess
+
+    if engine not in ENGINE_TYPES:
+        raise UserError(f"unknown engine {engine!r}", hint=f"engines: {', '.join(sorted(ENGINE_TYPES))}")
+    if not (model / "config.json").exists() and not model.is_file():
+        raise UserError("model not found (no config.json)", where=str(model),
+                        hint="create one with `lucebench models synth --shape tiny --out DIR`")
+    ids = _prompt_ids(model, prompt, prompt_ids)
+    if not ids:
+        raise UserError("the prompt is empty")
+    backend = backend or detect_backend()
+    console = Console(stderr=True)
+    launch = ENGINE_TYPES[engine].launch(LaunchRequest(engine=engine, options={}, model_dir=model, backend=backend,  # type: ignore[arg-type]
+                                                       device=device, max_ctx=len(ids) + n_gen + 8, console=console))
+    log = Path(tempfile.gettempdir()) / "lucebench-generate.log"
+    try:
+        with EngineProcess(launch.argv, log_path=log, env=launch.env) as proc:
+            proc.wait_ready(600)
+            t0 = time.perf_counter()
+            reply = proc.request({"type": "generate", "id": "generate", "prompt_ids": ids, "n_gen": n_gen,
+                                  "ignore_eos": True, "eos_ids": []}, 600)
+            reply["e2e_ms"] = (time.perf_counter() - t0) * 1e3
+    except EngineError as exc:
+        raise UserError(f"engine {engine} failed ({exc.kind}): {exc.message}"
+                        + (f"\n{exc.stderr_tail}" if exc.stderr_tail else ""), exit_code=1) from None
+    if as_json:
+        print(json.dumps({"engine": engine, "prompt_ids": ids, **{k: v for k, v in reply.items() if k != "type"}}))
+        return
+    console.print(f"output ids: {reply['output_ids']}")
+    if (model / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+
+        console.print(f"text: {Tokenizer.from_file(str(model / 'tokenizer.json')).decode(reply['output_ids'])!r}")
+    t = reply["timing"]
+    console.print(f"prefill {t['prefill_ms']:.2f} ms, decode {t['decode_ms']:.2f} ms")

@@ -40,6 +40,8 @@ class GpuInfo(_Strict):
     mem_clock_max_mhz: int | None = None
     ecc_enabled: bool | None = None
     energy_counter: bool | None = Field(None, description="NVML total-energy counter available (Volta+)")
+    memory_bandwidth_bytes_s: float | None = Field(None, description="for the roofline: bytes read + written per s")
+    memory_bandwidth_source: str | None = Field(None, description="'measured: <how>' or 'datasheet: <source>'")
 
 
 class Environment(_Strict):
@@ -65,7 +67,7 @@ class Environment(_Strict):
 # ---------------------------------------------------------------------------------------------- per cell
 class EngineInfo(_Strict):
     name: str
-    kind: Literal["bundled", "baseline"]
+    kind: Literal["bundled", "baseline", "external"]
     version: str | None = None
     backend: str | None = None
     command: list[str] = Field(default_factory=list)
@@ -187,6 +189,8 @@ class Cell(_Strict):
     metrics: dict[str, MetricSummary] = Field(default_factory=dict)
     error: CellError | None = None
     log_file: str | None = None
+    checks: dict[str, Any] = Field(default_factory=dict,
+                                   description="scoring and losslessness details (per prompt), when run")
 
 
 class ConfigRecord(_Strict):

@@ -1,0 +1,1 @@
+"""Engines and baselines behind one subprocess interface (docs/protocol.md)."""

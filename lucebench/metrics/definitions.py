@@ -1,0 +1,223 @@
+"""Every derived metric, defined once. docs/metrics.md is the prose twin of this file.
+
+Per-sample metrics are computed from one measured request (a `Sample`) and summarised over the
+repetitions (median, spread). Energy metrics come from the phase windows that the engine reported on
+the CLOCK_MONOTONIC clock, cut from the NVML samples: per sample when each window is long enough for
+the energy counter, otherwise once over the sum of all the phase's windows (the runner extends the run
+by repetition until that sum is long enough). Cross-cell metrics (speedups) compare a cell with its
+baseline cell.
+
+Bump METRICS_VERSION whenever a definition changes meaning; results record it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from lucebench.metrics.stats import DEFAULT_NOISY_COV, geometric_mean, summarize
+from lucebench.results.schema import Cell, MetricSummary, PhaseEnergy, Sample
+
+METRICS_VERSION = "1"
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    unit: str
+    higher_is_better: bool
+    description: str
+
+
+def _decode_tokens(s: Sample) -> int:
+    """Tokens produced by the decode phase: the first generated token comes out of prefill."""
+    return max(s.n_gen - 1, 0)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def _phase_j(s: Sample, phase: str, net: bool) -> float | None:
+    e = s.energy.get(phase)
+    if e is None:
+        return None
+    return e.energy_net_j if net else e.energy_j
+
+
+# name -> (definition, per-sample function or None for cross-cell metrics)
+_SAMPLE_METRICS: dict[str, tuple[MetricDef, Callable[[Sample], float | None]]] = {}
+_CROSS_METRICS: dict[str, MetricDef] = {}
+
+
+def _sample_metric(name: str, unit: str, higher: bool, description: str):
+    def register(fn: Callable[[Sample], float | None]) -> Callable[[Sample], float | None]:
+        _SAMPLE_METRICS[name] = (MetricDef(name, unit, higher, description), fn)
+        return fn
+    return register
+
+
+@_sample_metric("prefill_tok_s", "tok/s", True, "prompt tokens / prefill time (prefill ends when the first token is known)")
+def _prefill_tok_s(s: Sample) -> float | None:
+    return _ratio(s.n_prompt, s.prefill_s)
+
+
+@_sample_metric("decode_tok_s", "tok/s", True, "(generated tokens - 1) / decode time; the first token is excluded")
+def _decode_tok_s(s: Sample) -> float | None:
+    return _ratio(_decode_tokens(s), s.decode_s) if _decode_tokens(s) else None
+
+
+@_sample_metric("ttft_ms", "ms", False, "time to first token: the engine-timed prefill phase")
+def _ttft_ms(s: Sample) -> float | None:
+    return s.prefill_s * 1e3
+
+
+@_sample_metric("tpot_ms", "ms", False, "time per output token after the first = decode time / (n_gen - 1)")
+def _tpot_ms(s: Sample) -> float | None:
+    return _ratio(s.decode_s * 1e3, _decode_tokens(s))
+
+
+@_sample_metric("e2e_ms", "ms", False, "harness wall time from request sent to reply parsed")
+def _e2e_ms(s: Sample) -> float | None:
+    return s.e2e_s * 1e3
+
+
+@_sample_metric("acceptance_length", "tok/step", True,
+                "speculative engines: committed tokens (bonus included) per draft+verify step")
+def _acceptance_length(s: Sample) -> float | None:
+    return _ratio(s.accepted_tokens, s.draft_steps)
+
+
+@_sample_metric("peak_mem_bytes", "B", False, "peak device memory of the engine process")
+def _peak_mem(s: Sample) -> float | None:
+    return float(s.peak_mem_bytes) if s.peak_mem_bytes is not None else None
+
+
+for _phase in PHASES:
+    for _net in (False, True):
+        _suffix = "_net" if _net else ""
+        _kind = "net of idle power" if _net else "gross (counter)"
+
+        def _j(s: Sample, phase: str = _phase, net: bool = _net) -> float | None:
+            return _phase_j(s, phase, net)
+
+        def _tpj(s: Sample, phase: str = _phase, net: bool = _net) -> float | None:
+            tokens = s.n_prompt if phase == "prefill" else _decode_tokens(s)
+            return _ratio(tokens, _phase_j(s, phase, net))
+
+        _sample_metric(f"{_phase}_j{_suffix}", "J", False, f"energy of the {_phase} phase, {_kind}")(_j)
+        _sample_metric(f"{_phase}_tok_per_j{_suffix}", "tok/J", True,
+                       f"{'prompt' if _phase == 'prefill' else 'decode'} tokens / {_phase} energy, {_kind}")(_tpj)
+
+
+def _total_tpj(s: Sample, net: bool) -> float | None:
+    pre, dec = _phase_j(s, "prefill", net), _phase_j(s, "decode", net)
+    if pre is None or (dec is None and _decode_tokens(s)):
+        return None
+    return _ratio(s.n_gen, pre + (dec or 0.0))
+
+
+_sample_metric("total_tok_per_j", "tok/J", True, "generated tokens / (prefill + decode energy), gross")(
+    lambda s: _total_tpj(s, False))
+_sample_metric("total_tok_per_j_net", "tok/J", True, "generated tokens / (prefill + decode energy), net of idle")(
+    lambda s: _total_tpj(s, True))
+
+
+@_sample_metric("avg_power_w", "W", False, "average board power over the decode windows (prefill where no decode)")
+def _avg_power(s: Sample) -> float | None:
+    e = s.energy.get("decode") if _decode_tokens(s) else s.energy.get("prefill")
+    return e.avg_power_w if e else None
+
+
+for _name, _unit, _desc in (
+    ("roofline_pct", "%", "bytes moved per decode token x decode tok/s / measured memory bandwidth x 100"),
+    ("speedup_decode", "x", "decode tok/s of the cell / decode tok/s of its baseline cell (medians)"),
+    ("speedup_ttft", "x", "TTFT of the baseline cell / TTFT of the cell (medians)"),
+    ("speedup_combined", "x", "geometric mean of speedup_ttft and speedup_decode where both exist"),
+    ("accuracy", "%", "share of the suite's prompts whose first measured output scores correct (--score)"),
+    ("token_match_pct", "%", "share of prompts whose output ids equal the baseline engine's exactly"),
+):
+    _CROSS_METRICS[_name] = MetricDef(_name, _unit, True, _desc)
+
+
+def all_definitions() -> list[MetricDef]:
+    """Every metric lucebench derives, in report order."""
+    return [d for d, _ in _SAMPLE_METRICS.values()] + list(_CROSS_METRICS.values())
+
+
+def definition(name: str) -> MetricDef:
+    if name in _SAMPLE_METRICS:
+        return _SAMPLE_METRICS[name][0]
+    return _CROSS_METRICS[name]
+
+
+def compute_cell_metrics(samples: Iterable[Sample], *, phase_totals: dict[str, PhaseEnergy] | None = None,
+                         memory_bandwidth_bytes_s: float | None = None,
+                         noisy_cov: float = DEFAULT_NOISY_COV) -> dict[str, MetricSummary]:
+    """Summaries of every per-sample metric that has at least one value, plus the roofline figure.
+
+    `phase_totals` holds one phase's energy summed over all its windows; it supplies the energy metrics
+    when the windows were individually too short for per-sample energy (n == 1 then, with a note).
+    """
+    samples = list(samples)
+    out: dict[str, MetricSummary] = {}
+    for name, (d, fn) in _SAMPLE_METRICS.items():
+        summary = summarize([fn(s) for s in samples], d.unit, noisy_cov=noisy_cov)
+        if summary.n:
+            out[name] = summary
+    for name, summary in _aggregate_energy(samples, phase_totals or {}).items():
+        out.setdefault(name, summary)
+    bpt = [s.bytes_per_token for s in samples if s.bytes_per_token]
+    if bpt and memory_bandwidth_bytes_s and "decode_tok_s" in out:
+        values = [_ratio(s.bytes_per_token * (_decode_tok_s(s) or 0) * 100.0, memory_bandwidth_bytes_s)
+                  for s in samples if s.bytes_per_token]
+        out["roofline_pct"] = summarize(values, "%", noisy_cov=noisy_cov,
+                                        note=f"bandwidth {memory_bandwidth_bytes_s / 1e9:.0f} GB/s")
+    return out
+
+
+def _aggregate_energy(samples: list[Sample], totals: dict[str, PhaseEnergy]) -> dict[str, MetricSummary]:
+    """Energy metrics from the phase totals: one value each, the note says it is an aggregate."""
+    out: dict[str, MetricSummary] = {}
+    tokens = {"prefill": sum(s.n_prompt for s in samples), "decode": sum(_decode_tokens(s) for s in samples)}
+    for phase, total in totals.items():
+        note = f"aggregate over {len(samples)} windows, {total.window_s:.2f} s"
+        for net, suffix in ((False, ""), (True, "_net")):
+            joules = total.energy_net_j if net else total.energy_j
+            if joules is None:
+                continue
+            out[f"{phase}_j{suffix}"] = summarize([joules / max(len(samples), 1)], "J", note=note + ", per request")
+            if tokens[phase]:
+                out[f"{phase}_tok_per_j{suffix}"] = summarize([tokens[phase] / joules], "tok/J", note=note)
+        if total.avg_power_w is not None and (phase == "decode" or "decode" not in totals):
+            out["avg_power_w"] = summarize([total.avg_power_w], "W", note=note)
+    gross = [totals[p].energy_j for p in PHASES if p in totals]
+    if gross and all(j is not None for j in gross) and (tokens["decode"] == 0 or "decode" in totals):
+        out["total_tok_per_j"] = summarize([sum(s.n_gen for s in samples) / sum(gross)], "tok/J",
+                                           note="aggregate over all windows")
+    return out
+
+
+def compute_speedups(cell: Cell, baseline: Cell) -> dict[str, MetricSummary]:
+    """speedup_decode, speedup_ttft and speedup_combined of `cell` over `baseline` (ratios of medians)."""
+    note = f"vs {baseline.id}"
+
+    def med(c: Cell, name: str) -> float | None:
+        m = c.metrics.get(name)
+        return m.median if m else None
+
+    out: dict[str, MetricSummary] = {}
+    decode = _ratio(med(cell, "decode_tok_s"), med(baseline, "decode_tok_s"))
+    ttft = _ratio(med(baseline, "ttft_ms"), med(cell, "ttft_ms"))
+    if decode is not None:
+        out["speedup_decode"] = summarize([decode], "x", note=note)
+    if ttft is not None:
+        out["speedup_ttft"] = summarize([ttft], "x", note=note)
+    combined = geometric_mean([v for v in (decode, ttft) if v is not None])
+    if combined is not None:
+        out["speedup_combined"] = summarize([combined], "x", note=note + " (geometric mean of TTFT and decode)")
+    return out

@@ -1,0 +1,1 @@
+"""The runner: cells -> engine subprocesses -> samples, energy and metrics -> results.json."""

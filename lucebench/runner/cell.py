@@ -1,0 +1,149 @@
+"""Measure one cell: start the engine, warm up, repeat the suite's requests, cut energy per phase.
+
+Repetition rules (docs/metrics.md): `warmups` untimed requests, then `repetitions` passes over the
+prompts, extended while the measured time is under `min_duration_s` and, where power is measured,
+while a phase's summed windows are under `min_energy_window_s` (the NVML counter updates only every
+tens of milliseconds, so short windows are extended by repetition rather than reported), capped by
+`max_extension_s` and the cell's timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lucebench.config.schema import Measure
+from lucebench.errors import EngineError
+from lucebench.results.schema import PhaseEnergy, Sample
+from lucebench.runner.power import RunPower
+from lucebench.runner.process import EngineProcess
+from lucebench.suites.base import PreparedWorkload, Prompt
+
+
+@dataclass
+class CellMeasurement:
+    samples: list[Sample]
+    phase_totals: dict[str, PhaseEnergy]
+    warmups: int
+    t_start_ns: int
+    t_end_ns: int
+
+
+class CellInterrupted(Exception):
+    """Ctrl-C during a cell; carries what was measured so far so that it can be kept."""
+
+    def __init__(self, samples: list[Sample]):
+        super().__init__("interrupted")
+        self.samples = samples
+
+
+class CellFailed(Exception):
+    """An engine failure mid-cell; carries the samples measured before it."""
+
+    def __init__(self, error: EngineError, samples: list[Sample]):
+        super().__init__(error.message)
+        self.error = error
+        self.samples = samples
+
+
+def _request(prompt: Prompt, workload: PreparedWorkload, req_id: str, eos_ids: list[int]) -> dict[str, Any]:
+    return {"type": "generate", "id": req_id, "prompt_ids": prompt.token_ids, "n_gen": workload.n_gen,
+            "ignore_eos": workload.ignore_eos, "eos_ids": eos_ids}
+
+
+def _sample(reply: dict[str, Any], rep: int, prompt: Prompt, e2e_s: float, keep_ids: bool) -> Sample:
+    t = reply["timing"]
+    spec = reply.get("spec") or {}
+    n_gen = int(reply.get("n_gen", len(reply.get("output_ids", []))))
+    return Sample(
+        rep=rep, prompt_id=prompt.id, n_prompt=int(reply.get("n_prompt", len(prompt.token_ids))), n_gen=n_gen,
+        decode_steps=int(reply.get("decode_steps", max(n_gen - 1, 0))), stop=reply.get("stop"),
+        prefill_s=float(t["prefill_ms"]) / 1e3, decode_s=float(t["decode_ms"]) / 1e3, e2e_s=e2e_s,
+        t_prefill_start_ns=int(t["t_prefill_start_ns"]), t_prefill_end_ns=int(t["t_prefill_end_ns"]),
+        t_decode_start_ns=int(t["t_decode_start_ns"]), t_decode_end_ns=int(t["t_decode_end_ns"]),
+        bytes_per_token=reply.get("bytes_per_token"), peak_mem_bytes=reply.get("peak_mem_bytes"),
+        draft_steps=spec.get("draft_steps"), accepted_tokens=spec.get("accepted_tokens"),
+        output_ids=list(reply["output_ids"]) if keep_ids and "output_ids" in reply else None,
+    )
+
+
+def _phase_windows(samples: list[Sample]) -> dict[str, list[tuple[int, int]]]:
+    return {
+        "prefill": [(s.t_prefill_start_ns, s.t_prefill_end_ns) for s in samples],
+        "decode": [(s.t_decode_start_ns, s.t_decode_end_ns) for s in samples if s.t_decode_end_ns > s.t_decode_start_ns],
+    }
+
+
+def _short_phases(samples: list[Sample], min_window_s: float) -> list[str]:
+    """Phases with some work whose summed windows are still shorter than the energy rule asks."""
+    short = []
+    for phase, windows in _phase_windows(samples).items():
+        total_s = sum(b - a for a, b in windows) / 1e9
+        if windows and 0 < total_s < min_window_s:
+            short.append(phase)
+    return short
+
+
+def measure_cell(proc: EngineProcess, workload: PreparedWorkload, measure: Measure, *, power: RunPower,
+                 device: int | None, eos_ids: list[int], deadline: float, cell_id: str,
+                 on_request: Callable[[int, int], None] | None = None) -> CellMeasurement:
+    """Run warm-ups and measured repetitions on a started engine; return raw samples and phase energy."""
+    prompts = workload.prompts
+    samples: list[Sample] = []
+    t_start_ns = time.monotonic_ns()
+    planned = measure.repetitions * len(prompts)
+    done = 0
+
+    def send(prompt: Prompt, req_id: str) -> tuple[dict[str, Any], float]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise EngineError("timeout", f"cell timeout ({measure.timeout_s:g} s) reached")
+        t0 = time.perf_counter()
+        reply = proc.request(_request(prompt, workload, req_id, eos_ids), min(measure.request_timeout_s, remaining))
+        return reply, time.perf_counter() - t0
+
+    try:
+        for i in range(measure.warmups):
+            send(prompts[i % len(prompts)], f"{cell_id}/warmup{i}")
+        measured_s = 0.0
+        extension_started: float | None = None
+        rep = 0
+        while True:
+            for prompt in prompts:
+                reply, e2e = send(prompt, f"{cell_id}/rep{rep}/{prompt.id}")
+                samples.append(_sample(reply, rep, prompt, e2e, measure.keep_output_ids))
+                measured_s += e2e
+                done += 1
+                if on_request:
+                    on_request(done, max(planned, done))
+            rep += 1
+            if rep < measure.repetitions:
+                continue
+            wants_more = measured_s < measure.min_duration_s or (
+                power.available and _short_phases(samples, measure.min_energy_window_s))
+            if not wants_more:
+                break
+            extension_started = extension_started or time.monotonic()
+            if time.monotonic() - extension_started > measure.max_extension_s:
+                break
+    except KeyboardInterrupt:
+        raise CellInterrupted(samples) from None
+    except EngineError as exc:
+        raise CellFailed(exc, samples) from None
+
+    phase_totals: dict[str, PhaseEnergy] = {}
+    if power.available:
+        for s in samples:
+            for phase, (a, b) in (("prefill", (s.t_prefill_start_ns, s.t_prefill_end_ns)),
+                                  ("decode", (s.t_decode_start_ns, s.t_decode_end_ns))):
+                energy = power.energy(device, a, b)
+                if energy is not None and energy.energy_j is not None:
+                    s.energy[phase] = energy
+        for phase, windows in _phase_windows(samples).items():
+            total = power.energy_over(device, windows)
+            if total is not None:
+                phase_totals[phase] = total
+    return CellMeasurement(samples=samples, phase_totals=phase_totals, warmups=measure.warmups,
+                           t_start_ns=t_start_ns, t_end_ns=time.monotonic_ns())

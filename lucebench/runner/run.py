@@ -1,0 +1,335 @@
+"""`lucebench run`: expand the matrix, prepare models and engines, measure every cell, keep everything.
+
+results.json is rewritten atomically after every cell, so a crash, a kill or Ctrl-C loses at most the
+cell in flight (and even its samples are kept, marked interrupted). `--resume` skips finished cells.
+Any power limit the run changed is restored on every exit path (lucebench.measure's guard).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from lucebench import __version__
+from lucebench.config.load import LoadedConfig
+from lucebench.engines.registry import GPU_BACKENDS, LaunchRequest, resolve_engine
+from lucebench.errors import EngineError, UserError
+from lucebench.matrix import CellSpec, expand, select
+from lucebench.metrics import METRICS_VERSION, compute_cell_metrics, compute_speedups
+from lucebench.results.schema import (
+    Cell,
+    CellError,
+    ConfigRecord,
+    EngineInfo,
+    Environment,
+    ModelInfo,
+    PowerState,
+    Result,
+    Workload,
+)
+from lucebench.results.store import ensure_writable_dir, save_atomic
+from lucebench.runner.cell import CellFailed, CellInterrupted, measure_cell
+from lucebench.runner.hardware import add_memory_bandwidth, check_hardware, resolve_backend
+from lucebench.runner.power import RunPower
+from lucebench.runner.prepare import ModelCache, WorkloadCache, eos_ids_of
+from lucebench.runner.process import EngineProcess
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunOptions:
+    out_dir: Path
+    resume: bool = False
+    only: str | None = None
+    dry_run: bool = False
+    allow_power_limit: bool = False
+    score: bool | None = None
+    report: bool = True
+
+
+@dataclass
+class RunSummary:
+    result_path: Path
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    reused: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+
+class Runner:
+    def __init__(self, loaded: LoadedConfig, options: RunOptions, console: Console | None = None):
+        self.loaded = loaded
+        self.config = loaded.config
+        self.options = options
+        self.console = console or Console(stderr=True)
+        self.result_path = options.out_dir / "results.json"
+
+    # -- planning -------------------------------------------------------------------------------------
+    def cells(self, backend: str) -> list[CellSpec]:
+        return select(expand(self.config, backend), self.options.only)
+
+    # -- the run --------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        from lucebench.measure.env import collect_environment
+
+        backend = resolve_backend(self.config)
+        cells = self.cells(backend)
+        env = collect_environment()
+        check_hardware(self.config, backend, env)
+        self.env = env
+        if self.options.dry_run:
+            from lucebench.runner.plan import print_plan
+
+            print_plan(self.config, backend, cells, console=self.console)
+            return RunSummary(result_path=self.result_path)
+
+        devices = sorted({c.gpu for c in cells if c.gpu is not None}) if backend in GPU_BACKENDS else []
+        add_memory_bandwidth(env, devices, console=self.console)
+        ensure_writable_dir(self.options.out_dir)
+        result = self._start_result(env)
+        summary = RunSummary(result_path=self.result_path)
+        models = ModelCache(self.config, console=self.console)
+        workloads = WorkloadCache(self.config, score=self._score())
+        # Resolve every model and workload first: a missing model or unknown suite is a config error
+        # (exit 2) found before anything is measured, not a failure in cell 17.
+        for spec in cells:
+            workloads.get(spec, models.get(spec.model).path)
+
+        with ExitStack() as stack:
+            power = RunPower.start(devices, self.config.power.idle_s, console=self.console) if devices else RunPower()
+            stack.callback(power.stop)
+            guard = self._power_guard(stack, devices)
+            progress = stack.enter_context(Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False))
+            overall = progress.add_task("cells", total=len(cells))
+            for spec in cells:
+                previous = result.cell(spec.id)
+                if self.options.resume and previous is not None and previous.status == "ok":
+                    summary.reused += 1
+                    progress.advance(overall)
+                    continue
+                requests = progress.add_task(f"  {spec.id}", total=None)
+                try:
+                    cell = self._run_cell(spec, backend, models, workloads, power, guard,
+                                          lambda d, t, task=requests: progress.update(task, completed=d, total=t))
+                except KeyboardInterrupt as exc:
+                    samples = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+                    self._store(result, self._failed(spec, "interrupted", "interrupted by the user (Ctrl-C)",
+                                                     samples=samples))
+                    self.console.print(f"[yellow]interrupted; results so far are in {self.result_path}; "
+                                       f"continue with --resume[/]")
+                    raise
+                finally:
+                    progress.remove_task(requests)
+                self._store(result, cell)
+                progress.advance(overall)
+                if cell.status == "ok":
+                    summary.ok += 1
+                elif cell.status == "skipped":
+                    summary.skipped += 1
+                else:
+                    summary.failed += 1
+                    summary.failures.append(f"{cell.id}: {cell.error.kind if cell.error else '?'}: "
+                                            f"{cell.error.message if cell.error else ''}")
+        self._add_cross_cell_metrics(result)
+        result.complete = all(result.cell(c.id) is not None for c in cells)
+        result.updated = _now()
+        save_atomic(result, self.result_path)
+        if self.options.report:
+            self._write_report()
+        return summary
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    def _score(self) -> bool:
+        return self.config.score if self.options.score is None else self.options.score
+
+    def _start_result(self, env: Environment) -> Result:
+        record = ConfigRecord(path=str(self.loaded.path), sha256=self.loaded.sha256, content=self.loaded.raw)
+        if self.result_path.exists():
+            if not self.options.resume:
+                raise UserError("results.json already exists; refusing to overwrite measured results",
+                                where=str(self.result_path),
+                                hint="continue it with --resume, or choose another folder with --out")
+            from lucebench.results.io import load_result
+
+            result = load_result(self.result_path)
+            if result.config.sha256 != self.loaded.sha256:
+                self.console.print("[yellow]warning:[/] the config changed since this run started; finished "
+                                   "cells with the same id are kept, the rest run with the new config")
+                result.config = record
+            result.environment = env
+            return result
+        return Result(run_id=uuid.uuid4().hex[:12], created=_now(), lucebench_version=__version__,
+                      metrics_version=METRICS_VERSION, config=record, environment=env)
+
+    def _power_guard(self, stack: ExitStack, devices: list[int]) -> dict[int, Any]:
+        """One guard per device that restores the original limit on every exit path."""
+        wanted = any(v is not None for v in self.config.matrix.power_limit_w)
+        if not devices or not wanted:
+            return {}
+        from lucebench.measure.power import PowerLimitGuard
+
+        return {d: stack.enter_context(PowerLimitGuard(d)) for d in devices}
+
+    def _store(self, result: Result, cell: Cell) -> None:
+        result.cells = [c for c in result.cells if c.id != cell.id] + [cell]
+        result.updated = _now()
+        save_atomic(result, self.result_path)
+
+    def _failed(self, spec: CellSpec, kind: str, message: str, *, samples: list | None = None,
+                exc: EngineError | None = None, log_file: Path | None = None, status: str = "failed",
+                **known: Any) -> Cell:
+        error = CellError(kind=kind, message=message, exit_code=exc.exit_code if exc else None,
+                          signal=exc.signal if exc else None, stderr_tail=exc.stderr_tail if exc else None,
+                          log_file=str(log_file) if log_file else None)
+        return Cell(id=spec.id, params=spec.params(), status=status, finished=_now(), samples=samples or [],
+                    error=error, log_file=str(log_file) if log_file else None, **known)
+
+    def _run_cell(self, spec: CellSpec, backend: str, models: ModelCache, workloads: WorkloadCache,
+                  power: RunPower, guard: dict[int, Any], on_request) -> Cell:
+        started = _now()
+        measure = self.config.measure
+        deadline = time.monotonic() + measure.timeout_s
+        model = models.get(spec.model)
+        workload = workloads.get(spec, model.path)
+        engine_type, options = resolve_engine(spec.engine, self.config.engines)
+        log_file = self.options.out_dir / "logs" / (spec.id.replace("/", "__") + ".log")
+        known: dict[str, Any] = {"started": started, "model": model.info, "workload": self._workload_info(workload)}
+
+        power_state = None
+        if spec.power_limit_w is not None:
+            from lucebench.measure.power import PowerLimitError
+
+            try:
+                power_state = self._apply_power_limit(guard[spec.gpu], spec.power_limit_w)
+            except PowerLimitError as exc:
+                return self._failed(spec, "skipped", f"power limit {spec.power_limit_w:g} W not applied: {exc}",
+                                    status="skipped", **known)
+        elif spec.gpu is not None:
+            power_state = self._power_state(spec.gpu, None, applied=False)
+        if power_state is not None and spec.gpu is not None:
+            power_state.idle_power_w = power.idle_w.get(spec.gpu)
+        known["power"] = power_state
+
+        max_ctx = max(len(p.token_ids) for p in workload.prompts) + workload.n_gen + 8
+        try:
+            launch = engine_type.launch(LaunchRequest(
+                engine=spec.engine, options=options, model_dir=model.path, backend=backend,  # type: ignore[arg-type]
+                device=spec.gpu or 0, max_ctx=max_ctx, kv_k=spec.kv_k, kv_v=spec.kv_v, budget=spec.budget,
+                console=self.console))
+        except UserError as exc:
+            return self._failed(spec, "build", str(exc), **known)
+        except Exception as exc:  # a build or conversion tool failing is the cell's failure, not the run's
+            return self._failed(spec, "build", f"{type(exc).__name__}: {exc}", **known)
+
+        engine = EngineInfo(name=spec.engine, kind=engine_type.kind, backend=backend, command=launch.argv,
+                            build=launch.build)
+        known["engine"] = engine
+        try:
+            with EngineProcess(launch.argv, log_path=log_file, env=launch.env) as proc:
+                ready = proc.wait_ready(max(1.0, deadline - time.monotonic()))
+                engine.ready = ready
+                engine.version = (ready.get("engine") or {}).get("version")
+                m = measure_cell(proc, workload, measure, power=power, device=spec.gpu,
+                                 eos_ids=eos_ids_of(model.path), deadline=deadline, cell_id=spec.id,
+                                 on_request=on_request)
+        except CellInterrupted as exc:
+            raise KeyboardInterrupt(exc.samples) from None
+        except CellFailed as exc:
+            return self._failed(spec, exc.error.kind, exc.error.message, samples=exc.samples, exc=exc.error,
+                                log_file=log_file, **known)
+        except EngineError as exc:
+            return self._failed(spec, exc.kind, exc.message, exc=exc, log_file=log_file, **known)
+
+        if power_state is not None and spec.gpu is not None:
+            self._refresh_power_state(power_state, spec.gpu)
+        bandwidth = self._bandwidth(spec.gpu)
+        metrics = compute_cell_metrics(m.samples, phase_totals=m.phase_totals,
+                                       memory_bandwidth_bytes_s=bandwidth, noisy_cov=measure.noisy_cov)
+        cell = Cell(id=spec.id, params=spec.params(), status="ok", finished=_now(), warmups=m.warmups,
+                    samples=m.samples, metrics=metrics, log_file=str(log_file),
+                    power_trace=power.trace(spec.gpu, m.t_start_ns, m.t_end_ns), **known)
+        if self._score() and workload.kind == "dataset":
+            from lucebench.runner.checks import score_cell
+
+            score_cell(cell, workload, model.path)
+        return cell
+
+    def _workload_info(self, w) -> Workload:
+        return Workload(suite=w.suite, suite_version=w.suite_version, dataset=w.dataset,
+                        dataset_revision=w.dataset_revision, prompt_ids=[p.id for p in w.prompts],
+                        prompt_format=w.prompt_format, n_gen=w.n_gen, ignore_eos=w.ignore_eos, depth=w.depth,
+                        skipped_prompts=list(w.skipped))
+
+    def _apply_power_limit(self, guard: Any, watts: float) -> PowerState:
+        from lucebench.measure.power import PowerLimitError
+
+        allowed = self.config.power.allow_set_limit and self.options.allow_power_limit
+        if not allowed:
+            which = ("the config (power.allow_set_limit)" if not self.config.power.allow_set_limit
+                     else "the command line (--allow-power-limit)")
+            raise PowerLimitError(f"changing the power limit is not allowed by {which}")
+        guard.apply(watts)
+        return self._power_state(guard.device_index, watts, applied=True)
+
+    def _power_state(self, device: int, requested: float | None, *, applied: bool) -> PowerState:
+        from lucebench.measure.power import read_gpu_state
+
+        state = read_gpu_state(device)
+        return PowerState(requested_limit_w=requested, applied=applied, **state)
+
+    def _refresh_power_state(self, state: PowerState, device: int) -> None:
+        """Clocks, temperature and throttle reasons as they were at the end of the measurement."""
+        from lucebench.measure.power import read_gpu_state
+
+        for key, value in read_gpu_state(device).items():
+            setattr(state, key, value)
+
+    def _bandwidth(self, device: int | None) -> float | None:
+        gpu = next((g for g in self.env.gpus if g.index == device), None) if device is not None else None
+        return gpu.memory_bandwidth_bytes_s if gpu else None
+
+    def _add_cross_cell_metrics(self, result: Result) -> None:
+        """Speedups over the baseline engine's matching cell (same model, suite and settings)."""
+        if not self.config.baseline:
+            return
+        by_key: dict[tuple, Cell] = {}
+        ignore = {"engine", "engine_type", "budget", "kv_k", "kv_v"}
+        key = lambda c: tuple(sorted((k, v) for k, v in c.params.items() if k not in ignore))  # noqa: E731
+        for c in result.cells:
+            if c.status == "ok" and c.params.get("engine") == self.config.baseline:
+                by_key[key(c)] = c
+        for c in result.cells:
+            base = by_key.get(key(c))
+            if c.status == "ok" and base is not None and base is not c:
+                c.metrics.update(compute_speedups(c, base))
+                from lucebench.runner.checks import token_match
+
+                match = token_match(c, base)
+                if match is not None:
+                    c.metrics["token_match_pct"], c.checks["lossless"] = match
+
+    def _write_report(self) -> None:
+        from lucebench.reports import write_report
+
+        try:
+            write_report([self.result_path], self.options.out_dir)
+        except UserError as exc:
+            self.console.print(f"[yellow]report not written:[/] {exc}")
