@@ -32,3 +32,25 @@ class PreparedWorkload:
     prompt_format: str | None = None  # "raw", "chat", "chat-thinking", "synthetic", ...
     skipped: list[dict[str, Any]] = field(default_factory=list)  # {"id": ..., "reason": ...} per skipped prompt
     phase: Literal["prefill", "decode", "both"] = "both"  # which phase the suite's headline metric measures
+    # --- extensions (all optional, so older constructors keep working) ---
+    dataset_source: Literal["hub", "local"] | None = None  # where the rows came from this time
+    dataset_config: str | None = None  # hub config, e.g. "main" for gsm8k
+    dataset_split: str | None = None
+    row_ids: list[str] = field(default_factory=list)  # the selected rows, in order, skipped ones included
+    selection: dict[str, Any] = field(default_factory=dict)  # {"method", "seed", "sample_size", "rows"}
+    max_prompt_tokens: int | None = None  # prompts longer than this were skipped (listed in `skipped`)
+    eos_ids: list[int] = field(default_factory=list)  # the model's end-of-sequence ids, for natural stop
+    scorer: str | None = None  # "gsm8k", "math500", "humaneval", "needle" or None (no accuracy)
+    scoring: dict[str, Any] = field(default_factory=dict)  # scorer options, e.g. {"truncate_at": [...]}
+    tokenizer_sha256: str | None = None  # of tokenizer.json: same ids need the same tokenizer
+    params: dict[str, Any] = field(default_factory=dict)  # resolved parameters: length, context, thinking, ...
+
+    @property
+    def stop(self) -> Literal["fixed", "natural"]:
+        """The stop policy by name: `fixed` (ignore EOS, exactly n_gen) or `natural` (stop at EOS)."""
+        return "fixed" if self.ignore_eos else "natural"
+
+    @property
+    def prompt_ids(self) -> list[str]:
+        """The ids of the prompts that will run, in order."""
+        return [p.id for p in self.prompts]
