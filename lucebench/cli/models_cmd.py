@@ -1,3 +1,89 @@
-"""`lucebench models`."""
+"""`lucebench models`: synthetic checkpoints, hub downloads, the named shapes."""
 
-from lucebench.cli import app  # noqa: F401
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lucebench.cli import app
+from lucebench.errors import UserError
+
+models_app = typer.Typer(help="Model checkpoints: synthesise random-weight ones, fetch real ones.",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("synth")
+def synth(
+    out: Path = typer.Option(..., "--out", help="folder to write the checkpoint into"),
+    shape: Optional[str] = typer.Option(None, "--shape", help="named shape (see `lucebench models shapes`)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="a Hugging Face config.json instead of a shape"),
+    seed: int = typer.Option(0, "--seed", help="random seed: same seed, same bytes"),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    layout: str = typer.Option("text", "--layout",
+                               help="text (Qwen3_5ForCausalLM keys) or multimodal (model.language_model.* keys)"),
+    shard_gb: float = typer.Option(4.0, "--shard-gb", min=0.001, help="largest safetensors shard, in GB"),
+) -> None:
+    """Write a random-weight checkpoint in Hugging Face layout that transformers loads."""
+    from lucebench.models.shapes import get_shape, shape_from_config
+    from lucebench.models.synth import synthesize
+
+    if (shape is None) == (config is None):
+        raise UserError("give exactly one of --shape NAME or --config FILE")
+    if shape is not None:
+        sh = get_shape(shape)
+    else:
+        assert config is not None
+        try:
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UserError(f"cannot read {config}: {exc.strerror}", where="--config") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"not JSON: {exc}", where=str(config)) from None
+        if not isinstance(cfg, dict):
+            raise UserError("a config must be a JSON object", where=str(config))
+        sh = shape_from_config(cfg, name=config.stem, where=str(config))
+    console = Console(stderr=True)
+    with console.status(f"writing {sh.name}") as status:
+        def progress(name: str, done: int, total: int) -> None:
+            status.update(f"writing {sh.name}: {done / 1e9:.2f} / {total / 1e9:.2f} GB ({name})")
+
+        result = synthesize(sh, out, seed=seed, dtype=dtype, layout=layout,
+                            shard_bytes=int(shard_gb * 1e9), progress=progress)
+    console.print(f"wrote {sh.name} ({result.n_params:,} parameters, {result.weight_bytes / 1e9:.2f} GB {dtype}, "
+                  f"{layout} layout) to {out} in {result.seconds:.1f} s")
+
+
+@models_app.command("fetch")
+def fetch(
+    repo_id: str = typer.Argument(..., help="hub repository, e.g. Qwen/Qwen3.5-0.8B"),
+    revision: Optional[str] = typer.Option(None, "--revision", help="branch, tag or commit"),
+) -> None:
+    """Download a model into the standard Hugging Face cache."""
+    from lucebench.models.resolve import fetch_model
+
+    path = fetch_model(repo_id, revision)
+    print(path)
+
+
+@models_app.command("shapes")
+def shapes(as_json: bool = typer.Option(False, "--json", help="print the shapes' configs as JSON")) -> None:
+    """List the named shapes `models synth --shape` accepts."""
+    from lucebench.models.shapes import SHAPES
+    from lucebench.models.weights import n_params
+
+    if as_json:
+        print(json.dumps({n: {"config": s.config, "special_ids": s.special_ids, "source": s.source}
+                          for n, s in SHAPES.items()}, indent=2))
+        return
+    table = Table("shape", "arch", "layers", "hidden", "vocab", "params", "source")
+    for name, s in SHAPES.items():
+        c = s.config
+        table.add_row(name, s.arch, str(c["num_hidden_layers"]), str(c["hidden_size"]), str(c["vocab_size"]),
+                      f"{n_params(c) / 1e6:,.1f} M", s.source)
+    Console().print(table)

@@ -42,11 +42,16 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
+def gross_j(e: PhaseEnergy) -> float | None:
+    """The measured gross energy: the counter's, or the power integral on GPUs without a counter."""
+    return {"counter": e.energy_j, "integrated": e.energy_integrated_j}.get(e.method)
+
+
 def _phase_j(s: Sample, phase: str, net: bool) -> float | None:
     e = s.energy.get(phase)
     if e is None:
         return None
-    return e.energy_net_j if net else e.energy_j
+    return e.energy_net_j if net else gross_j(e)
 
 
 # name -> (definition, per-sample function or None for cross-cell metrics)
@@ -187,7 +192,7 @@ def _aggregate_energy(samples: list[Sample], totals: dict[str, PhaseEnergy]) -> 
     for phase, total in totals.items():
         note = f"aggregate over {len(samples)} windows, {total.window_s:.2f} s"
         for net, suffix in ((False, ""), (True, "_net")):
-            joules = total.energy_net_j if net else total.energy_j
+            joules = total.energy_net_j if net else gross_j(total)
             if joules is None:
                 continue
             out[f"{phase}_j{suffix}"] = summarize([joules / max(len(samples), 1)], "J", note=note + ", per request")
@@ -195,7 +200,7 @@ def _aggregate_energy(samples: list[Sample], totals: dict[str, PhaseEnergy]) -> 
                 out[f"{phase}_tok_per_j{suffix}"] = summarize([tokens[phase] / joules], "tok/J", note=note)
         if total.avg_power_w is not None and (phase == "decode" or "decode" not in totals):
             out["avg_power_w"] = summarize([total.avg_power_w], "W", note=note)
-    gross = [totals[p].energy_j for p in PHASES if p in totals]
+    gross = [gross_j(totals[p]) for p in PHASES if p in totals]
     if gross and all(j is not None for j in gross) and (tokens["decode"] == 0 or "decode" in totals):
         out["total_tok_per_j"] = summarize([sum(s.n_gen for s in samples) / sum(gross)], "tok/J",
                                            note="aggregate over all windows")

@@ -96,6 +96,8 @@ class Workload(_Strict):
     ignore_eos: bool = True
     depth: int | None = Field(None, description="context already in the KV cache before the timed phase")
     skipped_prompts: list[dict[str, Any]] = Field(default_factory=list, description="id and reason of each skipped prompt")
+    identity: str | None = Field(None, description="sha256 over prompt token ids, n_gen, stop policy, depth: "
+                                 "cells with equal identity did identical work")
 
 
 class PowerState(_Strict):

@@ -53,5 +53,6 @@ def add_memory_bandwidth(env: Environment, devices: list[int], console: Any = No
         if gpu.index in devices and gpu.memory_bandwidth_bytes_s is None:
             if console is not None:
                 console.log(f"measuring device copy bandwidth of GPU {gpu.index}")
-            value, source = bandwidth.memory_bandwidth(gpu.index, gpu.name)
-            gpu.memory_bandwidth_bytes_s, gpu.memory_bandwidth_source = value, source
+            found = bandwidth.memory_bandwidth(gpu.index, gpu.name)
+            if found is not None:
+                gpu.memory_bandwidth_bytes_s, gpu.memory_bandwidth_source = found.bytes_per_s, found.source

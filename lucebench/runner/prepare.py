@@ -83,16 +83,3 @@ class WorkloadCache:
                                 f"{len(w.skipped)} skipped ({w.skipped[0]['reason'] if w.skipped else 'none'})")
             self._workloads[key] = w
         return self._workloads[key]
-
-
-def eos_ids_of(model_dir: Path) -> list[int]:
-    """End-of-sequence ids from generation_config.json, else config.json (an int or a list)."""
-    for name in ("generation_config.json", "config.json"):
-        try:
-            data = json.loads((model_dir / name).read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        value = data.get("eos_token_id", (data.get("text_config") or {}).get("eos_token_id"))
-        if value is not None:
-            return [int(v) for v in (value if isinstance(value, list) else [value])]
-    return []

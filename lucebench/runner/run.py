@@ -39,7 +39,8 @@ from lucebench.results.store import ensure_writable_dir, save_atomic
 from lucebench.runner.cell import CellFailed, CellInterrupted, measure_cell
 from lucebench.runner.hardware import add_memory_bandwidth, check_hardware, resolve_backend
 from lucebench.runner.power import RunPower
-from lucebench.runner.prepare import ModelCache, WorkloadCache, eos_ids_of
+from lucebench.runner.prepare import ModelCache, WorkloadCache
+from lucebench.suites import workload_identity
 from lucebench.runner.process import EngineProcess
 
 
@@ -184,8 +185,10 @@ class Runner:
         wanted = any(v is not None for v in self.config.matrix.power_limit_w)
         if not devices or not wanted:
             return {}
-        from lucebench.measure.power import PowerLimitGuard
+        from lucebench.measure.power_limit import PowerLimitGuard, recover_stale_power_limits
 
+        for line in recover_stale_power_limits():  # limits left changed by a killed earlier run
+            self.console.print(f"[yellow]restored:[/] {line}")
         return {d: stack.enter_context(PowerLimitGuard(d)) for d in devices}
 
     def _store(self, result: Result, cell: Cell) -> None:
@@ -214,18 +217,24 @@ class Runner:
         known: dict[str, Any] = {"started": started, "model": model.info, "workload": self._workload_info(workload)}
 
         power_state = None
-        if spec.power_limit_w is not None:
-            from lucebench.measure.power import PowerLimitError
+        if spec.gpu is not None:
+            from lucebench.measure.power_limit import PowerLimitError
+            from lucebench.measure.records import power_state as make_power_state
+            from lucebench.measure.state import read_gpu_state
 
-            try:
-                power_state = self._apply_power_limit(guard[spec.gpu], spec.power_limit_w)
-            except PowerLimitError as exc:
-                return self._failed(spec, "skipped", f"power limit {spec.power_limit_w:g} W not applied: {exc}",
-                                    status="skipped", **known)
-        elif spec.gpu is not None:
-            power_state = self._power_state(spec.gpu, None, applied=False)
-        if power_state is not None and spec.gpu is not None:
-            power_state.idle_power_w = power.idle_w.get(spec.gpu)
+            limit = None
+            if spec.power_limit_w is not None:
+                allowed = self.config.power.allow_set_limit and self.options.allow_power_limit
+                try:
+                    limit = guard[spec.gpu].apply(spec.power_limit_w, allowed=allowed)
+                except PowerLimitError as exc:
+                    hint = ""
+                    if exc.kind == "not_allowed":
+                        hint = (" (needs power.allow_set_limit: true in the config and --allow-power-limit)")
+                    return self._failed(spec, "skipped", f"power limit {spec.power_limit_w:g} W not applied: "
+                                        f"{exc.reason}{hint}", status="skipped", **known)
+            power_state = make_power_state(read_gpu_state(spec.gpu), limit=limit,
+                                           requested_limit_w=spec.power_limit_w, idle_power_w=power.idle_w.get(spec.gpu))
         known["power"] = power_state
 
         max_ctx = max(len(p.token_ids) for p in workload.prompts) + workload.n_gen + 8
@@ -248,7 +257,7 @@ class Runner:
                 engine.ready = ready
                 engine.version = (ready.get("engine") or {}).get("version")
                 m = measure_cell(proc, workload, measure, power=power, device=spec.gpu,
-                                 eos_ids=eos_ids_of(model.path), deadline=deadline, cell_id=spec.id,
+                                 eos_ids=list(workload.eos_ids), deadline=deadline, cell_id=spec.id,
                                  on_request=on_request)
         except CellInterrupted as exc:
             raise KeyboardInterrupt(exc.samples) from None
@@ -276,31 +285,15 @@ class Runner:
         return Workload(suite=w.suite, suite_version=w.suite_version, dataset=w.dataset,
                         dataset_revision=w.dataset_revision, prompt_ids=[p.id for p in w.prompts],
                         prompt_format=w.prompt_format, n_gen=w.n_gen, ignore_eos=w.ignore_eos, depth=w.depth,
-                        skipped_prompts=list(w.skipped))
-
-    def _apply_power_limit(self, guard: Any, watts: float) -> PowerState:
-        from lucebench.measure.power import PowerLimitError
-
-        allowed = self.config.power.allow_set_limit and self.options.allow_power_limit
-        if not allowed:
-            which = ("the config (power.allow_set_limit)" if not self.config.power.allow_set_limit
-                     else "the command line (--allow-power-limit)")
-            raise PowerLimitError(f"changing the power limit is not allowed by {which}")
-        guard.apply(watts)
-        return self._power_state(guard.device_index, watts, applied=True)
-
-    def _power_state(self, device: int, requested: float | None, *, applied: bool) -> PowerState:
-        from lucebench.measure.power import read_gpu_state
-
-        state = read_gpu_state(device)
-        return PowerState(requested_limit_w=requested, applied=applied, **state)
+                        skipped_prompts=list(w.skipped), identity=workload_identity(w))
 
     def _refresh_power_state(self, state: PowerState, device: int) -> None:
         """Clocks, temperature and throttle reasons as they were at the end of the measurement."""
-        from lucebench.measure.power import read_gpu_state
+        from lucebench.measure.state import read_gpu_state
 
         for key, value in read_gpu_state(device).items():
-            setattr(state, key, value)
+            if value is not None:
+                setattr(state, key, value)
 
     def _bandwidth(self, device: int | None) -> float | None:
         gpu = next((g for g in self.env.gpus if g.index == device), None) if device is not None else None

@@ -1,0 +1,1 @@
+"""Models: named shapes, synthetic checkpoints, and resolving a model spec to a local folder."""

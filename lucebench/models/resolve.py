@@ -1,0 +1,262 @@
+"""Resolve a config's model spec to a local folder (or file), and hash model files with a memo.
+
+A model is given as ``{path: DIR_OR_FILE}``, ``{hub: REPO_ID, revision?: R}`` (looked up in the standard
+Hugging Face cache, never downloaded here: ``lucebench models fetch`` does that), or
+``{synth: {shape|config, seed, dtype, layout?}}`` (written on first use under the lucebench cache and
+reused after).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lucebench.errors import UserError
+
+ENV_CACHE = "LUCEBENCH_CACHE"
+HASH_MEMO_FILE = "file-hashes.json"
+_HASH_BLOCK = 1 << 24  # 16 MiB reads
+
+
+def cache_root() -> Path:
+    """The lucebench cache root: ``$LUCEBENCH_CACHE`` or ``~/.cache/lucebench``."""
+    env = os.environ.get(ENV_CACHE)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lucebench"
+
+
+def models_cache_dir() -> Path:
+    """Where synthetic checkpoints are kept: ``<cache root>/models``."""
+    return cache_root() / "models"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model ready to load: its local path and where it came from."""
+
+    path: Path
+    kind: str  # path | hub | synth
+    name: str
+    synthetic: bool = False
+    repo_id: str | None = None
+    revision: str | None = None
+    synth: dict[str, Any] = field(default_factory=dict)
+
+    def config(self) -> dict[str, Any]:
+        """The model's config.json ({} for a single-file model such as a GGUF)."""
+        cfg = self.path / "config.json"
+        if not cfg.is_file():
+            return {}
+        return json.loads(cfg.read_text(encoding="utf-8"))
+
+
+def _as_dict(spec: Any) -> dict[str, Any]:
+    if hasattr(spec, "model_dump"):  # a pydantic ModelSource
+        return spec.model_dump(exclude_none=True)
+    if isinstance(spec, (str, os.PathLike)):
+        return {"path": str(spec)}
+    if not isinstance(spec, dict):
+        raise UserError(f"a model must be a mapping with path, hub or synth, not {type(spec).__name__}")
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+def resolve_model(spec: Any, *, console: Any = None) -> ResolvedModel:
+    """Resolve ``spec`` (dict or pydantic ModelSource with exactly one of path / hub / synth) to a local model.
+
+    Synthetic models are written on first use (progress on ``console``, a rich Console, if given).
+    Raises UserError naming what is missing and how to get it.
+    """
+    d = _as_dict(spec)
+    given = [k for k in ("path", "hub", "synth") if k in d]
+    if len(given) != 1:
+        raise UserError(f"a model needs exactly one of path, hub or synth (got {given or 'none'})")
+    if "path" in d:
+        return _resolve_path(str(d["path"]))
+    if "hub" in d:
+        return _resolve_hub(str(d["hub"]), d.get("revision"))
+    return _resolve_synth(dict(d["synth"]), console=console)
+
+
+def _resolve_path(raw: str) -> ResolvedModel:
+    path = Path(raw).expanduser()
+    if not path.exists():
+        raise UserError(f"model path {raw} does not exist", where="model.path",
+                        hint="give a Hugging Face checkpoint folder or a .gguf file; "
+                             "`lucebench models synth --shape tiny --out DIR` makes a test model")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise UserError(f"{raw} has no config.json: not a Hugging Face checkpoint folder", where="model.path")
+    path = path.resolve()
+    return ResolvedModel(path=path, kind="path", name=path.name,
+                         synthetic=path.is_dir() and (path / "lucebench_synth.json").is_file())
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _resolve_hub(repo_id: str, revision: str | None) -> ResolvedModel:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    fetch_cmd = f"lucebench models fetch {repo_id}" + (f" --revision {revision}" if revision else "")
+    try:
+        # Never downloads: a run must not start a multi-GB transfer by surprise; `models fetch` does that.
+        local = snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except HFValidationError as exc:
+        raise UserError(f"{repo_id!r} is not a valid hub repository id: {exc}", where="model.hub") from None
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        rev = f" at revision {revision}" if revision else ""
+        raise UserError(f"{repo_id}{rev} is not in the Hugging Face cache", where="model.hub",
+                        hint=f"download it with `{fetch_cmd}`") from None
+    path = Path(local)
+    if not (path / "config.json").is_file():
+        raise UserError(f"the cached snapshot of {repo_id} has no config.json", where="model.hub",
+                        hint=f"re-download it with `{fetch_cmd}`")
+    return ResolvedModel(path=path, kind="hub", name=repo_id, repo_id=repo_id,
+                         revision=revision or path.name)
+
+
+def synth_cache_key(shape: Any, seed: int, dtype: str, layout: str) -> str:
+    """A folder name that changes whenever the shape, tokenizer ids, scale rule or inputs change."""
+    from lucebench.models.weights import SCALE_RULE
+
+    blob = json.dumps({"config": shape.config, "special": shape.special_ids, "bpe": shape.bpe_vocab,
+                       "rule": SCALE_RULE, "seed": seed, "dtype": dtype, "layout": layout}, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in shape.name)
+    return f"synth-{safe}-s{seed}-{dtype}-{layout}-{digest}"
+
+
+def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
+    from lucebench.models.shapes import get_shape, shape_from_config
+    from lucebench.models.synth import PROVENANCE_FILE, synthesize_atomic
+
+    if ("shape" in s) == ("config" in s):
+        raise UserError("a synth model needs exactly one of shape or config", where="model.synth")
+    if "shape" in s:
+        shape = get_shape(str(s["shape"]))
+    else:
+        cfg_path = Path(str(s["config"])).expanduser()
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UserError(f"cannot read {cfg_path}: {exc.strerror}", where="model.synth.config") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{cfg_path} is not JSON: {exc}", where="model.synth.config") from None
+        shape = shape_from_config(cfg, name=cfg_path.stem, where=str(cfg_path))
+    seed = int(s.get("seed", 0))
+    dtype = str(s.get("dtype", "bf16"))
+    layout = str(s.get("layout", "text"))
+    out = models_cache_dir() / synth_cache_key(shape, seed, dtype, layout)
+    if not (out / PROVENANCE_FILE).is_file():
+        if console is not None:
+            console.print(f"writing synthetic model {shape.name} (seed {seed}, {dtype}) to {out}")
+        synthesize_atomic(shape, out, seed=seed, dtype=dtype, layout=layout)
+    return ResolvedModel(path=out, kind="synth", name=f"synth:{shape.name}", synthetic=True,
+                         synth={"shape": shape.name, "seed": seed, "dtype": dtype, "layout": layout})
+
+
+# ------------------------------------------------------------------------------------------ file hashes
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _model_files(root: Path) -> list[tuple[str, Path]]:
+    if root.is_file():
+        return [(root.name, root)]
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        # Skip hidden entries (.cache/huggingface download metadata, editor droppings).
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if p.is_file():  # follows the HF cache's symlinks into blobs/
+            out.append((rel.as_posix(), p))
+    return out
+
+
+def _load_memo(memo_path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(memo_path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def hash_model_files(path: Path | str, *, memo_path: Path | None = None) -> dict[str, str]:
+    """sha256 of every file of a model folder (or of a single model file), keyed by relative path.
+
+    Hashes are memoised in ``<cache root>/file-hashes.json`` keyed by (real path, size, mtime), so a 54 GB
+    checkpoint is hashed once, not every run; a changed file (size or mtime) is hashed again.
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise UserError(f"model path {root} does not exist")
+    memo_path = memo_path or cache_root() / HASH_MEMO_FILE
+    memo = _load_memo(memo_path)
+    changed = False
+    result: dict[str, str] = {}
+    for rel, p in _model_files(root):
+        real = p.resolve()
+        st = real.stat()
+        key = str(real)
+        entry = memo.get(key)
+        if isinstance(entry, dict) and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+            result[rel] = entry["sha256"]
+            continue
+        digest = _sha256_file(real)
+        memo[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+        result[rel] = digest
+        changed = True
+    if changed:
+        try:
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(memo, indent=0, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, memo_path)
+        except OSError:
+            pass  # the memo is an optimisation; hashing still succeeded
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ fetch
+def fetch_model(repo_id: str, revision: str | None = None) -> Path:
+    """Download ``repo_id`` into the standard Hugging Face cache (huggingface_hub.snapshot_download).
+
+    Raises UserError with one line when offline, the repository does not exist, or access is denied.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision))
+    except HFValidationError as exc:
+        raise UserError(f"{repo_id!r} is not a valid hub repository id: {exc}", where="REPO_ID") from None
+    except GatedRepoError:
+        raise UserError(f"{repo_id} is gated: accept its licence on huggingface.co and log in "
+                        "(`hf auth login`)", where="REPO_ID") from None
+    except RevisionNotFoundError:
+        raise UserError(f"{repo_id} has no revision {revision!r}", where="--revision") from None
+    except RepositoryNotFoundError:
+        raise UserError(f"no repository {repo_id} on the Hugging Face hub (or it is private)",
+                        where="REPO_ID") from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if _offline() else "the hub cannot be reached"
+        raise UserError(f"cannot download {repo_id}: {why} and it is not in the cache",
+                        hint="connect to the network (and unset HF_HUB_OFFLINE), then run the command again",
+                        exit_code=1) from None
+    except OSError as exc:
+        raise UserError(f"cannot download {repo_id}: {exc}", exit_code=1) from None

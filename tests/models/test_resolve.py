@@ -1,0 +1,152 @@
+"""Resolving model specs (path, hub cache, synth cache) and the memoised file hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lucebench.errors import UserError
+from lucebench.models import resolve as R
+from lucebench.models.synth import PROVENANCE_FILE
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUCEBENCH_CACHE", str(tmp_path / "lbcache"))
+    return tmp_path / "lbcache"
+
+
+def test_path_spec(synth_dir):
+    m = R.resolve_model({"path": str(synth_dir("tiny"))})
+    assert m.kind == "path" and m.path == synth_dir("tiny").resolve() and m.synthetic
+    assert m.config()["model_type"] == "qwen3_5_text"
+
+
+def test_missing_path_and_bad_specs_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        R.resolve_model({"path": str(tmp_path / "nope")})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no config.json"):
+        R.resolve_model({"path": str(tmp_path / "empty")})
+    with pytest.raises(UserError, match="exactly one"):
+        R.resolve_model({"path": "a", "hub": "b/c"})
+
+
+def test_synth_spec_is_made_once_then_reused(cache):
+    spec = {"synth": {"shape": "tiny", "seed": 3, "dtype": "fp32"}}
+    first = R.resolve_model(spec)
+    assert first.kind == "synth" and first.path.parent == cache / "models"
+    prov = json.loads((first.path / PROVENANCE_FILE).read_text())
+    assert (prov["shape"], prov["seed"], prov["dtype"]) == ("tiny", 3, "fp32")
+    mtime = (first.path / "model.safetensors").stat().st_mtime_ns
+    again = R.resolve_model(spec)
+    assert again.path == first.path
+    assert (again.path / "model.safetensors").stat().st_mtime_ns == mtime  # reused, not rewritten
+    other = R.resolve_model({"synth": {"shape": "tiny", "seed": 4, "dtype": "fp32"}})
+    assert other.path != first.path
+    assert not list((cache / "models").glob(".*tmp*"))  # no half-written folders left behind
+
+
+def test_synth_spec_from_a_config_file(cache, tmp_path):
+    from lucebench.models.shapes import get_shape
+
+    cfg = tmp_path / "my.json"
+    cfg.write_text(json.dumps(get_shape("tiny-odd").config))
+    m = R.resolve_model({"synth": {"config": str(cfg), "seed": 0, "dtype": "fp32"}})
+    assert json.loads((m.path / "config.json").read_text())["hidden_size"] == 72
+
+
+def test_pydantic_model_source_is_accepted(cache):
+    from lucebench.config.schema import ModelSource
+
+    m = R.resolve_model(ModelSource.model_validate({"synth": {"shape": "tiny", "dtype": "fp32"}}))
+    assert m.synthetic
+
+
+def _fake_hub_cache(root: Path, repo: str, files: dict[str, str]) -> str:
+    """The huggingface_hub cache layout: blobs by hash, snapshots/<commit>/ symlinks, refs/main."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    snap = repo_dir / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo_dir / "blobs").mkdir()
+    for name, text in files.items():
+        blob = repo_dir / "blobs" / hashlib.sha256(text.encode()).hexdigest()
+        blob.write_text(text)
+        os.symlink(os.path.relpath(blob, snap), snap / name)
+    return commit
+
+
+def _resolve_in_subprocess(hf_home: Path, repo: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_CACHE": str(hf_home / "hub"), "HF_HUB_OFFLINE": "1"}
+    code = ("from lucebench.models.resolve import resolve_model\n"
+            "from lucebench.errors import UserError\n"
+            "try:\n"
+            f"    m = resolve_model({{'hub': {repo!r}}})\n"
+            "    print(m.path); print(m.revision)\n"
+            "except UserError as e:\n"
+            "    print('USERERROR', e)\n")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_hub_spec_found_offline_in_the_hf_cache(tmp_path):
+    hub = tmp_path / "hf" / "hub"
+    commit = _fake_hub_cache(hub, "Qwen/Qwen3.5-0.8B", {"config.json": '{"model_type": "qwen3_5"}',
+                                                        "tokenizer.json": "{}"})
+    proc = _resolve_in_subprocess(tmp_path / "hf", "Qwen/Qwen3.5-0.8B")
+    assert proc.returncode == 0, proc.stderr
+    path, rev = proc.stdout.split()
+    assert Path(path) == hub / "models--Qwen--Qwen3.5-0.8B" / "snapshots" / commit
+    assert rev == commit
+    # Hashes follow the snapshot's symlinks into blobs/.
+    hashes = R.hash_model_files(Path(path), memo_path=tmp_path / "memo.json")
+    assert hashes["config.json"] == hashlib.sha256(b'{"model_type": "qwen3_5"}').hexdigest()
+
+
+def test_hub_spec_missing_names_the_fetch_command(tmp_path):
+    (tmp_path / "hf" / "hub").mkdir(parents=True)
+    proc = _resolve_in_subprocess(tmp_path / "hf", "Qwen/Qwen3.5-27B")
+    assert proc.returncode == 0, proc.stderr
+    assert "USERERROR" in proc.stdout and "Qwen/Qwen3.5-27B" in proc.stdout
+    assert "lucebench models fetch Qwen/Qwen3.5-27B" in proc.stdout
+
+
+def test_hashes_are_memoised_by_size_and_mtime(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "w.bin").write_bytes(b"x" * 1000)
+    (model / ".cache").mkdir()
+    (model / ".cache" / "junk").write_text("ignored")
+    memo = tmp_path / "memo.json"
+    first = R.hash_model_files(model, memo_path=memo)
+    assert first == {"config.json": hashlib.sha256(b"{}").hexdigest(),
+                     "w.bin": hashlib.sha256(b"x" * 1000).hexdigest()}
+    # Poison the memo: an unchanged file (same size and mtime) is served from it, not rehashed.
+    data = json.loads(memo.read_text())
+    data[str((model / "w.bin").resolve())]["sha256"] = "from-memo"
+    memo.write_text(json.dumps(data))
+    assert R.hash_model_files(model, memo_path=memo)["w.bin"] == "from-memo"
+    # A changed file is hashed again.
+    (model / "w.bin").write_bytes(b"y" * 1001)
+    assert R.hash_model_files(model, memo_path=memo)["w.bin"] == hashlib.sha256(b"y" * 1001).hexdigest()
+    # A single model file (e.g. a GGUF) hashes to one entry.
+    assert list(R.hash_model_files(model / "w.bin", memo_path=memo)) == ["w.bin"]
+
+
+def test_fetch_offline_is_one_clear_error(tmp_path):
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "lucebench", "models", "fetch", "Qwen/Qwen3.5-0.8B"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "cannot download Qwen/Qwen3.5-0.8B" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr

@@ -1,0 +1,155 @@
+"""Synthetic checkpoints: transformers loads them, names match transformers', bytes depend only on the seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from lucebench.errors import UserError
+from lucebench.models.safetensors_stream import bf16_bits_to_float32, to_dtype_bytes
+from lucebench.models.shapes import get_shape
+from lucebench.models.synth import PROVENANCE_FILE, synthesize
+
+
+def _meta_state_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    tied = set(model._tied_weights_keys or {}) if config.get("tie_word_embeddings") else set()
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in tied}
+
+
+def _file_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                out[k] = tuple(st.get_slice(k).get_shape())
+    return out
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-odd", "tiny-qwen3", "qwen3.5-0.8b", "qwen3.5-27b", "qwen3-0.6b"])
+def test_parameter_names_and_shapes_are_transformers(shape):
+    from lucebench.models.weights import tensor_specs
+
+    cfg = get_shape(shape).config
+    ours = {s.name: s.shape for s in tensor_specs(cfg)}
+    assert ours == _meta_state_shapes(cfg)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-odd", "tiny-qwen3"])
+def test_loads_with_automodel_without_missing_keys(synth_dir, shape):
+    from transformers import AutoModelForCausalLM
+
+    _model, info = AutoModelForCausalLM.from_pretrained(synth_dir(shape), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    folder = synth_dir(shape)
+    assert set(_file_shapes(folder)) == set(_meta_state_shapes(get_shape(shape).config))
+    prov = json.loads((folder / PROVENANCE_FILE).read_text())
+    assert prov["shape"] == shape and prov["seed"] == 0 and prov["dtype"] == "fp32" and prov["scale_rule"]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ([("Qwen3ForCausalLM")] if shape == "tiny-qwen3" else ["Qwen3_5ForCausalLM"])
+    gen = json.loads((folder / "generation_config.json").read_text())
+    assert gen["do_sample"] is False and gen["eos_token_id"] == get_shape(shape).eos_ids
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(tmp_path):
+    tiny = get_shape("tiny")
+    a = synthesize(tiny, tmp_path / "a", seed=7, dtype="bf16")
+    b = synthesize(tiny, tmp_path / "b", seed=7, dtype="bf16")
+    c = synthesize(tiny, tmp_path / "c", seed=8, dtype="bf16")
+    for name in a.files:
+        assert (a.out_dir / name).read_bytes() == (b.out_dir / name).read_bytes(), name
+    assert (a.out_dir / "model.safetensors").read_bytes() != (c.out_dir / "model.safetensors").read_bytes()
+
+
+def test_sharded_checkpoint_has_an_index_and_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    r = synthesize(get_shape("tiny"), tmp_path / "m", seed=0, dtype="fp32", shard_bytes=300_000)
+    shards = sorted(p.name for p in r.out_dir.glob("model-*.safetensors"))
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((r.out_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    assert index["metadata"]["total_size"] == r.weight_bytes
+    model = AutoModelForCausalLM.from_pretrained(r.out_dir)
+    ref = AutoModelForCausalLM.from_pretrained(synthesize(get_shape("tiny"), tmp_path / "one", seed=0,
+                                                          dtype="fp32").out_dir)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+
+
+def test_dtypes_round_trip(synth_dir):
+    from transformers import AutoModelForCausalLM
+
+    m32 = AutoModelForCausalLM.from_pretrained(synth_dir("tiny", dtype="fp32"))
+    m16 = AutoModelForCausalLM.from_pretrained(synth_dir("tiny", dtype="bf16"), dtype=torch.bfloat16)
+    w32 = m32.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    w16 = m16.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    assert torch.equal(w32.to(torch.bfloat16), w16)  # our bf16 rounding is torch's round-to-nearest-even
+
+
+def test_bf16_encoding_matches_torch():
+    x = np.array([1.0, -2.5, 3.14159, 1e-8, 65504.0, 0.1, 1.00390625, 1.01171875], dtype=np.float32)
+    ours = to_dtype_bytes(x, "bf16")
+    theirs = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(ours, theirs)
+    assert np.allclose(bf16_bits_to_float32(ours), x, rtol=1e-2)
+
+
+def test_scale_rule_gives_varied_greedy_output(synth_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(synth_dir("tiny"))
+    prompt = torch.tensor([[314, 296, 832, 567, 8, 25]])
+    out = model.generate(prompt, max_new_tokens=32, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)[0, prompt.shape[1]:].tolist()
+    assert len(out) == 32
+    assert len(set(out)) >= 16, out
+    # Weight statistics follow the rule: fan-in scaling and near-neutral (1 + w) norms.
+    sd = model.state_dict()
+    w = sd["model.layers.0.mlp.down_proj.weight"]
+    assert abs(float(w.std()) - 1 / 192 ** 0.5) < 0.01
+    assert abs(float(sd["model.layers.0.input_layernorm.weight"].mean())) < 0.05
+    a = sd["model.layers.0.linear_attn.A_log"].exp()
+    assert float(a.min()) >= 1.0 and float(a.max()) <= 16.0
+
+
+def test_multimodal_layout_key_names_and_loading(synth_dir):
+    from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+    mm, text = synth_dir("tiny", layout="multimodal"), synth_dir("tiny")
+    keys = set(_file_shapes(mm))
+    assert "model.language_model.embed_tokens.weight" in keys
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in keys
+    assert "model.language_model.layers.3.self_attn.q_proj.weight" in keys
+    assert "model.language_model.norm.weight" in keys
+    assert {k.replace("model.language_model.", "model.") for k in keys} == set(_file_shapes(text))
+    cfg = json.loads((mm / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForConditionalGeneration"] and cfg["model_type"] == "qwen3_5"
+    assert cfg["text_config"]["model_type"] == "qwen3_5_text"
+
+    # AutoModelForCausalLM maps the multimodal layout onto the text model with nothing missing ...
+    model, info = AutoModelForCausalLM.from_pretrained(mm, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ref = AutoModelForCausalLM.from_pretrained(text)
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), ref.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    # ... and the multimodal class takes the text weights; only its (unwritten) vision tower is missing.
+    vlm, info = Qwen3_5ForConditionalGeneration.from_pretrained(mm, output_loading_info=True)
+    assert info["missing_keys"] and all(k.startswith("model.visual.") for k in info["missing_keys"])
+    assert torch.equal(vlm.model.language_model.embed_tokens.weight, ref.model.embed_tokens.weight)
+
+
+def test_bad_arguments_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="dtype"):
+        synthesize(get_shape("tiny"), tmp_path / "x", dtype="int8")
+    with pytest.raises(UserError, match="multimodal"):
+        synthesize(get_shape("tiny-qwen3"), tmp_path / "x", layout="multimodal")
