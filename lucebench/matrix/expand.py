@@ -108,7 +108,8 @@ def expand(config: Config, backend: str) -> list[CellSpec]:
             raise UserError(f"include[{i}] must name {', '.join(sorted(missing))}", where="config include")
         if rule["model"] not in config.models:
             raise UserError(f"include[{i}] names model {rule['model']!r}, which is not under 'models'")
-        values = {"gpu": gpus[0], **rule}
+        # Unnamed axes take the axis's first value, as a matrix cell would.
+        values = {axis: vals[0] for axis, vals in axes.items()} | rule
         cell = _make_cell(config, backend, values, show_gpu)
         cells.setdefault(cell.id, cell)
     if not cells:

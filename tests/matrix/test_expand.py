@@ -57,3 +57,9 @@ def test_unknown_engine_and_variant_options():
                                  "matrix": {"engine": ["hf-c"], "model": ["m"], "suite": ["pp64"]}})
     with pytest.raises(UserError, match="bogus"):
         expand(cfg, "cpu")
+
+
+def test_include_takes_first_axis_values_for_unnamed_axes():
+    cfg = _config(kv=["q8_0", "bf16"])
+    cfg.include = [{"engine": "ar", "model": "m", "suite": "tg32", "context": 4096}]
+    assert expand(cfg, "cpu")[-1].id == "ar/m/tg32/ctx4096/kvq8_0"
