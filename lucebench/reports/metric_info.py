@@ -1,0 +1,65 @@
+"""What reports and comparisons need to know about each metric: direction, label, display precision.
+
+The metrics themselves are computed in lucebench.metrics; this module only describes how to read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Smaller is better for latencies, energies, power and memory; larger for everything else.
+LOWER_IS_BETTER: frozenset[str] = frozenset({
+    "ttft_ms", "tpot_ms", "e2e_ms", "prefill_j", "decode_j", "prefill_j_net", "decode_j_net",
+    "avg_power_w", "peak_mem_bytes",
+})
+
+# Metrics shown in comparisons but never gating: drawing more power is not a regression by itself
+# (a faster kernel may draw more); tok/J captures the efficiency question.
+INFORMATIONAL: frozenset[str] = frozenset({"avg_power_w"})
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """Display facts of one metric."""
+
+    label: str
+    unit: str
+    digits: int
+
+
+_INFO: dict[str, MetricInfo] = {
+    "prefill_tok_s": MetricInfo("prefill tok/s", "tok/s", 0),
+    "decode_tok_s": MetricInfo("decode tok/s", "tok/s", 1),
+    "ttft_ms": MetricInfo("TTFT", "ms", 1),
+    "tpot_ms": MetricInfo("TPOT", "ms", 2),
+    "e2e_ms": MetricInfo("E2E", "ms", 1),
+    "acceptance_length": MetricInfo("AL", "tok/step", 2),
+    "prefill_j": MetricInfo("prefill energy", "J", 2),
+    "decode_j": MetricInfo("decode energy", "J", 2),
+    "prefill_j_net": MetricInfo("prefill energy (net)", "J", 2),
+    "decode_j_net": MetricInfo("decode energy (net)", "J", 2),
+    "prefill_tok_per_j": MetricInfo("prefill tok/J", "tok/J", 1),
+    "decode_tok_per_j": MetricInfo("decode tok/J", "tok/J", 2),
+    "total_tok_per_j": MetricInfo("total tok/J", "tok/J", 2),
+    "prefill_tok_per_j_net": MetricInfo("prefill tok/J (net)", "tok/J", 1),
+    "decode_tok_per_j_net": MetricInfo("decode tok/J (net)", "tok/J", 2),
+    "total_tok_per_j_net": MetricInfo("total tok/J (net)", "tok/J", 2),
+    "avg_power_w": MetricInfo("avg power", "W", 0),
+    "peak_mem_bytes": MetricInfo("peak memory", "B", 0),
+    "roofline_pct": MetricInfo("% of roofline", "%", 1),
+    "speedup_decode": MetricInfo("decode speedup", "x", 2),
+    "speedup_ttft": MetricInfo("TTFT speedup", "x", 2),
+    "speedup_combined": MetricInfo("combined speedup", "x", 2),
+    "accuracy": MetricInfo("accuracy", "%", 1),
+    "token_match_pct": MetricInfo("token match", "%", 1),
+}
+
+
+def info(name: str) -> MetricInfo:
+    """Display facts of `name`; unknown metrics get a generic entry rather than an error."""
+    return _INFO.get(name, MetricInfo(name, "", 3))
+
+
+def higher_is_better(name: str) -> bool:
+    """True when a larger value of metric `name` is an improvement."""
+    return name not in LOWER_IS_BETTER

@@ -1,0 +1,266 @@
+"""The report's PNG plots (matplotlib, Agg backend: no display needed).
+
+Each function draws one figure from whatever cells exist and returns None when its cells are absent.
+Error bars are the stddev of the repetitions; missing values are left out, never drawn as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: reports are rendered on headless CI runners
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from lucebench.reports import cells as C
+from lucebench.reports.cells import CellView
+from lucebench.reports.tables import ar_partner
+
+MAX_TIMELINES = 6
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One written PNG: its file name (relative to the report folder), a title and a caption."""
+
+    file: str
+    title: str
+    caption: str
+
+
+def _save(fig: Figure, out_dir: Path, name: str) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def _err(v: CellView, metric: str) -> float:
+    m = v.metric(metric)
+    return m.stddev if m is not None and m.stddev is not None else 0.0
+
+
+def _series_label(v: CellView, keys: Sequence[str]) -> str:
+    return " ".join(C.fmt_param(k, v.params.get(k)) for k in keys) or v.engine
+
+
+def _ok(views: Sequence[CellView]) -> list[CellView]:
+    return [v for v in views if v.ok]
+
+
+def throughput_bars(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Prefill and decode tok/s per engine (bars with stddev); every result with an ok cell gets this plot."""
+    tv = [v for v in _ok(views) if not C.is_speculative(v) and not C.is_context(v) and not C.is_dataset(v)]
+    if not tv:
+        tv = _ok(views)
+    keys = ["engine", *C.varying_keys(tv, exclude=["engine", "suite", "power_limit_w", "gpu"])]
+    groups: dict[str, dict[str, CellView]] = {}
+    for v in sorted(tv, key=lambda v: -(C.power_limit_of(v) or 0)):
+        # At several power limits the highest one stands for the engine (its unconstrained speed).
+        groups.setdefault(_series_label(v, keys), {})
+        for metric in ("prefill_tok_s", "decode_tok_s"):
+            if v.median(metric) is not None:
+                groups[_series_label(v, keys)].setdefault(metric, v)
+    if not any(groups.values()):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, title in ((axes[0], "prefill_tok_s", "Prefill"), (axes[1], "decode_tok_s", "Decode")):
+        labels = [g for g, ms in groups.items() if metric in ms]
+        vals = [groups[g][metric].median(metric) for g in labels]
+        errs = [_err(groups[g][metric], metric) for g in labels]
+        ax.bar(range(len(labels)), vals, yerr=errs, capsize=4, color="#4c72b0")
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+        ax.set_ylabel("tok/s")
+        ax.set_title(title if labels else f"{title} (not measured)")
+    return Plot(_save(fig, out_dir, "throughput.png"), "Throughput per engine",
+                "median tok/s with stddev error bars")
+
+
+def power_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Decode tok/s and tok/J vs power limit per engine, the best tok/J point marked."""
+    tv = [v for v in _ok(views) if not C.is_speculative(v) and not C.is_context(v) and not C.is_dataset(v)
+          and v.median("decode_tok_s") is not None and C.power_limit_of(v) is not None]
+    keys = ["engine", *C.varying_keys(tv, exclude=["engine", "power_limit_w", "gpu"])]
+    series: dict[str, list[CellView]] = {}
+    for v in tv:
+        series.setdefault(_series_label(v, keys), []).append(v)
+    series = {k: sorted(s, key=lambda v: C.power_limit_of(v) or 0) for k, s in series.items()
+              if len({C.power_limit_of(v) for v in s}) >= 2}
+    if not series:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, s in series.items():
+        x = [C.power_limit_of(v) for v in s]
+        ax1.errorbar(x, [v.median("decode_tok_s") for v in s], yerr=[_err(v, "decode_tok_s") for v in s],
+                     marker="o", capsize=3, label=label)
+        pts = [(C.power_limit_of(v), v.median("decode_tok_per_j"), _err(v, "decode_tok_per_j")) for v in s
+               if v.median("decode_tok_per_j") is not None]
+        if pts:
+            ax2.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                         label=label)
+            best = max(pts, key=lambda p: p[1])
+            ax2.scatter([best[0]], [best[1]], s=220, marker="*", color="gold", edgecolor="black", zorder=5)
+            ax2.annotate(f"best {best[1]:.2f} tok/J @ {best[0]:g} W", (best[0], best[1]),
+                         textcoords="offset points", xytext=(6, 8), fontsize=8)
+    ax1.set(xlabel="power limit (W)", ylabel="decode tok/s", title="Decode throughput vs power limit")
+    ax2.set(xlabel="power limit (W)", ylabel="decode tok/J", title="Energy efficiency vs power limit")
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    return Plot(_save(fig, out_dir, "power_sweep.png"), "Throughput and tok/J vs power limit",
+                "the star marks the most energy-efficient power limit")
+
+
+def speedup_by_dataset(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Speculative decode speedup over AR per dataset (at each budget present in several datasets)."""
+    from lucebench.reports.tables import headline_budget
+
+    spec = [v for v in _ok(views) if C.is_speculative(v)]
+    hb = headline_budget(spec)
+    spec = [v for v in spec if v.cell.params.get("budget", hb) == hb]
+    bars: list[tuple[str, float, float]] = []
+    for v in sorted(spec, key=lambda v: v.suite):
+        s = v.metric("speedup_decode")
+        if s is not None:
+            bars.append((v.suite, s.median or 0.0, s.stddev or 0.0))
+            continue
+        p = ar_partner(v, views)
+        a, b = v.median("decode_tok_s"), p.median("decode_tok_s") if p is not None else None
+        if a is not None and b:
+            bars.append((v.suite, a / b, 0.0))
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([b[0] for b in bars], [b[1] for b in bars], yerr=[b[2] for b in bars], capsize=4, color="#55a868")
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    for i, b in enumerate(bars):
+        ax.text(i, b[1], f"{b[1]:.2f}x", ha="center", va="bottom")
+    ax.set(ylabel="decode speedup over AR", title="Speculative decoding speedup by dataset"
+           + (f" (budget {hb})" if hb is not None else ""))
+    return Plot(_save(fig, out_dir, "speedup_by_dataset.png"), "Speedup by dataset", "decode tok/s over AR tok/s")
+
+
+def budget_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Acceptance length and decode tok/s vs DDTree budget."""
+    spec = [v for v in _ok(views) if "budget" in v.cell.params]
+    keys = ["engine", "suite", *C.varying_keys(spec, exclude=["engine", "suite", "budget", "gpu"])]
+    series: dict[str, list[CellView]] = {}
+    for v in spec:
+        series.setdefault(_series_label(v, keys), []).append(v)
+    series = {k: sorted(s, key=lambda v: float(v.cell.params["budget"])) for k, s in series.items()
+              if len({v.cell.params["budget"] for v in s}) >= 2}
+    if not series:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, s in series.items():
+        x = [float(v.cell.params["budget"]) for v in s]
+        for ax, metric in ((ax1, "acceptance_length"), (ax2, "decode_tok_s")):
+            pts = [(xi, v.median(metric), _err(v, metric)) for xi, v in zip(x, s) if v.median(metric) is not None]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                            capsize=3, label=label)
+    ax1.set(xlabel="DDTree budget", ylabel="acceptance length (tok/step)", title="AL vs budget")
+    ax2.set(xlabel="DDTree budget", ylabel="decode tok/s", title="Decode throughput vs budget")
+    ax1.legend(fontsize=8)
+    return Plot(_save(fig, out_dir, "budget_sweep.png"), "DDTree budget sweep", "AL and tok/s per budget")
+
+
+def context_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Decode tok/s vs context length, one line per KV type (and engine)."""
+    cv = [v for v in _ok(views) if C.is_context(v) and C.context_of(v) is not None]
+    keys = ["engine", *C.varying_keys(cv, exclude=["engine", "context", "kv_k", "kv_v", "gpu"])]
+    series: dict[str, list[CellView]] = {}
+    for v in cv:
+        series.setdefault(f"{_series_label(v, keys)} kv={C.kv_label(v)}", []).append(v)
+    series = {k: s for k, s in series.items() if any(v.median("decode_tok_s") is not None for v in s)}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, s in series.items():
+        pts = sorted((C.context_of(v), v.median("decode_tok_s"), _err(v, "decode_tok_s")) for v in s
+                     if v.median("decode_tok_s") is not None)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                    label=label)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="context length (tokens)", ylabel="decode tok/s", title="Decode throughput vs context")
+    ax.legend(fontsize=8)
+    return Plot(_save(fig, out_dir, "context_sweep.png"), "Decode vs context length", "one line per KV type")
+
+
+def roofline(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """% of the memory-bandwidth roofline reached by decode, per engine (best cell of each)."""
+    best: dict[str, CellView] = {}
+    for v in _ok(views):
+        r = v.median("roofline_pct")
+        if r is None:
+            continue
+        label = f"{v.engine} ({v.card})" if len({x.card for x in views}) > 1 else v.engine
+        if label not in best or r > (best[label].median("roofline_pct") or 0):
+            best[label] = v
+    if not best:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = list(best)
+    ax.bar(labels, [best[k].median("roofline_pct") for k in labels],
+           yerr=[_err(best[k], "roofline_pct") for k in labels], capsize=4, color="#c44e52")
+    ax.axhline(100, color="black", linewidth=1)
+    ax.axhspan(70, 80, color="green", alpha=0.1, label="good decode kernels (70-80%)")
+    ax.set(ylabel="% of memory-bandwidth roofline", ylim=(0, 110), title="Decode vs bandwidth roofline")
+    ax.legend(fontsize=8)
+    return Plot(_save(fig, out_dir, "roofline.png"), "% of memory-bandwidth roofline",
+                "bytes moved per token x tok/s over peak bandwidth; best cell per engine")
+
+
+def power_timelines(views: Sequence[CellView], out_dir: Path, limit: int = MAX_TIMELINES) -> list[Plot]:
+    """Power over time of the cells with a power trace (decode cells first, at most `limit`)."""
+    traced = [v for v in views if v.cell.power_trace]
+    traced.sort(key=lambda v: (v.median("decode_tok_s") is None, v.cell.id))
+    plots = []
+    for v in traced[:limit]:
+        t = [p[0] for p in v.cell.power_trace]
+        w = [p[1] for p in v.cell.power_trace]
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.plot(t, w, linewidth=1)
+        if v.cell.power is not None and v.cell.power.limit_w:
+            ax.axhline(v.cell.power.limit_w, color="red", linestyle="--", linewidth=1, label="power limit")
+            ax.legend(fontsize=8)
+        title = ", ".join(f"{k}={val}" for k, val in v.cell.params.items())
+        ax.set(xlabel="seconds since cell start", ylabel="W", title=title[:90])
+        plots.append(Plot(_save(fig, out_dir, f"power_{C.slug(v.cell.id)}.png"), f"Power timeline: {title}",
+                          "decimated NVML power samples"))
+    return plots
+
+
+def all_plots(views: Sequence[CellView], out_dir: Path) -> list[Plot]:
+    """Every plot the cells support, written under out_dir."""
+    out: list[Plot] = []
+    for fn in (throughput_bars, power_sweep, speedup_by_dataset, budget_sweep, context_sweep, roofline):
+        p = fn(views, out_dir)
+        if p is not None:
+            out.append(p)
+    out.extend(power_timelines(views, out_dir))
+    return out
+
+
+def grouped_bars(rows: dict[str, dict[str, float]], errs: dict[str, dict[str, float]], ylabel: str, title: str,
+                 out_dir: Path, name: str) -> str:
+    """A grouped bar chart: one group per key of `rows` (e.g. engine), one bar per inner key (e.g. card)."""
+    groups = list(rows)
+    series: list[str] = sorted({s for r in rows.values() for s in r})
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) / 2 + 3), 4))
+    width = 0.8 / max(1, len(series))
+    for i, s in enumerate(series):
+        xs = [g_i + i * width for g_i, g in enumerate(groups) if s in rows[g]]
+        ys: list[Any] = [rows[g][s] for g in groups if s in rows[g]]
+        es = [errs.get(g, {}).get(s, 0.0) for g in groups if s in rows[g]]
+        ax.bar(xs, ys, width=width, yerr=es, capsize=3, label=s)
+    ax.set_xticks([g_i + width * (len(series) - 1) / 2 for g_i in range(len(groups))], groups, rotation=15)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    return _save(fig, out_dir, name)

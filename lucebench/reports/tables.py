@@ -1,0 +1,338 @@
+"""The report's tables, in the upstream layout, built from whatever cells exist.
+
+Each builder returns a `Table` or None when the cells it needs are absent, so a CPU smoke result gets a
+throughput table and nothing else, and a full RTX 3090 matrix gets all of them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lucebench.reports import cells as C
+from lucebench.reports.cells import CellView
+from lucebench.reports.fmt import NA, NOISY_MARK, fmt_summary, fmt_value
+from lucebench.results.schema import Result
+
+HEADERS = {"engine": "Method", "model": "Model", "card": "Card", "power_limit_w": "Power limit", "suite": "Suite",
+           "kv_k": "KV K", "kv_v": "KV V", "budget": "Budget", "context": "Context", "gpu": "GPU"}
+
+
+@dataclass
+class Table:
+    """A rendered table: string cells, rendered identically to Markdown and HTML."""
+
+    key: str
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _header(key: str) -> str:
+    return HEADERS.get(key, key)
+
+
+def _label_keys(views: Sequence[CellView], exclude: Sequence[str], always: Sequence[str] = ("engine",)) -> list[str]:
+    keys = [k for k in always if k not in exclude]
+    keys += [k for k in C.varying_keys(views, exclude=[*exclude, *always])]
+    return keys
+
+
+def _ok(views: Sequence[CellView]) -> list[CellView]:
+    return [v for v in views if v.ok]
+
+
+def _metric_cell(v: CellView | None, metric: str) -> str:
+    return fmt_summary(v.cell.metrics.get(metric) if v is not None else None, metric)
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+def _throughput_views(views: Sequence[CellView]) -> list[CellView]:
+    return [v for v in _ok(views) if not C.is_speculative(v) and not C.is_context(v) and not C.is_dataset(v)]
+
+
+def throughput_table(views: Sequence[CellView]) -> Table | None:
+    """Method | Prefill ppN | Decode tgN | tok/J (+ avg power, % roofline where measured)."""
+    tv = _throughput_views(views)
+    if not tv:
+        return None
+    suites = sorted({v.suite for v in tv})
+    pre = [s for s in suites if s.startswith("pp") or (not s.startswith("tg") and
+                                                      any(v.suite == s and v.median("prefill_tok_s") for v in tv))]
+    dec = [s for s in suites if s.startswith("tg") or (not s.startswith("pp") and
+                                                      any(v.suite == s and v.median("decode_tok_s") for v in tv))]
+    label_keys = _label_keys(tv, exclude=["suite", "gpu"])
+    groups: dict[tuple[Any, ...], list[CellView]] = {}
+    for v in tv:
+        groups.setdefault(C.key_of(v, label_keys), []).append(v)
+    has_roof = any(v.median("roofline_pct") is not None for v in tv)
+    headers = [_header(k) for k in label_keys]
+    headers += [f"Prefill {s} (tok/s)" for s in pre]
+    headers += [f"Decode {s} (tok/s)" for s in dec]
+    headers += [f"tok/J {s}" if len(dec) > 1 else "tok/J" for s in dec]
+    headers += ["avg power (W)"] + (["% roofline"] if has_roof else [])
+    rows = []
+    for key, members in groups.items():
+        by_suite = {v.suite: v for v in members}
+        row = [C.fmt_param(k, val) for k, val in zip(label_keys, key)]
+        row += [_metric_cell(by_suite.get(s), "prefill_tok_s") for s in pre]
+        row += [_metric_cell(by_suite.get(s), "decode_tok_s") for s in dec]
+        row += [_metric_cell(by_suite.get(s), "decode_tok_per_j") for s in dec]
+        dec_cell = next((by_suite[s] for s in dec if s in by_suite), members[0])
+        row.append(_metric_cell(dec_cell, "avg_power_w"))
+        if has_roof:
+            row.append(_metric_cell(dec_cell, "roofline_pct"))
+        rows.append(row)
+    return Table("throughput", "Throughput and energy", headers, rows,
+                 notes=[("median ± stddev (n = measured repetitions); tok/J from the energy counter over the "
+                         "decode window (n/a where power is unavailable)")])
+
+
+def power_sweep_table(views: Sequence[CellView]) -> Table | None:
+    """Per engine, decode tok/s and tok/J at each power limit; the best tok/J marked (DVFS sweep)."""
+    tv = [v for v in _throughput_views(views) if v.median("decode_tok_s") is not None and C.power_limit_of(v)]
+    label_keys = _label_keys(tv, exclude=["power_limit_w", "suite", "gpu"])
+    groups: dict[tuple[Any, ...], list[CellView]] = {}
+    for v in tv:
+        groups.setdefault(C.key_of(v, [*label_keys, "suite"]), []).append(v)
+    rows = []
+    for key, members in groups.items():
+        if len({C.power_limit_of(v) for v in members}) < 2:
+            continue
+        best = max(members, key=lambda v: v.median("decode_tok_per_j") or float("-inf"))
+        for v in sorted(members, key=lambda v: -(C.power_limit_of(v) or 0)):
+            mark = "★ best tok/J" if v is best and v.median("decode_tok_per_j") is not None else ""
+            rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, key)] + [
+                v.suite, C.fmt_param("power_limit_w", C.power_limit_of(v)), _metric_cell(v, "decode_tok_s"),
+                _metric_cell(v, "decode_tok_per_j"), _metric_cell(v, "avg_power_w"), mark])
+    if not rows:
+        return None
+    headers = [_header(k) for k in label_keys] + ["Suite", "Power limit", "Decode (tok/s)", "tok/J",
+                                                  "avg power (W)", ""]
+    return Table("power_sweep", "Power-limit sweep", headers, rows)
+
+
+# ---------------------------------------------------------------------------------------------- speculative
+# Engine-specific axes, ignored when pairing a speculative cell with its AR cell (as lucebench.metrics
+# does for the speedups); the KV type is preferred equal but not required.
+_SPEC_ONLY = ("engine", "budget", "keep_ratio", "kv_k", "kv_v")
+
+
+def _partner_key(v: CellView) -> tuple[Any, ...]:
+    return tuple(sorted((k, C._hashable(val)) for k, val in v.params.items() if k not in _SPEC_ONLY))
+
+
+def ar_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
+    """The autoregressive cell that a speculative cell is measured against (same params but engine axes)."""
+    key = _partner_key(v)
+    cands = [o for o in _ok(views) if not C.is_speculative(o) and _partner_key(o) == key]
+    cands.sort(key=lambda o: C.kv_label(o) != C.kv_label(v))
+    return cands[0] if cands else None
+
+
+def headline_budget(spec: Sequence[CellView]) -> Any:
+    """The budget most suites share (the upstream table's 22); None when no cell has a budget."""
+    per_suite: dict[str, set[Any]] = {}
+    for v in spec:
+        if "budget" in v.cell.params:
+            per_suite.setdefault(v.suite, set()).add(v.cell.params["budget"])
+    counts = Counter(b for budgets in per_suite.values() for b in budgets)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return min(b for b, n in counts.items() if n == top)
+
+
+def _speedup_text(v: CellView, partner: CellView | None) -> str:
+    s = v.cell.metrics.get("speedup_decode")
+    if s is not None and s.median is not None:
+        return fmt_summary(s, "speedup_decode")
+    a, b = v.median("decode_tok_s"), partner.median("decode_tok_s") if partner else None
+    if a is not None and b:
+        return f"{a / b:.2f}x (ratio of medians)"
+    return NA
+
+
+def speculative_table(views: Sequence[CellView]) -> Table | None:
+    """Benchmark | AR | speculative | AL | Speedup, at the headline DDTree budget."""
+    spec = [v for v in _ok(views) if C.is_speculative(v)]
+    if not spec:
+        return None
+    hb = headline_budget(spec)
+    if hb is not None:
+        spec = [v for v in spec if v.cell.params.get("budget", hb) == hb]
+    label_keys = ["suite"] + [k for k in C.varying_keys(spec, exclude=["suite", "budget", "gpu"]) if k != "suite"]
+    partners = {id(v): ar_partner(v, views) for v in spec}
+    ar_names = sorted({p.engine for p in partners.values() if p is not None})
+    spec_names = sorted({v.engine for v in spec})
+    ar_head = f"AR {'/'.join(ar_names)} (tok/s)" if ar_names else "AR (tok/s)"
+    spec_head = f"{'/'.join(spec_names)} (tok/s)"
+    headers = ["Benchmark" if k == "suite" else _header(k) for k in label_keys]
+    headers += [ar_head, spec_head, "AL", "Speedup"]
+    rows = []
+    for v in sorted(spec, key=lambda v: C.key_of(v, label_keys).__repr__()):
+        p = partners[id(v)]
+        rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))] + [
+            _metric_cell(p, "decode_tok_s"), _metric_cell(v, "decode_tok_s"), _metric_cell(v, "acceptance_length"),
+            _speedup_text(v, p)])
+    notes = [f"DDTree budget {hb}" if hb is not None else "",
+             "speedup = speculative decode tok/s over AR decode tok/s on the same prompts"]
+    return Table("speculative", "Speculative decoding", headers, rows, notes=[n for n in notes if n])
+
+
+def dataset_table(views: Sequence[CellView]) -> Table | None:
+    """Dataset suites run without speculative decoding: Benchmark | Method | TTFT | decode (| speedup)."""
+    shown = {id(p) for s in _ok(views) if C.is_speculative(s) and (p := ar_partner(s, views)) is not None}
+    dv = [v for v in _ok(views) if C.is_dataset(v) and not C.is_speculative(v) and not C.is_context(v)
+          and id(v) not in shown]  # AR cells paired with a speculative cell are already in that table
+    if not dv:
+        return None
+    label_keys = ["suite", *_label_keys(dv, exclude=["suite", "gpu"])]
+    has_speedup = any(v.median("speedup_decode") is not None for v in dv)
+    headers = ["Benchmark" if k == "suite" else _header(k) for k in label_keys]
+    headers += ["TTFT (ms)", "Decode (tok/s)"] + (["Speedup"] if has_speedup else [])
+    rows = []
+    for v in sorted(dv, key=lambda v: repr(C.key_of(v, label_keys))):
+        row = [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))]
+        row += [_metric_cell(v, "ttft_ms"), _metric_cell(v, "decode_tok_s")]
+        if has_speedup:
+            row.append(_metric_cell(v, "speedup_decode"))
+        rows.append(row)
+    return Table("datasets", "Dataset workloads", headers, rows,
+                 notes=["per-prompt samples: the spread includes prompt-to-prompt differences"])
+
+
+def budget_sweep_table(views: Sequence[CellView]) -> Table | None:
+    """Budget | AL | decode tok/s | speedup, for every group that sweeps the DDTree budget."""
+    spec = [v for v in _ok(views) if C.is_speculative(v) and "budget" in v.cell.params]
+    label_keys = _label_keys(spec, exclude=["budget", "gpu"], always=("engine", "suite"))
+    groups: dict[tuple[Any, ...], list[CellView]] = {}
+    for v in spec:
+        groups.setdefault(C.key_of(v, label_keys), []).append(v)
+    rows = []
+    for key, members in groups.items():
+        if len({v.cell.params["budget"] for v in members}) < 2:
+            continue
+        best = max(members, key=lambda v: v.median("decode_tok_s") or float("-inf"))
+        for v in sorted(members, key=lambda v: float(v.cell.params["budget"])):
+            rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, key)] + [
+                str(v.cell.params["budget"]), _metric_cell(v, "acceptance_length"), _metric_cell(v, "decode_tok_s"),
+                _speedup_text(v, ar_partner(v, views)), "★ fastest" if v is best else ""])
+    if not rows:
+        return None
+    headers = [_header(k) for k in label_keys] + ["Budget", "AL", "Decode (tok/s)", "Speedup", ""]
+    return Table("budget_sweep", "DDTree budget sweep", headers, rows)
+
+
+# ---------------------------------------------------------------------------------------------- context
+def context_table(views: Sequence[CellView]) -> Table | None:
+    """Context | KV | TTFT | decode (+ TTFT speedup where measured)."""
+    cv = [v for v in _ok(views) if C.is_context(v)]
+    if not cv:
+        return None
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", "gpu"])
+    has_speedup = any(v.median("speedup_ttft") is not None for v in cv)
+    headers = ["Context", "KV"] + [_header(k) for k in label_keys] + ["TTFT (ms)", "Decode (tok/s)"]
+    headers += ["TTFT speedup"] if has_speedup else []
+    rows = []
+    for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, C.kv_label(v), repr(C.key_of(v, label_keys)))):
+        ctx = C.context_of(v)
+        row = [f"{ctx:,}" if ctx is not None else NA, C.kv_label(v)]
+        row += [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))]
+        row += [_metric_cell(v, "ttft_ms"), _metric_cell(v, "decode_tok_s")]
+        if has_speedup:
+            row.append(_metric_cell(v, "speedup_ttft"))
+        rows.append(row)
+    return Table("context", "Long context", headers, rows)
+
+
+# ---------------------------------------------------------------------------------------------- problems
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def failed_table(views: Sequence[CellView]) -> Table | None:
+    """Failed and skipped cells with their reasons."""
+    bad = [v for v in views if not v.ok]
+    if not bad:
+        return None
+    rows = []
+    for v in bad:
+        err = v.cell.error
+        msg = (err.message.strip().splitlines() or [""])[0][:200] if err else "(no reason recorded)"
+        rows.append([v.cell.id, _params_text(v.cell.params), v.cell.status, err.kind if err else NA, msg])
+    return Table("failed", "Failed and skipped cells", ["Cell", "Params", "Status", "Kind", "Reason"], rows)
+
+
+def noisy_table(views: Sequence[CellView]) -> Table | None:
+    """Every metric flagged noisy (coefficient of variation above the limit)."""
+    rows = []
+    for v in _ok(views):
+        for name, m in v.cell.metrics.items():
+            if m.noisy:
+                rows.append([v.cell.id, _params_text(v.cell.params), name,
+                             fmt_value(m.cov * 100, digits=1) + "%" if m.cov is not None else NA, str(m.n)])
+    if not rows:
+        return None
+    return Table("noisy", f"Noisy measurements ({NOISY_MARK})", ["Cell", "Params", "Metric", "CoV", "n"], rows,
+                 notes=["treat these numbers with care: re-run with more repetitions or a quieter machine"])
+
+
+# ---------------------------------------------------------------------------------------------- environment
+def environment_rows(result: Result) -> list[tuple[str, str]]:
+    """The environment block of one result: hardware, software, lucebench commit, synthetic weights."""
+    env = result.environment
+    rows: list[tuple[str, str]] = [("run", f"{result.run_id} ({result.created})")]
+    for g in env.gpus or []:
+        lim = f"{g.power_limit_w:g} W" if g.power_limit_w is not None else NA
+        rng = (f" (card range {g.power_limit_min_w:g}..{g.power_limit_max_w:g} W)"
+               if g.power_limit_min_w is not None and g.power_limit_max_w is not None else "")
+        rows.append((f"GPU {g.index}", f"{g.name}" + (f", sm {g.compute_capability}" if g.compute_capability else "")))
+        rows.append((f"GPU {g.index} power limit", lim + rng))
+    if not env.gpus:
+        rows.append(("GPU", "none (CPU run; power unavailable)"))
+    rows.append(("driver", env.driver_version or NA))
+    if env.cuda_version:
+        rows.append(("CUDA", env.cuda_version))
+    if env.rocm_version:
+        rows.append(("ROCm", env.rocm_version))
+    if not env.cuda_version and not env.rocm_version:
+        rows.append(("CUDA", NA))
+    limits = sorted({lim for c in result.cells if (lim := C.power_limit_of(CellView(0, result, c, ""))) is not None})
+    if limits:
+        rows.append(("cell power limits", ", ".join(f"{x:g} W" for x in limits)))
+    rows.append(("CPU", f"{env.cpu or NA}" + (f" ({env.cpu_count} cores)" if env.cpu_count else "")))
+    rows.append(("OS", env.os + (f", kernel {env.kernel}" if env.kernel else "")))
+    commit = env.lucebench_commit or NA
+    dirty = " (dirty tree)" if env.lucebench_dirty else ""
+    rows.append(("lucebench", f"{env.lucebench_version}, commit {commit}{dirty}, metrics {result.metrics_version}"))
+    models: dict[str, bool] = {}
+    for c in result.cells:
+        if c.model is not None:
+            models[c.model.name] = models.get(c.model.name, False) or c.model.synthetic
+    for name, synthetic in models.items():
+        rows.append(("model", name + (" — synthetic weights (random; speed only, not quality)" if synthetic else "")))
+    engines: dict[str, str] = {}
+    for c in result.cells:
+        if c.engine is not None:
+            bits = [b for b in (c.engine.version, c.engine.backend) if b]
+            engines[c.engine.name] = ", ".join(bits) or NA
+    for name, text in engines.items():
+        rows.append((f"engine {name}", text))
+    rows.append(("config", f"{result.config.path or NA} (sha256 {result.config.sha256[:12]})"))
+    return rows
+
+
+def any_synthetic(result: Result) -> bool:
+    """True when any cell of the result used synthetic (random) weights."""
+    return any(c.model is not None and c.model.synthetic for c in result.cells)
+
+
+def all_tables(views: Sequence[CellView]) -> list[Table]:
+    """Every table that the cells support, in report order."""
+    builders = (throughput_table, power_sweep_table, speculative_table, dataset_table, budget_sweep_table,
+                context_table, noisy_table, failed_table)
+    return [t for b in builders if (t := b(views)) is not None]

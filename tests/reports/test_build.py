@@ -1,0 +1,69 @@
+"""`lucebench report`: report.md, PNGs and index.html from result files."""
+
+from __future__ import annotations
+
+import re
+
+from PIL import Image
+
+from lucebench.reports.build import build_report
+
+
+def test_gpu_report_files(fab, tmp_path):
+    files = build_report([fab.gpu_result()], tmp_path / "rep")
+    md = files.markdown.read_text()
+    for title in ("Throughput and energy", "Power-limit sweep", "Speculative decoding", "DDTree budget sweep",
+                  "Long context", "Failed and skipped cells", "Environment: NVIDIA GeForce RTX 3090"):
+        assert f"## {title}" in md
+    names = {p.name for p in files.plots}
+    assert {"throughput.png", "power_sweep.png", "speedup_by_dataset.png", "budget_sweep.png",
+            "context_sweep.png", "roofline.png"} <= names
+    assert any(n.startswith("power_") and n != "power_sweep.png" for n in names)
+    for p in files.plots:
+        with Image.open(p) as im:
+            assert im.format == "PNG" and im.width > 100 and im.height > 100
+    # Every image the page references exists, by relative path.
+    html = files.html.read_text()
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert sorted(srcs) == sorted(names)
+    assert all((files.out_dir / s).is_file() for s in srcs)
+    assert "synthetic weights" in html and "CUDA out of memory" in html
+
+
+def test_cpu_report_has_a_plot_and_na_energy(fab, tmp_path):
+    files = build_report([fab.cpu_result()], tmp_path / "rep")
+    assert [p.name for p in files.plots] == ["throughput.png"]
+    md = files.markdown.read_text()
+    assert "n/a" in md and "none (CPU run; power unavailable)" in md
+    assert files.tables == ["throughput"]
+
+
+def test_report_cli(fab, write_result, cli, tmp_path):
+    path = write_result(fab.cpu_result(), "run/results.json")
+    code, _, err = cli(["report", str(path), "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    assert (tmp_path / "out" / "index.html").is_file() and (tmp_path / "out" / "report.md").is_file()
+    code, _, _ = cli(["report", str(path.parent)])  # a run folder; default output next to it
+    assert code == 0 and (path.parent / "report" / "index.html").is_file()
+
+
+def test_report_cli_malformed_file_is_a_clean_error(write_result, cli):
+    path = write_result('{"schema": "lucebench.result/v1", "cells": [}')
+    code, out, err = cli(["report", str(path)])
+    assert code == 2
+    assert f"{path}:1:" in err and "Traceback" not in err + out
+
+
+def test_incomplete_run_is_noted(fab, tmp_path):
+    r = fab.cpu_result()
+    r.complete = False
+    files = build_report([r], tmp_path / "rep")
+    assert "incomplete" in files.markdown.read_text()
+
+
+def test_write_report_for_the_runner(fab, write_result, tmp_path):
+    from lucebench.reports import write_report
+
+    path = write_result(fab.cpu_result(), "run/results.json")
+    files = write_report([path], path.parent)
+    assert files.html == path.parent / "report" / "index.html" and files.html.is_file()

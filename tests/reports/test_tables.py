@@ -1,0 +1,113 @@
+"""Report tables: the upstream layout, built only from cells that exist."""
+
+from __future__ import annotations
+
+from lucebench.reports import cells as C
+from lucebench.reports import tables as T
+
+
+def _table(tables, key):
+    return next((t for t in tables if t.key == key), None)
+
+
+def test_full_gpu_matrix_has_every_table(fab):
+    tables = T.all_tables(C.collect([fab.gpu_result()]))
+    assert [t.key for t in tables] == ["throughput", "power_sweep", "speculative", "budget_sweep", "context", "failed"]
+
+
+def test_throughput_table_upstream_columns(fab):
+    t = T.throughput_table(C.collect([fab.gpu_result()]))
+    assert t is not None
+    assert t.headers[:4] == ["Method", "Power limit", "Prefill pp520 (tok/s)", "Decode tg128 (tok/s)"]
+    assert "tok/J" in t.headers
+    row = next(r for r in t.rows if r[0] == "megakernel" and r[1] == "350 W")
+    assert row[2].startswith("21,") and "±" in row[2] and "(n=5)" in row[2]
+    assert row[3].startswith("41") and "(n=5)" in row[3]
+
+
+def test_speculative_table_at_headline_budget(fab):
+    t = T.speculative_table(C.collect([fab.gpu_result()]))
+    assert t is not None
+    assert t.headers == ["Benchmark", "AR ar (tok/s)", "dflash (tok/s)", "AL", "Speedup"]
+    assert [r[0] for r in t.rows] == ["gsm8k", "humaneval", "math500"]
+    humaneval = t.rows[1]
+    assert humaneval[4].startswith("3.4")  # 129.5 / 37.8
+    assert "DDTree budget 22" in t.notes
+
+
+def test_budget_sweep_and_context(fab):
+    views = C.collect([fab.gpu_result()])
+    sweep = T.budget_sweep_table(views)
+    assert sweep is not None and [r[2] for r in sweep.rows] == ["15", "22", "30", "40"]
+    ctx = T.context_table(views)
+    assert ctx is not None and ctx.headers[:2] == ["Context", "KV"]
+    assert {r[1] for r in ctx.rows} == {"f16", "q8_0"}
+    assert ctx.rows[0][0] == "16,384"
+
+
+def test_power_sweep_marks_best_tok_per_j(fab):
+    t = T.power_sweep_table(C.collect([fab.gpu_result()]))
+    assert t is not None
+    best = [r for r in t.rows if r[-1].startswith("★")]
+    assert len(best) == 1 and best[0][2] == "220 W"
+
+
+def test_failed_and_skipped_listed_with_reasons(fab):
+    t = T.failed_table(C.collect([fab.gpu_result()]))
+    assert t is not None
+    assert {r[2] for r in t.rows} == {"failed", "skipped"}
+    assert any("out of memory" in r[4] for r in t.rows)
+
+
+def test_cpu_smoke_only_throughput_with_na_energy(fab):
+    tables = T.all_tables(C.collect([fab.cpu_result()]))
+    assert [t.key for t in tables] == ["throughput"]
+    row = tables[0].rows[0]
+    assert row[tables[0].headers.index("tok/J")] == "n/a"
+    assert "0.00" not in " ".join(row)
+
+
+def test_noisy_cells_listed(fab):
+    r = fab.cpu_result()
+    m = r.cells[0].metrics["decode_tok_s"]
+    m.noisy = True
+    tables = T.all_tables(C.collect([r]))
+    noisy = _table(tables, "noisy")
+    assert noisy is not None and noisy.rows[0][2] == "decode_tok_s"
+    assert "⚠" in _table(tables, "throughput").rows[0][2]
+
+
+def test_environment_block(fab):
+    rows = dict(T.environment_rows(fab.gpu_result()))
+    assert rows["GPU 0"].startswith("NVIDIA GeForce RTX 3090")
+    assert rows["driver"] == "575.57.08" and rows["CUDA"] == "12.9"
+    assert "350 W" in rows["GPU 0 power limit"]
+    assert "0123456789abcdef" in rows["lucebench"]
+    models = [v for k, v in T.environment_rows(fab.gpu_result()) if k == "model"]
+    assert any("synthetic weights" in m for m in models)
+    assert not all("synthetic weights" in m for m in models)
+
+
+def test_two_cards_get_a_card_column(fab):
+    views = C.collect([fab.gpu_result(), fab.gpu_result(seed=3, gpu="NVIDIA H200")])
+    t = T.throughput_table(views)
+    assert t is not None and "Card" in t.headers
+
+
+def test_tg_depth_is_not_long_context_and_engine_type_is_not_a_label(fab):
+    r = fab.cpu_result()
+    cell = r.cells[0]
+    cell.workload.depth = 1  # tgN suites record the one prompt token already in context
+    cell.params["engine_type"] = cell.params["engine"]
+    tables = T.all_tables(C.collect([r]))
+    assert [t.key for t in tables] == ["throughput"]
+    assert "engine_type" not in tables[0].headers
+
+
+def test_dataset_cells_without_speculation_get_their_own_table(fab):
+    r = fab.gpu_result()
+    r.cells = [c for c in r.cells if c.params.get("engine") == "ar"]
+    tables = T.all_tables(C.collect([r]))
+    t = _table(tables, "datasets")
+    assert t is not None and [row[0] for row in t.rows] == ["gsm8k", "humaneval", "math500"]
+    assert _table(tables, "speculative") is None
