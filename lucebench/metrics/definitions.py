@@ -33,7 +33,76 @@ class MetricDef:
 
 def _decode_tokens(s: Sample) -> int:
     """Tokens produced by the decode phase: the first generated token comes out of prefill."""
-    return max(s.n_gen - 1, 0)
+    pooled = getattr(s, "decode_tokens", None)
+    return pooled if pooled is not None else max(s.n_gen - 1, 0)
+
+
+# Latency-like metrics are averaged over a pass's prompts; everything else is recomputed on the pooled
+# pass (total tokens / total time or energy), which weights prompts by their work.
+_MEAN_OVER_PROMPTS = {"ttft_ms", "tpot_ms", "e2e_ms"}
+
+
+@dataclass
+class _PooledPass:
+    """One repetition over several prompts, summed: the unit of repetition for dataset suites."""
+
+    n_prompt: int
+    n_gen: int
+    decode_tokens: int
+    prefill_s: float
+    decode_s: float
+    e2e_s: float
+    bytes_per_token: float | None
+    peak_mem_bytes: int | None
+    draft_steps: int | None
+    accepted_tokens: int | None
+    energy: dict[str, PhaseEnergy]
+
+
+def _sum_or_none(values: list) -> float | None:
+    return None if not values or any(v is None for v in values) else sum(values)
+
+
+def _pool(group: list[Sample]) -> _PooledPass:
+    energy: dict[str, PhaseEnergy] = {}
+    for phase in PHASES:
+        parts = [s.energy.get(phase) for s in group if phase in s.energy]
+        if parts and len(parts) == len([s for s in group if phase != "decode" or _decode_tokens(s)]):
+            window = sum(p.window_s for p in parts)
+            gross = _sum_or_none([gross_j(p) for p in parts])
+            energy[phase] = PhaseEnergy(
+                window_s=window, energy_j=_sum_or_none([p.energy_j for p in parts]),
+                energy_integrated_j=_sum_or_none([p.energy_integrated_j for p in parts]),
+                energy_net_j=_sum_or_none([p.energy_net_j for p in parts]),
+                avg_power_w=gross / window if gross is not None and window > 0 else None,
+                peak_power_w=max((p.peak_power_w for p in parts if p.peak_power_w is not None), default=None),
+                method=parts[0].method)
+    bpt = [s.bytes_per_token for s in group if s.bytes_per_token]
+    return _PooledPass(
+        n_prompt=sum(s.n_prompt for s in group), n_gen=sum(s.n_gen for s in group),
+        decode_tokens=sum(_decode_tokens(s) for s in group), prefill_s=sum(s.prefill_s for s in group),
+        decode_s=sum(s.decode_s for s in group), e2e_s=sum(s.e2e_s for s in group),
+        bytes_per_token=sum(bpt) / len(bpt) if bpt else None,
+        peak_mem_bytes=max((s.peak_mem_bytes for s in group if s.peak_mem_bytes is not None), default=None),
+        draft_steps=_sum_or_none([s.draft_steps for s in group]),
+        accepted_tokens=_sum_or_none([s.accepted_tokens for s in group]), energy=energy)
+
+
+def _values(samples: list[Sample], name: str, fn: Callable) -> list[float | None]:
+    """One value per repetition: the sample itself for one-prompt suites, the pooled pass otherwise."""
+    if len({s.prompt_id for s in samples}) <= 1:
+        return [fn(s) for s in samples]
+    by_rep: dict[int, list[Sample]] = {}
+    for s in samples:
+        by_rep.setdefault(s.rep, []).append(s)
+    out: list[float | None] = []
+    for group in by_rep.values():
+        if name in _MEAN_OVER_PROMPTS:
+            vals = [v for v in (fn(s) for s in group) if v is not None]
+            out.append(sum(vals) / len(vals) if vals else None)
+        else:
+            out.append(fn(_pool(group)))
+    return out
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -171,16 +240,17 @@ def compute_cell_metrics(samples: Iterable[Sample], *, phase_totals: dict[str, P
     samples = list(samples)
     out: dict[str, MetricSummary] = {}
     for name, (d, fn) in _SAMPLE_METRICS.items():
-        summary = summarize([fn(s) for s in samples], d.unit, noisy_cov=noisy_cov)
+        summary = summarize(_values(samples, name, fn), d.unit, noisy_cov=noisy_cov)
         if summary.n:
             out[name] = summary
     for name, summary in _aggregate_energy(samples, phase_totals or {}).items():
         out.setdefault(name, summary)
-    bpt = [s.bytes_per_token for s in samples if s.bytes_per_token]
-    if bpt and memory_bandwidth_bytes_s and "decode_tok_s" in out:
-        values = [_ratio(s.bytes_per_token * (_decode_tok_s(s) or 0) * 100.0, memory_bandwidth_bytes_s)
-                  for s in samples if s.bytes_per_token]
-        out["roofline_pct"] = summarize(values, "%", noisy_cov=noisy_cov,
+    if memory_bandwidth_bytes_s and "decode_tok_s" in out and any(s.bytes_per_token for s in samples):
+        def roofline(s: Sample) -> float | None:
+            if not s.bytes_per_token or _decode_tok_s(s) is None:
+                return None
+            return s.bytes_per_token * _decode_tok_s(s) * 100.0 / memory_bandwidth_bytes_s
+        out["roofline_pct"] = summarize(_values(samples, "roofline_pct", roofline), "%", noisy_cov=noisy_cov,
                                         note=f"bandwidth {memory_bandwidth_bytes_s / 1e9:.0f} GB/s")
     return out
 

@@ -61,3 +61,17 @@ def test_speedups_geometric_mean():
     assert s["speedup_decode"].median == 4.0 and s["speedup_ttft"].median == 4.0
     assert math.isclose(s["speedup_combined"].median, 4.0)
     assert "vs base" in s["speedup_combined"].note
+
+
+def test_multi_prompt_suites_pool_each_repetition():
+    def s(rep, pid, n_gen, decode_s, prefill_s):
+        return Sample(rep=rep, prompt_id=pid, n_prompt=10, n_gen=n_gen, decode_steps=n_gen - 1, prefill_s=prefill_s,
+                      decode_s=decode_s, e2e_s=prefill_s + decode_s, t_prefill_start_ns=0, t_prefill_end_ns=1,
+                      t_decode_start_ns=1, t_decode_end_ns=2)
+    samples = [s(0, "a", 11, 1.0, 0.1), s(0, "b", 31, 1.0, 0.3), s(1, "a", 11, 1.0, 0.1), s(1, "b", 31, 1.0, 0.3)]
+    m = compute_cell_metrics(samples)
+    assert m["decode_tok_s"].n == 2  # one value per pass over the prompts, not per prompt
+    assert m["decode_tok_s"].median == 20.0  # (10 + 30) tokens / 2 s
+    assert not m["decode_tok_s"].noisy
+    assert math.isclose(m["ttft_ms"].median, 200.0)  # latencies: mean over the pass's prompts
+    assert m["prefill_tok_s"].median == 50.0  # 20 tokens / 0.4 s
