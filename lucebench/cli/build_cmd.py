@@ -1,3 +1,43 @@
-"""`lucebench build`."""
+"""`lucebench build [ENGINE...] [--backend cpu|cuda|hip] [--arch A]`: build engines into the cache."""
 
-from lucebench.cli import app  # noqa: F401
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from lucebench.cli import app
+from lucebench.errors import UserError
+
+
+def _build_llamacpp(backend: str, arch: str | None, console: Console) -> object:
+    try:
+        module = importlib.import_module("lucebench.baselines.llamacpp.build")
+    except ModuleNotFoundError as exc:
+        raise UserError("llama.cpp support is not available in this checkout (lucebench.baselines.llamacpp.build)",
+                        hint="update lucebench, or build only the bundled engines: lucebench build ar") from exc
+    return module.build_llamacpp(backend=backend, arch=arch, console=console)
+
+
+@app.command("build")
+def build(
+    engines: Optional[list[str]] = typer.Argument(None, help="Engines to build: ar, llama.cpp (default: all bundled engines)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="cpu, cuda or hip (default: detected)."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="GPU architecture, e.g. 90 or sm_86 (default: detected)."),
+) -> None:
+    """Configure and build engines with CMake, cached by source hash, backend, arch and compiler."""
+    from lucebench.engines.build import BUNDLED_ENGINES, build_engine
+    from lucebench.engines.detect import detect_backend
+
+    console = Console(stderr=True)
+    backend = backend or detect_backend()
+    names = list(engines) if engines else list(BUNDLED_ENGINES)
+    for name in names:
+        if name == "llama.cpp":
+            result = _build_llamacpp(backend, arch, console)
+            print(f"llama.cpp: {getattr(result, 'path', result)}")
+            continue
+        exe = build_engine(name, backend=backend, arch=arch, console=console)
+        print(f"{name}: {exe}")

@@ -1,0 +1,115 @@
+// Thin portability layer: the kernels are written once against these names and compile with nvcc
+// (CUDA) or hipcc (HIP). Weight element type: bf16 on GPUs with bf16 tensor cores (sm_80+, CDNA),
+// fp16 on older NVIDIA GPUs (sm_75: LB_GPU_FP16, set by CMake).
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "../errors.h"
+
+#if defined(__HIPCC__) || defined(LB_USE_HIP)
+#include <hip/hip_bf16.h>
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+#define gpuError_t hipError_t
+#define gpuSuccess hipSuccess
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMemcpy hipMemcpy
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemset hipMemset
+#define gpuMemsetAsync hipMemsetAsync
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuStream_t hipStream_t
+#define gpuStreamCreate hipStreamCreate
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuEvent_t hipEvent_t
+#define gpuEventCreate hipEventCreate
+#define gpuEventRecord hipEventRecord
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuEventElapsedTime hipEventElapsedTime
+#define gpuSetDevice hipSetDevice
+#define gpuGetDeviceProperties hipGetDeviceProperties
+#define gpuDeviceProp hipDeviceProp_t
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuGraph_t hipGraph_t
+#define gpuGraphExec_t hipGraphExec_t
+#define gpuStreamBeginCapture hipStreamBeginCapture
+#define gpuStreamEndCapture hipStreamEndCapture
+#define gpuStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define gpuGraphInstantiate(exec, graph) hipGraphInstantiate(exec, graph, nullptr, nullptr, 0)
+#define gpuGraphLaunch hipGraphLaunch
+#define gpuGraphDestroy hipGraphDestroy
+#define gpuGraphExecDestroy hipGraphExecDestroy
+#define LB_GPU_NAME "hip"
+#define LB_WARP 64
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define gpuError_t cudaError_t
+#define gpuSuccess cudaSuccess
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemset cudaMemset
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuStream_t cudaStream_t
+#define gpuStreamCreate cudaStreamCreate
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuEvent_t cudaEvent_t
+#define gpuEventCreate cudaEventCreate
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuSetDevice cudaSetDevice
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuDeviceProp cudaDeviceProp
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuGraph_t cudaGraph_t
+#define gpuGraphExec_t cudaGraphExec_t
+#define gpuStreamBeginCapture cudaStreamBeginCapture
+#define gpuStreamEndCapture cudaStreamEndCapture
+#define gpuStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define gpuGraphInstantiate(exec, graph) cudaGraphInstantiate(exec, graph, 0)
+#define gpuGraphLaunch cudaGraphLaunch
+#define gpuGraphDestroy cudaGraphDestroy
+#define gpuGraphExecDestroy cudaGraphExecDestroy
+#define LB_GPU_NAME "cuda"
+#define LB_WARP 32
+#endif
+
+namespace lb::gpu {
+
+#if defined(LB_GPU_FP16)
+using wtype = __half;
+inline __host__ __device__ float w2f(wtype v) { return __half2float(v); }
+#define LB_WTYPE_NAME "f16"
+#else
+#if defined(__HIPCC__) || defined(LB_USE_HIP)
+using wtype = __hip_bfloat16;
+#else
+using wtype = __nv_bfloat16;
+#endif
+inline __device__ float w2f(wtype v) { return __bfloat162float(v); }
+#define LB_WTYPE_NAME "bf16"
+#endif
+
+inline void check(gpuError_t err, const char* what) {
+    if (err == gpuSuccess) return;
+    std::string msg = std::string(what) + ": " + gpuGetErrorString(err);
+    if (err == (gpuError_t)2 /* out of memory in both runtimes */) lb::fail("oom", msg);
+    lb::fail("internal", msg);
+}
+
+}  // namespace lb::gpu
+
+#define GPU_CHECK(call) ::lb::gpu::check((call), #call)

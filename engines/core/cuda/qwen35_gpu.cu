@@ -1,0 +1,229 @@
+// The GPU backend (CUDA, or HIP through gpu_compat.h): the forward pass of ../cpu/qwen35_cpu.cpp as a
+// sequence of kernels on one stream. Decode steps (one token) are captured once as a graph and replayed,
+// since ~11 small kernels per layer would otherwise be dominated by launch overhead.
+#include <algorithm>
+#include <vector>
+
+#include "../backend.h"
+#include "../half.h"
+#include "gpu_ops.h"
+
+namespace lb {
+namespace {
+
+using gpu::wtype;
+
+class GpuBackend : public Qwen35Backend {
+public:
+    explicit GpuBackend(int device) : device_(device) {
+        GPU_CHECK(gpuSetDevice(device));
+        GPU_CHECK(gpuStreamCreate(&s_));
+        GPU_CHECK(gpuEventCreate(&ev0_));
+        GPU_CHECK(gpuEventCreate(&ev1_));
+        GPU_CHECK(gpuMalloc(&d_pos_, sizeof(int)));
+        GPU_CHECK(gpuMalloc(&d_tok_, sizeof(int) * 1));
+        GPU_CHECK(gpuMalloc(&d_next_, sizeof(int)));
+    }
+    ~GpuBackend() override {
+        if (graph_exec_) gpuGraphExecDestroy(graph_exec_);
+        for (void* p : allocations_) gpuFree(p);
+    }
+
+    std::string name() const override { return LB_GPU_NAME; }
+    DeviceInfo device() const override {
+        gpuDeviceProp p;
+        GPU_CHECK(gpuGetDeviceProperties(&p, device_));
+        return DeviceInfo{p.name, device_, uint64_t(p.totalGlobalMem)};
+    }
+    std::string weight_dtype() const override { return LB_WTYPE_NAME; }
+
+    void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) override {
+        cfg_ = cfg;
+        Uploader up = [this](std::vector<float>&& data, int64_t rows, int64_t cols, bool matrix) {
+            Mat m{nullptr, rows, cols};
+            if (matrix) {
+                std::vector<wtype> conv(data.size());
+                for (size_t i = 0; i < data.size(); ++i) conv[i] = wtype(data[i]);
+                m.ptr = alloc(conv.size() * sizeof(wtype));
+                GPU_CHECK(gpuMemcpy(m.ptr, conv.data(), conv.size() * sizeof(wtype), gpuMemcpyHostToDevice));
+                matrix_bytes_ += conv.size() * sizeof(wtype);
+            } else {
+                m.ptr = alloc(data.size() * sizeof(float));
+                GPU_CHECK(gpuMemcpy(m.ptr, data.data(), data.size() * sizeof(float), gpuMemcpyHostToDevice));
+            }
+            return m;
+        };
+        w_ = load_qwen35_weights(src, cfg, up, stats);
+    }
+
+    void allocate(int max_ctx, DType kv_k, DType kv_v) override {
+        max_ctx_ = max_ctx;
+        kt_ = kv_k;
+        vt_ = kv_v;
+        const int hd = cfg_.head_dim;
+        if ((kt_ == DType::Q8_0 || kt_ == DType::Q4_0 || vt_ == DType::Q8_0 || vt_ == DType::Q4_0) && hd % QK != 0)
+            fail("unsupported", "quantised KV cache needs head_dim a multiple of 32");
+        const size_t krow = dtype_row_bytes(kt_, size_t(hd)), vrow = dtype_row_bytes(vt_, size_t(hd));
+        kc_.assign(size_t(cfg_.n_layers), nullptr);
+        vc_.assign(size_t(cfg_.n_layers), nullptr);
+        ssm_.assign(size_t(cfg_.n_layers), nullptr);
+        conv_.assign(size_t(cfg_.n_layers), nullptr);
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            if (cfg_.is_full[size_t(l)]) {
+                kc_[size_t(l)] = alloc(size_t(max_ctx) * cfg_.n_kv_heads * krow);
+                vc_[size_t(l)] = alloc(size_t(max_ctx) * cfg_.n_kv_heads * vrow);
+            } else {
+                ssm_[size_t(l)] = (float*)alloc(sizeof(float) * size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim);
+                conv_[size_t(l)] = (float*)alloc(sizeof(float) * size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1));
+            }
+        }
+        ensure_workspace(1);
+        reset();
+    }
+
+    void reset() override {
+        len_ = 0;
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            if (ssm_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(ssm_[size_t(l)], 0, sizeof(float) * size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim, s_));
+            if (conv_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(conv_[size_t(l)], 0, sizeof(float) * size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1), s_));
+        }
+        GPU_CHECK(gpuMemsetAsync(d_pos_, 0, sizeof(int), s_));
+    }
+    int length() const override { return len_; }
+
+    int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        if (n == 1 && !last_logits) {
+            GPU_CHECK(gpuMemcpyAsync(d_tok_, tokens, sizeof(int), gpuMemcpyHostToDevice, s_));
+            if (!graph_exec_) {
+                gpuGraph_t graph;
+                GPU_CHECK(gpuStreamBeginCapture(s_, gpuStreamCaptureModeThreadLocal));
+                run_layers(d_tok_, 1);
+                GPU_CHECK(gpuStreamEndCapture(s_, &graph));
+                GPU_CHECK(gpuGraphInstantiate(&graph_exec_, graph));
+                gpuGraphDestroy(graph);
+            }
+            GPU_CHECK(gpuGraphLaunch(graph_exec_, s_));
+        } else {
+            ensure_workspace(n);
+            GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
+            run_layers(ws_.tokens, n);
+        }
+        GPU_CHECK(gpuGetLastError());
+        int next = 0;
+        GPU_CHECK(gpuMemcpyAsync(&next, d_next_, sizeof(int), gpuMemcpyDeviceToHost, s_));
+        if (last_logits) {
+            last_logits->resize(size_t(cfg_.vocab));
+            GPU_CHECK(gpuMemcpyAsync(last_logits->data(), ws_.logits, sizeof(float) * size_t(cfg_.vocab), gpuMemcpyDeviceToHost, s_));
+        }
+        GPU_CHECK(gpuStreamSynchronize(s_));
+        len_ += n;
+        return next;
+    }
+
+    void timer_start() override { GPU_CHECK(gpuEventRecord(ev0_, s_)); }
+    double timer_stop_ms() override {
+        GPU_CHECK(gpuEventRecord(ev1_, s_));
+        GPU_CHECK(gpuEventSynchronize(ev1_));
+        float ms = 0;
+        GPU_CHECK(gpuEventElapsedTime(&ms, ev0_, ev1_));
+        return ms;
+    }
+    void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
+    uint64_t peak_mem_bytes() const override { return allocated_; }
+    uint64_t decode_bytes(int ctx) const override {
+        const uint64_t head = cfg_.tied ? uint64_t(cfg_.vocab) * cfg_.hidden * sizeof(wtype) : 0;
+        return qwen35_decode_bytes(cfg_, matrix_bytes_, head, kt_, vt_, ctx);
+    }
+
+private:
+    void* alloc(size_t bytes) {
+        void* p = nullptr;
+        GPU_CHECK(gpuMalloc(&p, std::max<size_t>(bytes, 16)));
+        allocations_.push_back(p);
+        allocated_ += bytes;
+        return p;
+    }
+    static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
+    static const float* F(const Mat& m) { return (const float*)m.ptr; }
+
+    struct Workspace {
+        int cap = 0;
+        int* tokens = nullptr;
+        float *x, *h, *big, *conv, *g, *beta, *o, *normed, *act, *logits;
+    } ws_;
+
+    void ensure_workspace(int n) {
+        if (n <= ws_.cap) return;
+        // Buffers only grow; the captured decode graph uses the n = 1 slice of them, so it is recaptured.
+        if (graph_exec_) { gpuGraphExecDestroy(graph_exec_); graph_exec_ = nullptr; }
+        const size_t H = size_t(cfg_.hidden);
+        const size_t wide = std::max({size_t(cfg_.lin_in_rows()), size_t(cfg_.attn_qkv_rows()), 2 * size_t(cfg_.intermediate)});
+        const size_t N = size_t(n);
+        ws_.cap = n;
+        ws_.tokens = (int*)alloc(sizeof(int) * N);
+        ws_.x = (float*)alloc(4 * N * H);
+        ws_.h = (float*)alloc(4 * N * H);
+        ws_.big = (float*)alloc(4 * N * wide);
+        ws_.conv = (float*)alloc(4 * N * size_t(cfg_.conv_dim()));
+        ws_.g = (float*)alloc(4 * N * size_t(cfg_.lin_v_heads));
+        ws_.beta = (float*)alloc(4 * N * size_t(cfg_.lin_v_heads));
+        ws_.o = (float*)alloc(4 * N * std::max(size_t(cfg_.lin_value_dim()), size_t(cfg_.n_heads) * cfg_.head_dim));
+        ws_.normed = (float*)alloc(4 * N * size_t(cfg_.lin_value_dim()));
+        ws_.act = (float*)alloc(4 * N * size_t(cfg_.intermediate));
+        if (!ws_.logits) ws_.logits = (float*)alloc(4 * size_t(cfg_.vocab));
+    }
+
+    void run_layers(const int* d_tokens, int n) {
+        const int H = cfg_.hidden, I = cfg_.intermediate;
+        gpu::embed(d_tokens, n, W(w_.embed), H, ws_.x, s_);
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            const Qwen35Layer& L = w_.layers[size_t(l)];
+            gpu::rmsnorm(ws_.x, F(L.input_norm), ws_.h, n, H, cfg_.eps, s_);
+            if (L.full) {
+                const int nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, rows = cfg_.attn_qkv_rows();
+                gpu::matmul(ws_.h, n, H, W(L.attn_qkv), rows, ws_.big, false, s_);
+                gpu::attn_prep(ws_.big, rows, n, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
+                               cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
+                gpu::attention(ws_.big, rows, n, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, ws_.o, s_);
+                gpu::matmul(ws_.o, n, nh * hd, W(L.o_proj), H, ws_.x, true, s_);
+            } else {
+                const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
+                const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
+                gpu::matmul(ws_.h, n, H, W(L.lin_in), rows, ws_.big, false, s_);
+                gpu::conv1d_silu(ws_.big, rows, n, cd, cfg_.conv_kernel, F(L.conv_w), conv_[size_t(l)], ws_.conv, s_);
+                gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws_.g, ws_.beta, s_);
+                gpu::delta_rule(ws_.conv, cd, n, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                gpu::gated_rmsnorm(ws_.o, ws_.big + cd, rows, F(L.ssm_norm), ws_.normed, n, hv, dv, cfg_.eps, s_);
+                gpu::matmul(ws_.normed, n, vd, W(L.out_proj), H, ws_.x, true, s_);
+            }
+            gpu::rmsnorm(ws_.x, F(L.post_norm), ws_.h, n, H, cfg_.eps, s_);
+            gpu::matmul(ws_.h, n, H, W(L.gate_up), 2 * I, ws_.big, false, s_);
+            gpu::silu_mul(ws_.big, n, I, ws_.act, s_);
+            gpu::matmul(ws_.act, n, I, W(L.down), H, ws_.x, true, s_);
+        }
+        gpu::rmsnorm(ws_.x + size_t(n - 1) * H, F(w_.final_norm), ws_.h, 1, H, cfg_.eps, s_);
+        gpu::matmul(ws_.h, 1, H, W(w_.lm_head), cfg_.vocab, ws_.logits, false, s_);
+        gpu::argmax(ws_.logits, cfg_.vocab, d_next_, s_);
+        gpu::add_pos(d_pos_, n, s_);
+    }
+
+    int device_;
+    gpuStream_t s_;
+    gpuEvent_t ev0_, ev1_;
+    int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
+    gpuGraphExec_t graph_exec_ = nullptr;
+    Qwen35Config cfg_;
+    Qwen35Weights w_;
+    std::vector<void*> allocations_;
+    uint64_t allocated_ = 0, matrix_bytes_ = 0;
+    int max_ctx_ = 0, len_ = 0;
+    DType kt_ = DType::BF16, vt_ = DType::BF16;
+    std::vector<void*> kc_, vc_;
+    std::vector<float*> ssm_, conv_;
+};
+
+}  // namespace
+
+std::unique_ptr<Qwen35Backend> make_gpu_backend(int device) { return std::make_unique<GpuBackend>(device); }
+
+}  // namespace lb

@@ -1,0 +1,326 @@
+#include "qwen35_model.h"
+
+#include <cmath>
+#include <map>
+
+#include "errors.h"
+
+namespace lb {
+
+// ---------------------------------------------------------------------------------------------- config
+
+static int64_t need_int(const Json& obj, const char* key, const std::string& where) {
+    const Json* v = obj.get(key);
+    if (!v || !v->is_number()) fail("load", where + ": missing integer '" + key + "'");
+    return v->as_int();
+}
+
+static Qwen35Config config_from_hf(const Json& root) {
+    const std::string where = "config.json";
+    const Json* text = root.get("text_config");
+    const Json& c = text ? *text : root;
+    if (auto* mt = c.get("model_type"); mt && mt->is_string()) {
+        const std::string& t = mt->as_string();
+        if (t != "qwen3_5_text" && t != "qwen3_5")
+            fail("unsupported", where + ": model_type '" + t + "' (this engine runs qwen3_5 / qwen3_5_text)");
+    }
+    Qwen35Config cfg;
+    cfg.n_layers = int(need_int(c, "num_hidden_layers", where));
+    cfg.hidden = int(need_int(c, "hidden_size", where));
+    cfg.intermediate = int(need_int(c, "intermediate_size", where));
+    cfg.vocab = int(need_int(c, "vocab_size", where));
+    cfg.n_heads = int(need_int(c, "num_attention_heads", where));
+    cfg.n_kv_heads = int(need_int(c, "num_key_value_heads", where));
+    cfg.head_dim = c.get("head_dim") ? int(c.get("head_dim")->as_int()) : cfg.hidden / cfg.n_heads;
+    cfg.lin_k_heads = int(need_int(c, "linear_num_key_heads", where));
+    cfg.lin_v_heads = int(need_int(c, "linear_num_value_heads", where));
+    cfg.lin_k_dim = int(need_int(c, "linear_key_head_dim", where));
+    cfg.lin_v_dim = int(need_int(c, "linear_value_head_dim", where));
+    if (c.get("linear_conv_kernel_dim")) cfg.conv_kernel = int(c.get("linear_conv_kernel_dim")->as_int());
+    if (c.get("rms_norm_eps")) cfg.eps = float(c.get("rms_norm_eps")->as_number());
+    // RoPE: transformers >= 5 nests it in rope_parameters; older files have top-level keys.
+    double theta = 10000.0, partial = 0.25;
+    if (auto* v = c.get("rope_theta")) theta = v->as_number();
+    if (auto* v = c.get("partial_rotary_factor")) partial = v->as_number();
+    if (auto* rp = c.get("rope_parameters"); rp && rp->is_object()) {
+        if (auto* v = rp->get("rope_theta")) theta = v->as_number();
+        if (auto* v = rp->get("partial_rotary_factor")) partial = v->as_number();
+        if (auto* v = rp->get("rope_type"); v && v->is_string() && v->as_string() != "default")
+            fail("unsupported", where + ": rope_type '" + v->as_string() + "' (only 'default')");
+    }
+    cfg.rope_theta = float(theta);
+    cfg.rope_dims = int(cfg.head_dim * partial);
+    // Tied embeddings: the top-level flag wins for multimodal checkpoints (that is the class transformers builds).
+    const Json* tie = root.get("tie_word_embeddings");
+    if (!tie && text) tie = text->get("tie_word_embeddings");
+    cfg.tied = tie && tie->is_bool() && tie->as_bool();
+    if (auto* lt = c.get("layer_types"); lt && lt->is_array()) {
+        for (auto& t : lt->items()) {
+            const std::string& s = t.as_string();
+            if (s == "full_attention" || s == "attention") cfg.is_full.push_back(true);
+            else if (s == "linear_attention") cfg.is_full.push_back(false);
+            else fail("unsupported", where + ": layer type '" + s + "'");
+        }
+    } else {
+        int interval = c.get("full_attention_interval") ? int(c.get("full_attention_interval")->as_int()) : 4;
+        for (int i = 0; i < cfg.n_layers; ++i) cfg.is_full.push_back((i + 1) % interval == 0);
+    }
+    if (int(cfg.is_full.size()) < cfg.n_layers) fail("load", where + ": layer_types is shorter than num_hidden_layers");
+    cfg.is_full.resize(static_cast<size_t>(cfg.n_layers));
+    return cfg;
+}
+
+// GGUF keys are "<arch>.<name>"; some hybrid models store per-layer arrays (0 for recurrent layers).
+static double gguf_num(const Json& md, const std::string& key, bool required, double fallback = 0) {
+    const Json* v = md.get(key);
+    if (!v) {
+        if (required) fail("load", "GGUF metadata lacks " + key);
+        return fallback;
+    }
+    if (v->is_array()) {
+        double best = 0;
+        for (auto& e : v->items()) best = std::max(best, e.as_number());
+        return best;
+    }
+    return v->as_number();
+}
+
+static Qwen35Config config_from_gguf(const TensorSource& src) {
+    const Json& md = src.metadata();
+    const Json* arch_v = md.get("general.architecture");
+    std::string arch = arch_v && arch_v->is_string() ? arch_v->as_string() : "";
+    if (arch != "qwen35") fail("unsupported", "GGUF architecture '" + arch + "' (this engine runs qwen35)");
+    auto key = [&](const char* k) { return arch + "." + k; };
+    Qwen35Config cfg;
+    cfg.n_layers = int(gguf_num(md, key("block_count"), true));
+    cfg.hidden = int(gguf_num(md, key("embedding_length"), true));
+    cfg.intermediate = int(gguf_num(md, key("feed_forward_length"), true));
+    cfg.n_heads = int(gguf_num(md, key("attention.head_count"), true));
+    cfg.n_kv_heads = int(gguf_num(md, key("attention.head_count_kv"), true));
+    cfg.head_dim = int(gguf_num(md, key("attention.key_length"), false, cfg.hidden / std::max(1, cfg.n_heads)));
+    cfg.eps = float(gguf_num(md, key("attention.layer_norm_rms_epsilon"), false, 1e-6));
+    cfg.rope_theta = float(gguf_num(md, key("rope.freq_base"), false, 10000.0));
+    cfg.rope_dims = int(gguf_num(md, key("rope.dimension_count"), false, cfg.head_dim / 4));
+    cfg.conv_kernel = int(gguf_num(md, key("ssm.conv_kernel"), true));
+    cfg.lin_k_dim = int(gguf_num(md, key("ssm.state_size"), true));
+    cfg.lin_k_heads = int(gguf_num(md, key("ssm.group_count"), true));
+    cfg.lin_v_heads = int(gguf_num(md, key("ssm.time_step_rank"), true));
+    cfg.lin_v_dim = int(gguf_num(md, key("ssm.inner_size"), true)) / std::max(1, cfg.lin_v_heads);
+    const TensorInfo* emb = src.find("token_embd.weight");
+    if (!emb) fail("load", "GGUF file lacks tensor token_embd.weight");
+    cfg.vocab = int(emb->shape.at(0));
+    cfg.tied = src.find("output.weight") == nullptr;
+    // A layer is a DeltaNet layer exactly when it has the recurrent tensors.
+    for (int i = 0; i < cfg.n_layers; ++i) {
+        std::string b = "blk." + std::to_string(i) + ".";
+        cfg.is_full.push_back(!(src.find(b + "ssm_a") || src.find(b + "ssm_a.weight")));
+    }
+    return cfg;
+}
+
+Qwen35Config config_from_source(const TensorSource& src) {
+    Qwen35Config cfg = src.format() == "gguf" ? config_from_gguf(src) : config_from_hf(src.metadata());
+    auto check = [](bool ok, const std::string& what) { if (!ok) fail("load", "bad model config: " + what); };
+    check(cfg.n_layers > 0 && cfg.hidden > 0 && cfg.vocab > 0 && cfg.intermediate > 0, "sizes must be positive");
+    check(cfg.n_heads > 0 && cfg.n_kv_heads > 0 && cfg.n_heads % cfg.n_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads");
+    check(cfg.lin_k_heads > 0 && cfg.lin_v_heads % cfg.lin_k_heads == 0, "linear_num_value_heads must be a multiple of linear_num_key_heads");
+    check(cfg.rope_dims % 2 == 0 && cfg.rope_dims <= cfg.head_dim, "rotary dims must be even and <= head_dim");
+    return cfg;
+}
+
+// ---------------------------------------------------------------------------------------------- weights
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+// Name lookups and format-specific value transforms.
+struct Reader {
+    const TensorSource& src;
+    const Qwen35Config& cfg;
+    bool gguf;
+    std::string prefix;  // HF: "model." or "model.language_model." ...
+    LoadStats* stats;
+
+    const TensorInfo& info(const std::string& name, const std::vector<int64_t>& want) {
+        const TensorInfo* t = src.find(name);
+        if (!t) fail("load", "missing tensor " + name + " in " + src.format() + " checkpoint");
+        // Accept squeezed singleton dimensions (HF conv1d is [C, 1, K]; GGUF stores [C, K]).
+        std::vector<int64_t> got, exp;
+        for (auto d : t->shape) if (d != 1) got.push_back(d);
+        for (auto d : want) if (d != 1) exp.push_back(d);
+        if (got != exp) fail("load", "tensor " + name + " has shape " + shape_str(t->shape) + ", expected " + shape_str(want));
+        return *t;
+    }
+    std::vector<float> read(const std::string& name, const std::vector<int64_t>& want) {
+        const TensorInfo& t = info(name, want);
+        if (stats) { stats->n_params += t.numel(); }
+        return src.read_f32(t);
+    }
+    // Norm gains: HF stores w with output x * (1 + w); GGUF stores (1 + w) already.
+    std::vector<float> norm(const std::string& name, int64_t n) {
+        auto v = read(name, {n});
+        if (!gguf) for (auto& x : v) x += 1.f;
+        return v;
+    }
+};
+
+// llama.cpp stores DeltaNet value heads "tiled" ([k0v0, k1v0, ..., k0v1, ...]) when there are more value
+// heads than key heads; the math here (and in transformers) uses "grouped" ([k0v0, k0v1, ..., k1v0, ...]).
+// Rows [row0, row0 + nv * per_head) of a [rows, cols] matrix are reordered tiled -> grouped.
+void untile_rows(std::vector<float>& m, int64_t cols, int64_t row0, int nk, int nv, int64_t per_head) {
+    int r = nv / nk;
+    if (r <= 1) return;
+    std::vector<float> block(m.begin() + row0 * cols, m.begin() + (row0 + nv * per_head) * cols);
+    for (int kh = 0; kh < nk; ++kh)
+        for (int j = 0; j < r; ++j) {
+            int grouped = kh * r + j, tiled = j * nk + kh;
+            std::copy(block.begin() + tiled * per_head * cols, block.begin() + (tiled + 1) * per_head * cols,
+                      m.begin() + (row0 + grouped * per_head) * cols);
+        }
+}
+// Columns of a [rows, nv * per_head] matrix (out_proj), tiled -> grouped.
+void untile_cols(std::vector<float>& m, int64_t rows, int nk, int nv, int64_t per_head) {
+    int r = nv / nk;
+    if (r <= 1) return;
+    int64_t cols = nv * per_head;
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t i = 0; i < rows; ++i) {
+        float* p = m.data() + i * cols;
+        std::copy(p, p + cols, row.begin());
+        for (int kh = 0; kh < nk; ++kh)
+            for (int j = 0; j < r; ++j)
+                std::copy(row.begin() + (j * nk + kh) * per_head, row.begin() + (j * nk + kh + 1) * per_head,
+                          p + (kh * r + j) * per_head);
+    }
+}
+
+void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
+
+}  // namespace
+
+Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& cfg, const Uploader& upload,
+                                  LoadStats* stats) {
+    const bool gguf = src.format() == "gguf";
+    Reader rd{src, cfg, gguf, "", stats};
+    if (!gguf) {
+        // Text-only (Qwen3_5ForCausalLM) and multimodal (Qwen3_5ForConditionalGeneration) layouts.
+        for (const char* p : {"model.", "model.language_model.", "language_model.model.", "language_model."})
+            if (src.find(std::string(p) + "embed_tokens.weight")) { rd.prefix = p; break; }
+        if (rd.prefix.empty())
+            fail("load", "missing tensor model.embed_tokens.weight (nor model.language_model.embed_tokens.weight)");
+    }
+    const int64_t H = cfg.hidden, I = cfg.intermediate, V = cfg.vocab;
+    const int64_t hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
+    const int nk = cfg.lin_k_heads, nv = cfg.lin_v_heads;
+    const int64_t kd = cfg.lin_key_dim(), vd = cfg.lin_value_dim(), cd = cfg.conv_dim(), K = cfg.conv_kernel;
+    auto vec = [&](std::vector<float>&& v) { int64_t n = int64_t(v.size()); return upload(std::move(v), n, 1, false); };
+    auto mat = [&](std::vector<float>&& v, int64_t r, int64_t c) { return upload(std::move(v), r, c, true); };
+
+    Qwen35Weights w;
+    const std::string embed_name = gguf ? "token_embd.weight" : rd.prefix + "embed_tokens.weight";
+    w.embed = mat(rd.read(embed_name, {V, H}), V, H);
+    w.final_norm = vec(rd.norm(gguf ? "output_norm.weight" : rd.prefix + "norm.weight", H));
+    std::string head_name = gguf ? "output.weight" : "lm_head.weight";
+    if (!gguf && !src.find(head_name) && src.find("language_model.lm_head.weight")) head_name = "language_model.lm_head.weight";
+    if (cfg.tied) {
+        w.lm_head = w.embed;
+    } else {
+        if (!src.find(head_name)) fail("load", "missing tensor " + head_name + " (tie_word_embeddings is false)");
+        w.lm_head = mat(rd.read(head_name, {V, H}), V, H);
+    }
+
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        Qwen35Layer L;
+        L.full = cfg.is_full[size_t(l)];
+        const std::string b = gguf ? "blk." + std::to_string(l) + "." : rd.prefix + "layers." + std::to_string(l) + ".";
+        auto nm = [&](const char* hf, const char* gg) { return b + (gguf ? gg : hf); };
+        L.input_norm = vec(rd.norm(nm("input_layernorm.weight", "attn_norm.weight"), H));
+        L.post_norm = vec(rd.norm(nm("post_attention_layernorm.weight", "post_attention_norm.weight"), H));
+        if (L.full) {
+            std::vector<float> qkv = rd.read(nm("self_attn.q_proj.weight", "attn_q.weight"), {2 * nh * hd, H});
+            append(qkv, rd.read(nm("self_attn.k_proj.weight", "attn_k.weight"), {nkv * hd, H}));
+            append(qkv, rd.read(nm("self_attn.v_proj.weight", "attn_v.weight"), {nkv * hd, H}));
+            L.attn_qkv = mat(std::move(qkv), cfg.attn_qkv_rows(), H);
+            L.q_norm = vec(rd.norm(nm("self_attn.q_norm.weight", "attn_q_norm.weight"), hd));
+            L.k_norm = vec(rd.norm(nm("self_attn.k_norm.weight", "attn_k_norm.weight"), hd));
+            L.o_proj = mat(rd.read(nm("self_attn.o_proj.weight", "attn_output.weight"), {H, nh * hd}), H, nh * hd);
+        } else {
+            std::vector<float> in = rd.read(nm("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"), {cd, H});
+            std::vector<float> z = rd.read(nm("linear_attn.in_proj_z.weight", "attn_gate.weight"), {vd, H});
+            std::vector<float> bb = rd.read(nm("linear_attn.in_proj_b.weight", "ssm_beta.weight"), {nv, H});
+            std::vector<float> a = rd.read(nm("linear_attn.in_proj_a.weight", "ssm_alpha.weight"), {nv, H});
+            std::vector<float> conv = rd.read(nm("linear_attn.conv1d.weight", "ssm_conv1d.weight"), {cd, 1, K});
+            std::vector<float> A, dt;
+            if (gguf) {
+                A = rd.read(src.find(b + "ssm_a") ? b + "ssm_a" : b + "ssm_a.weight", {nv});
+                dt = rd.read(src.find(b + "ssm_dt.bias") ? b + "ssm_dt.bias" : b + "ssm_dt", {nv});
+                untile_rows(in, H, 2 * kd, nk, nv, cfg.lin_v_dim);
+                untile_rows(z, H, 0, nk, nv, cfg.lin_v_dim);
+                untile_rows(bb, H, 0, nk, nv, 1);
+                untile_rows(a, H, 0, nk, nv, 1);
+                untile_rows(conv, K, 2 * kd, nk, nv, cfg.lin_v_dim);
+                untile_rows(A, 1, 0, nk, nv, 1);
+                untile_rows(dt, 1, 0, nk, nv, 1);
+            } else {
+                A = rd.read(b + "linear_attn.A_log", {nv});
+                for (auto& x : A) x = -std::exp(x);
+                dt = rd.read(b + "linear_attn.dt_bias", {nv});
+            }
+            append(in, z);
+            append(in, bb);
+            append(in, a);
+            L.lin_in = mat(std::move(in), cfg.lin_in_rows(), H);
+            L.conv_w = upload(std::move(conv), cd, K, false);
+            L.neg_A = vec(std::move(A));
+            L.dt_bias = vec(std::move(dt));
+            L.ssm_norm = vec(rd.read(nm("linear_attn.norm.weight", "ssm_norm.weight"), {cfg.lin_v_dim}));
+            std::vector<float> out = rd.read(nm("linear_attn.out_proj.weight", "ssm_out.weight"), {H, vd});
+            if (gguf) untile_cols(out, H, nk, nv, cfg.lin_v_dim);
+            L.out_proj = mat(std::move(out), H, vd);
+        }
+        std::vector<float> gu = rd.read(nm("mlp.gate_proj.weight", "ffn_gate.weight"), {I, H});
+        append(gu, rd.read(nm("mlp.up_proj.weight", "ffn_up.weight"), {I, H}));
+        L.gate_up = mat(std::move(gu), 2 * I, H);
+        L.down = mat(rd.read(nm("mlp.down_proj.weight", "ffn_down.weight"), {H, I}), H, I);
+        w.layers.push_back(L);
+    }
+
+    if (stats) {
+        // Bytes and dominant dtype over the tensors of the text model (vision tower and MTP head excluded).
+        std::map<std::string, uint64_t> by_dtype;
+        uint64_t total = 0;
+        for (auto& name : src.names()) {
+            bool text = gguf ? true : (name.rfind(rd.prefix, 0) == 0 || name == head_name);
+            if (!gguf && name.find("visual") != std::string::npos) text = false;
+            if (!text) continue;
+            const TensorInfo* t = src.find(name);
+            by_dtype[dtype_name(t->dtype)] += t->nbytes;
+            total += t->nbytes;
+        }
+        stats->weight_bytes = total;
+        uint64_t best = 0;
+        for (auto& [d, n] : by_dtype) if (n > best) { best = n; stats->dtype = d; }
+    }
+    return w;
+}
+
+}  // namespace lb
+
+namespace lb {
+uint64_t qwen35_decode_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, uint64_t lm_head_bytes_if_tied,
+                             DType kv_k, DType kv_v, int ctx) {
+    const uint64_t row = uint64_t(cfg.n_kv_heads) *
+                         (dtype_row_bytes(kv_k, size_t(cfg.head_dim)) + dtype_row_bytes(kv_v, size_t(cfg.head_dim)));
+    const uint64_t kv = uint64_t(cfg.n_full_layers()) * row * uint64_t(ctx + 1);
+    const int n_lin = cfg.n_layers - cfg.n_full_layers();
+    const uint64_t state = uint64_t(n_lin) * 2 * 4 *
+                           (uint64_t(cfg.lin_v_heads) * cfg.lin_k_dim * cfg.lin_v_dim +
+                            uint64_t(cfg.conv_dim()) * (cfg.conv_kernel - 1));
+    return matrix_bytes + lm_head_bytes_if_tied + kv + state;
+}
+}  // namespace lb

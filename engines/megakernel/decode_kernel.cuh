@@ -1,0 +1,97 @@
+// The persistent decode kernel: one launch = one token through all layers, the LM head and the argmax.
+//
+// Work split. Every stage spreads its rows (or heads) over all resident blocks; stages that depend on a
+// whole vector produced by the previous one are separated by a grid barrier; a stage whose result is a
+// reduction over blocks (attention chunks, the argmax) finishes it in the last block to arrive (an atomic
+// ticket), which needs no barrier. Per layer:
+//   0 in-proj   RMSNorm (recomputed per block) + GEMV of lin_in / attn_qkv; DeltaNet rows finish in place:
+//               conv1d + SiLU (conv state advanced), z kept, beta = sigmoid(b), g = -A softplus(a + dt_bias)
+//   1 mixer     DeltaNet: (head, 16 value columns) per block: q/k L2 norm, state decay, delta update, output
+//               attention: (q head, chunk of positions) per block, split softmax merged by the last chunk
+//   2 out-proj  gated RMSNorm (DeltaNet) + GEMV out_proj / o_proj, residual add
+//   3 gate_up   RMSNorm + GEMV of gate and up rows together, SiLU(gate) * up
+//   4 down      GEMV down_proj, residual add
+// then the LM head (RMSNorm + GEMV over the vocabulary, per-block argmax, last block reduces).
+//
+// Memory. Weights are read once with 128-bit non-coherent loads that skip L1 (ld.global.nc.L1::no_allocate);
+// activations written by other blocks in this launch are read through L2 (ld.global.cg) since L1 is not
+// coherent. While a stage runs, each block asks L2 for its share of the NEXT stage's weights (and DeltaNet
+// state / KV rows), so DRAM keeps streaming while blocks wait at the barrier.
+#pragma once
+#include <cfloat>
+#include <cstdint>
+
+#include "core/cuda/gpu_compat.h"
+
+namespace lb::mk {
+
+using gpu::wtype;
+
+constexpr int NT = 512;          // threads per block
+constexpr int NW = NT / 32;      // warps per block
+constexpr int DN_COLS = 16;      // DeltaNet value columns per work item
+constexpr int DN_MAXR = 4;       // DeltaNet key rows per thread (dk <= 32 * DN_MAXR)
+constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (head_dim <= 512)
+constexpr int LM_WIN = 64;       // LM-head rows per prefetch window
+
+struct LayerPtrs {
+    int full;
+    const float* input_norm;
+    const float* post_norm;
+    const wtype* in_w;   // lin_in [lin_in_rows, H] or attn_qkv [attn_qkv_rows, H]
+    int in_rows;
+    const wtype* out_w;  // out_proj [H, vd] or o_proj [H, nh*hd]
+    int out_in;
+    const wtype* gate_up;  // [2I, H]
+    const wtype* down;     // [H, I]
+    // DeltaNet
+    const float* conv_w;   // [cd, K]
+    const float* neg_A;    // [hv]
+    const float* dt_bias;  // [hv]
+    const float* ssm_norm; // [dv]
+    float* ssm;            // [hv, dk, dv]
+    float* conv_state;     // [cd, K-1]
+    // attention
+    const float* q_norm;   // [hd]
+    const float* k_norm;   // [hd]
+    void* kc;              // [max_ctx, nkv, hd] (bf16 or f16)
+    void* vc;
+};
+
+struct Params {
+    const LayerPtrs* layers;
+    int n_layers;
+    const wtype* embed;
+    const wtype* lm_head;
+    const float* final_norm;
+    int H, I, V;
+    int hk, hv, dk, dv, conv_k, cd, vd;
+    int nh, nkv, hd, rot;
+    float theta, eps;
+    int kv_f16;  // KV element type: 0 bf16, 1 f16
+    int prefetch;
+    int xs_floats;  // shared-memory vector length (floats)
+    // sequence state (device)
+    int* pos;         // tokens already in the sequence
+    int* tok;         // token to process; overwritten with the next one
+    int* out_tokens;  // one per step
+    int* step;
+    int* done;        // set once an eos token is produced
+    const int* eos;
+    int n_eos;
+    // scratch (device)
+    float* x;         // residual [H]
+    float* buf_in;    // in-proj output (z, qkv) [max(in_rows)]
+    float* conv_out;  // [cd]
+    float* g;         // [hv]
+    float* beta;      // [hv]
+    float* o;         // mixer output [max(vd, nh*hd)]
+    float* act;       // [I]
+    float* att_part;  // [nh, blocks, hd + 2]
+    unsigned* tickets;  // [n_layers * nh + 1]
+    float* lm_val;    // [blocks]
+    int* lm_idx;      // [blocks]
+    unsigned* bar;    // [2]: arrival count, generation
+};
+
+}  // namespace lb::mk

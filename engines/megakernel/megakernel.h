@@ -1,0 +1,40 @@
+// The megakernel backend: the Qwen3.5 forward pass where a decode step (every layer, the LM head and the
+// greedy argmax) is ONE persistent CUDA kernel. Prefill (a prompt of n tokens) reuses the core's CUDA
+// operations (core/cuda/gpu_ops.h: batched GEMMs, the chunked delta rule) on the same KV cache, DeltaNet
+// recurrent state and conv state the decode kernel then reads and advances.
+//
+// This header is plain C++ (no CUDA types) so that main.cpp compiles with the host compiler.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace lb::mk {
+
+// How the decode kernel was launched, for the ready line and the tuning record.
+struct LaunchInfo {
+    int blocks = 0;            // persistent blocks (= resident-block ceiling)
+    int blocks_per_sm = 0;     // from cudaOccupancyMaxActiveBlocksPerMultiprocessor
+    int sms = 0;
+    int threads = 0;           // per block
+    int smem_bytes = 0;        // dynamic shared memory per block
+    int prefetch = 0;          // bit 0: L2 prefetch of the next stage's weights; bit 1: windowed LM-head prefetch
+    int barriers_per_token = 0;
+};
+
+class MegaBackend : public Qwen35Backend {
+public:
+    // Runs `n_steps` decode steps back to back on the device, starting from the token that the last
+    // forward() produced (it stays on the device: no host round trip between tokens). Each step's
+    // greedy token is appended to `out`. With `eos` non-empty the chain stops after the first token in
+    // `eos` (the remaining launches find the device-side stop flag and return at once).
+    virtual void decode_chain(int n_steps, const std::vector<int>& eos, std::vector<int>* out) = 0;
+    virtual LaunchInfo launch_info() const = 0;
+};
+
+std::unique_ptr<MegaBackend> make_megakernel_backend(int device);
+
+}  // namespace lb::mk

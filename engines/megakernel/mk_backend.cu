@@ -1,0 +1,419 @@
+// The megakernel backend: weights, caches and states on the device; prefill through the core's CUDA
+// operations (core/cuda/gpu_ops.h), decode through the persistent kernel of decode_kernel.cu, launched
+// cooperatively with as many blocks as can be resident at once.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/cuda/gpu_ops.h"
+#include "core/half.h"
+#include "decode_kernel.cuh"
+#include "megakernel.h"
+
+namespace lb::mk {
+
+const void* decode_kernel_ptr();  // decode_kernel.cu
+
+namespace {
+
+class MegaBackendImpl : public MegaBackend {
+public:
+    explicit MegaBackendImpl(int device) : device_(device) {
+        GPU_CHECK(cudaSetDevice(device));
+        cudaDeviceProp prop;
+        GPU_CHECK(cudaGetDeviceProperties(&prop, device));
+        prop_name_ = prop.name;
+        mem_ = prop.totalGlobalMem;
+        sms_ = prop.multiProcessorCount;
+        coop_ = prop.cooperativeLaunch;
+        cc_ = prop.major * 10 + prop.minor;
+        GPU_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+        GPU_CHECK(cudaEventCreate(&ev0_));
+        GPU_CHECK(cudaEventCreate(&ev1_));
+    }
+    ~MegaBackendImpl() override {
+        for (void* p : allocations_) cudaFree(p);
+    }
+
+    std::string name() const override { return "cuda"; }
+    DeviceInfo device() const override { return DeviceInfo{prop_name_, device_, uint64_t(mem_)}; }
+    std::string weight_dtype() const override { return LB_WTYPE_NAME; }
+
+    void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) override {
+        if (!coop_) fail("unsupported", "device " + prop_name_ + " cannot launch cooperative kernels (needed for the grid barrier)");
+#if !defined(LB_GPU_FP16)
+        if (cc_ < 80) fail("unsupported", "this megakernel build uses bf16 weights (sm_80+); the device is sm_" +
+                                              std::to_string(cc_) + ": rebuild for its arch (sm_75 builds use fp16 weights)");
+#endif
+        check_shape(cfg);
+        cfg_ = cfg;
+        Uploader up = [this](std::vector<float>&& data, int64_t rows, int64_t cols, bool matrix) {
+            Mat m{nullptr, rows, cols};
+            if (matrix) {
+                std::vector<wtype> conv(data.size());
+                for (size_t i = 0; i < data.size(); ++i) conv[i] = wtype(data[i]);
+                m.ptr = alloc(conv.size() * sizeof(wtype));
+                GPU_CHECK(cudaMemcpy(m.ptr, conv.data(), conv.size() * sizeof(wtype), cudaMemcpyHostToDevice));
+            } else {
+                m.ptr = alloc(data.size() * sizeof(float));
+                GPU_CHECK(cudaMemcpy(m.ptr, data.data(), data.size() * sizeof(float), cudaMemcpyHostToDevice));
+            }
+            return m;
+        };
+        w_ = load_qwen35_weights(src, cfg, up, stats);
+        // Bytes one decode step reads of the weights: every layer matrix and small vector once, the LM head
+        // once, one embedding row (the embedding matrix itself is not streamed).
+        auto mbytes = [](const Mat& m) { return uint64_t(m.rows) * uint64_t(m.cols) * sizeof(wtype); };
+        auto vbytes = [](const Mat& m) { return m.ptr ? uint64_t(m.rows) * uint64_t(m.cols) * 4 : 0; };
+        uint64_t wb = mbytes(w_.lm_head) + uint64_t(cfg_.hidden) * sizeof(wtype) + vbytes(w_.final_norm);
+        for (const Qwen35Layer& L : w_.layers) {
+            wb += vbytes(L.input_norm) + vbytes(L.post_norm) + mbytes(L.gate_up) + mbytes(L.down);
+            if (L.full) wb += mbytes(L.attn_qkv) + mbytes(L.o_proj) + vbytes(L.q_norm) + vbytes(L.k_norm);
+            else
+                wb += mbytes(L.lin_in) + mbytes(L.out_proj) + vbytes(L.conv_w) + vbytes(L.neg_A) + vbytes(L.dt_bias) +
+                      vbytes(L.ssm_norm);
+        }
+        decode_weight_bytes_ = wb;
+    }
+
+    void allocate(int max_ctx, DType kv_k, DType kv_v) override {
+        if (kv_k != kv_v || (kv_k != DType::BF16 && kv_k != DType::F16))
+            fail("unsupported", std::string("the megakernel keeps the KV cache in bf16 or f16 (same type for K and V); got ") +
+                                    dtype_name(kv_k) + "/" + dtype_name(kv_v));
+        max_ctx_ = max_ctx;
+        kt_ = kv_k;
+        const Qwen35Config& c = cfg_;
+        const int hd = c.head_dim;
+        const size_t row = size_t(hd) * 2;
+        kc_.assign(size_t(c.n_layers), nullptr);
+        vc_.assign(size_t(c.n_layers), nullptr);
+        ssm_.assign(size_t(c.n_layers), nullptr);
+        conv_.assign(size_t(c.n_layers), nullptr);
+        for (int l = 0; l < c.n_layers; ++l) {
+            if (c.is_full[size_t(l)]) {
+                kc_[size_t(l)] = alloc(size_t(max_ctx) * c.n_kv_heads * row);
+                vc_[size_t(l)] = alloc(size_t(max_ctx) * c.n_kv_heads * row);
+            } else {
+                ssm_[size_t(l)] = (float*)alloc(ssm_bytes());
+                conv_[size_t(l)] = (float*)alloc(conv_bytes());
+            }
+        }
+        ensure_workspace(1);
+        setup_decode();
+        reset();
+    }
+
+    void reset() override {
+        len_ = 0;
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            if (ssm_[size_t(l)]) GPU_CHECK(cudaMemsetAsync(ssm_[size_t(l)], 0, ssm_bytes(), s_));
+            if (conv_[size_t(l)]) GPU_CHECK(cudaMemsetAsync(conv_[size_t(l)], 0, conv_bytes(), s_));
+        }
+        GPU_CHECK(cudaMemsetAsync(d_pos_, 0, sizeof(int), s_));
+    }
+    int length() const override { return len_; }
+
+    int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        if (len_ + n > max_ctx_) fail("context_overflow", "sequence would exceed max_ctx " + std::to_string(max_ctx_));
+        if (n == 1 && !last_logits && len_ > 0) {  // one decode step through the megakernel
+            GPU_CHECK(cudaMemcpyAsync(d_tok_, tokens, sizeof(int), cudaMemcpyHostToDevice, s_));
+            std::vector<int> out;
+            decode_chain(1, {}, &out);
+            return out.at(0);
+        }
+        prefill(tokens, n);
+        int next = 0;
+        GPU_CHECK(cudaMemcpyAsync(&next, d_tok_, sizeof(int), cudaMemcpyDeviceToHost, s_));
+        if (last_logits) {
+            last_logits->resize(size_t(cfg_.vocab));
+            GPU_CHECK(cudaMemcpyAsync(last_logits->data(), ws_.logits, sizeof(float) * size_t(cfg_.vocab), cudaMemcpyDeviceToHost, s_));
+        }
+        GPU_CHECK(cudaStreamSynchronize(s_));
+        return next;
+    }
+
+    void decode_chain(int n_steps, const std::vector<int>& eos, std::vector<int>* out) override {
+        if (n_steps <= 0) return;
+        if (len_ + n_steps > max_ctx_) fail("context_overflow", "sequence would exceed max_ctx " + std::to_string(max_ctx_));
+        if (len_ == 0) fail("internal", "decode before prefill");
+        const int n_eos = std::min<int>(int(eos.size()), kMaxEos);
+        if (n_eos) GPU_CHECK(cudaMemcpyAsync(d_eos_, eos.data(), sizeof(int) * size_t(n_eos), cudaMemcpyHostToDevice, s_));
+        GPU_CHECK(cudaMemsetAsync(d_step_, 0, sizeof(int), s_));
+        GPU_CHECK(cudaMemsetAsync(d_done_, 0, sizeof(int), s_));
+        params_.n_eos = n_eos;
+        void* args[] = {&params_};
+        for (int i = 0; i < n_steps; ++i) {
+            GPU_CHECK(cudaLaunchCooperativeKernel(decode_kernel_ptr(), dim3(unsigned(info_.blocks)), dim3(NT), args,
+                                                  size_t(info_.smem_bytes), s_));
+        }
+        GPU_CHECK(cudaGetLastError());
+        int steps = 0;
+        std::vector<int> toks(static_cast<size_t>(n_steps));
+        GPU_CHECK(cudaMemcpyAsync(&steps, d_step_, sizeof(int), cudaMemcpyDeviceToHost, s_));
+        GPU_CHECK(cudaMemcpyAsync(toks.data(), d_out_, sizeof(int) * size_t(n_steps), cudaMemcpyDeviceToHost, s_));
+        GPU_CHECK(cudaStreamSynchronize(s_));
+        if (steps < 1 || steps > n_steps) fail("internal", "decode kernel reported " + std::to_string(steps) + " steps for " + std::to_string(n_steps));
+        for (int i = 0; i < steps; ++i) out->push_back(toks[size_t(i)]);
+        len_ += steps;
+    }
+
+    LaunchInfo launch_info() const override { return info_; }
+
+    void timer_start() override { GPU_CHECK(cudaEventRecord(ev0_, s_)); }
+    double timer_stop_ms() override {
+        GPU_CHECK(cudaEventRecord(ev1_, s_));
+        GPU_CHECK(cudaEventSynchronize(ev1_));
+        float ms = 0;
+        GPU_CHECK(cudaEventElapsedTime(&ms, ev0_, ev1_));
+        return ms;
+    }
+    void synchronize() override { GPU_CHECK(cudaStreamSynchronize(s_)); }
+    uint64_t peak_mem_bytes() const override { return allocated_; }
+    uint64_t decode_bytes(int ctx) const override {
+        // KV rows read (ctx) and written (1), DeltaNet and conv state read and written: the core's count
+        // with no matrices, plus the weights this kernel streams.
+        return decode_weight_bytes_ + qwen35_decode_bytes(cfg_, 0, 0, kt_, kt_, ctx);
+    }
+
+private:
+    static constexpr int kMaxEos = 64;
+
+    static void check_shape(const Qwen35Config& c) {
+        auto need = [](bool ok, const std::string& what) {
+            if (!ok) fail("unsupported", "megakernel: " + what);
+        };
+        need(c.hidden % 8 == 0 && c.intermediate % 8 == 0, "hidden and intermediate sizes must be multiples of 8");
+        need(c.lin_value_dim() % 8 == 0 && (c.n_heads * c.head_dim) % 8 == 0, "attention/DeltaNet widths must be multiples of 8");
+        need(c.lin_k_dim <= 32 * DN_MAXR, "DeltaNet key head dim must be <= " + std::to_string(32 * DN_MAXR));
+        need(c.lin_v_dim % DN_COLS == 0, "DeltaNet value head dim must be a multiple of " + std::to_string(DN_COLS));
+        need(c.lin_v_heads % c.lin_k_heads == 0, "DeltaNet value heads must be a multiple of key heads");
+        need(c.head_dim % 8 == 0 && c.head_dim <= 8 * 32 * ATT_MAXC, "head_dim must be a multiple of 8 and <= 512");
+        need(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, "query heads must be a multiple of KV heads");
+        need(c.rope_dims % 2 == 0 && c.rope_dims <= c.head_dim, "rotary dims must be even and <= head_dim");
+        need(c.conv_kernel >= 1 && c.conv_kernel <= 8, "conv kernel must be 1..8");
+    }
+
+    size_t ssm_bytes() const { return sizeof(float) * size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim; }
+    size_t conv_bytes() const { return sizeof(float) * size_t(cfg_.conv_dim()) * size_t(std::max(1, cfg_.conv_kernel - 1)); }
+
+    void* alloc(size_t bytes) {
+        void* p = nullptr;
+        GPU_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+        allocations_.push_back(p);
+        allocated_ += bytes;
+        return p;
+    }
+    static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
+    static const float* F(const Mat& m) { return (const float*)m.ptr; }
+
+    // ---------------------------------------------------------------------------------- decode setup
+    void setup_decode() {
+        const Qwen35Config& c = cfg_;
+        const int xs = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
+        const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
+        const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + NW;
+        const int aux = std::max({att_aux, dn_aux, c.lin_v_heads});
+        const int xs_pad = (xs + 3) / 4 * 4;
+        const int smem = int(sizeof(float)) * (xs_pad + 64 + aux);
+        const void* fn = decode_kernel_ptr();
+        GPU_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        int per_sm = 0;
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, NT, size_t(smem)));
+        if (per_sm < 1) fail("unsupported", "the decode kernel (" + std::to_string(NT) + " threads, " + std::to_string(smem) +
+                                                " B shared memory) does not fit on a multiprocessor of " + prop_name_);
+        info_.blocks_per_sm = per_sm;
+        info_.sms = sms_;
+        info_.blocks = per_sm * sms_;
+        info_.threads = NT;
+        info_.smem_bytes = smem;
+        info_.barriers_per_token = 5 * c.n_layers;
+        const char* env = std::getenv("LB_MK_PREFETCH");
+        info_.prefetch = env ? std::atoi(env) : 3;
+        const int nb = info_.blocks;
+
+        std::vector<LayerPtrs> lp(size_t(c.n_layers));
+        for (int l = 0; l < c.n_layers; ++l) {
+            const Qwen35Layer& L = w_.layers[size_t(l)];
+            LayerPtrs& d = lp[size_t(l)];
+            std::memset(&d, 0, sizeof(d));
+            d.full = L.full;
+            d.input_norm = F(L.input_norm);
+            d.post_norm = F(L.post_norm);
+            d.gate_up = W(L.gate_up);
+            d.down = W(L.down);
+            if (L.full) {
+                d.in_w = W(L.attn_qkv);
+                d.in_rows = c.attn_qkv_rows();
+                d.out_w = W(L.o_proj);
+                d.out_in = c.n_heads * c.head_dim;
+                d.q_norm = F(L.q_norm);
+                d.k_norm = F(L.k_norm);
+                d.kc = kc_[size_t(l)];
+                d.vc = vc_[size_t(l)];
+            } else {
+                d.in_w = W(L.lin_in);
+                d.in_rows = c.lin_in_rows();
+                d.out_w = W(L.out_proj);
+                d.out_in = c.lin_value_dim();
+                d.conv_w = F(L.conv_w);
+                d.neg_A = F(L.neg_A);
+                d.dt_bias = F(L.dt_bias);
+                d.ssm_norm = F(L.ssm_norm);
+                d.ssm = ssm_[size_t(l)];
+                d.conv_state = conv_[size_t(l)];
+            }
+        }
+        auto* d_layers = (LayerPtrs*)alloc(sizeof(LayerPtrs) * lp.size());
+        GPU_CHECK(cudaMemcpy(d_layers, lp.data(), sizeof(LayerPtrs) * lp.size(), cudaMemcpyHostToDevice));
+
+        Params& p = params_;
+        std::memset(&p, 0, sizeof(p));
+        p.layers = d_layers;
+        p.n_layers = c.n_layers;
+        p.embed = W(w_.embed);
+        p.lm_head = W(w_.lm_head);
+        p.final_norm = F(w_.final_norm);
+        p.H = c.hidden;
+        p.I = c.intermediate;
+        p.V = c.vocab;
+        p.hk = c.lin_k_heads;
+        p.hv = c.lin_v_heads;
+        p.dk = c.lin_k_dim;
+        p.dv = c.lin_v_dim;
+        p.conv_k = c.conv_kernel;
+        p.cd = c.conv_dim();
+        p.vd = c.lin_value_dim();
+        p.nh = c.n_heads;
+        p.nkv = c.n_kv_heads;
+        p.hd = c.head_dim;
+        p.rot = c.rope_dims;
+        p.theta = c.rope_theta;
+        p.eps = c.eps;
+        p.kv_f16 = kt_ == DType::F16;
+        p.prefetch = info_.prefetch;
+        p.xs_floats = xs_pad;
+        d_pos_ = (int*)alloc(sizeof(int));
+        d_tok_ = (int*)alloc(sizeof(int));
+        d_step_ = (int*)alloc(sizeof(int));
+        d_done_ = (int*)alloc(sizeof(int));
+        d_out_ = (int*)alloc(sizeof(int) * size_t(max_ctx_ + 1));
+        d_eos_ = (int*)alloc(sizeof(int) * kMaxEos);
+        p.pos = d_pos_;
+        p.tok = d_tok_;
+        p.out_tokens = d_out_;
+        p.step = d_step_;
+        p.done = d_done_;
+        p.eos = d_eos_;
+        const size_t in_max = size_t(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
+        p.x = (float*)alloc(4 * size_t(c.hidden));
+        p.buf_in = (float*)alloc(4 * in_max);
+        p.conv_out = (float*)alloc(4 * size_t(std::max(1, c.conv_dim())));
+        p.g = (float*)alloc(4 * size_t(std::max(1, c.lin_v_heads)));
+        p.beta = (float*)alloc(4 * size_t(std::max(1, c.lin_v_heads)));
+        p.o = (float*)alloc(4 * size_t(std::max(c.lin_value_dim(), c.n_heads * c.head_dim)));
+        p.act = (float*)alloc(4 * size_t(c.intermediate));
+        p.att_part = (float*)alloc(4 * size_t(c.n_heads) * nb * (c.head_dim + 2));
+        const size_t nt = size_t(c.n_layers) * c.n_heads + 1;
+        p.tickets = (unsigned*)alloc(sizeof(unsigned) * nt);
+        GPU_CHECK(cudaMemset(p.tickets, 0, sizeof(unsigned) * nt));
+        p.lm_val = (float*)alloc(4 * size_t(nb));
+        p.lm_idx = (int*)alloc(4 * size_t(nb));
+        p.bar = (unsigned*)alloc(2 * sizeof(unsigned));
+        GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
+        GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
+        GPU_CHECK(cudaDeviceSynchronize());
+        fprintf(stderr, "[megakernel] %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, prefetch %d\n",
+                info_.blocks, per_sm, sms_, NT, smem, info_.prefetch);
+    }
+
+    // ---------------------------------------------------------------------------------- prefill (core ops)
+    struct Workspace {
+        int cap = 0;
+        int* tokens = nullptr;
+        float *x, *h, *big, *conv, *g, *beta, *o, *normed, *act, *logits = nullptr;
+    } ws_;
+
+    void ensure_workspace(int n) {
+        if (n <= ws_.cap) return;
+        const size_t H = size_t(cfg_.hidden);
+        const size_t wide = std::max({size_t(cfg_.lin_in_rows()), size_t(cfg_.attn_qkv_rows()), 2 * size_t(cfg_.intermediate)});
+        const size_t N = size_t(n);
+        ws_.cap = n;
+        ws_.tokens = (int*)alloc(sizeof(int) * N);
+        ws_.x = (float*)alloc(4 * N * H);
+        ws_.h = (float*)alloc(4 * N * H);
+        ws_.big = (float*)alloc(4 * N * wide);
+        ws_.conv = (float*)alloc(4 * N * size_t(cfg_.conv_dim()));
+        ws_.g = (float*)alloc(4 * N * size_t(cfg_.lin_v_heads));
+        ws_.beta = (float*)alloc(4 * N * size_t(cfg_.lin_v_heads));
+        ws_.o = (float*)alloc(4 * N * std::max(size_t(cfg_.lin_value_dim()), size_t(cfg_.n_heads) * cfg_.head_dim));
+        ws_.normed = (float*)alloc(4 * N * size_t(cfg_.lin_value_dim()));
+        ws_.act = (float*)alloc(4 * N * size_t(cfg_.intermediate));
+        if (!ws_.logits) ws_.logits = (float*)alloc(4 * size_t(cfg_.vocab));
+    }
+
+    // The core GPU backend's forward over n tokens (core/cuda/qwen35_gpu.cu), on this backend's caches.
+    void prefill(const int* tokens, int n) {
+        ensure_workspace(n);
+        GPU_CHECK(cudaMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), cudaMemcpyHostToDevice, s_));
+        const int H = cfg_.hidden, I = cfg_.intermediate;
+        const DType kt = kt_;
+        gpu::embed(ws_.tokens, n, W(w_.embed), H, ws_.x, s_);
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            const Qwen35Layer& L = w_.layers[size_t(l)];
+            gpu::rmsnorm(ws_.x, F(L.input_norm), ws_.h, n, H, cfg_.eps, s_);
+            if (L.full) {
+                const int nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, rows = cfg_.attn_qkv_rows();
+                gpu::matmul(ws_.h, n, H, W(L.attn_qkv), rows, ws_.big, false, s_);
+                gpu::attn_prep(ws_.big, rows, n, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
+                               cfg_.eps, d_pos_, kc_[size_t(l)], kt, vc_[size_t(l)], kt, s_);
+                gpu::attention(ws_.big, rows, n, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt, vc_[size_t(l)], kt, ws_.o, s_);
+                gpu::matmul(ws_.o, n, nh * hd, W(L.o_proj), H, ws_.x, true, s_);
+            } else {
+                const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
+                const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
+                gpu::matmul(ws_.h, n, H, W(L.lin_in), rows, ws_.big, false, s_);
+                gpu::conv1d_silu(ws_.big, rows, n, cd, cfg_.conv_kernel, F(L.conv_w), conv_[size_t(l)], ws_.conv, s_);
+                gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws_.g, ws_.beta, s_);
+                gpu::delta_rule(ws_.conv, cd, n, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                gpu::gated_rmsnorm(ws_.o, ws_.big + cd, rows, F(L.ssm_norm), ws_.normed, n, hv, dv, cfg_.eps, s_);
+                gpu::matmul(ws_.normed, n, vd, W(L.out_proj), H, ws_.x, true, s_);
+            }
+            gpu::rmsnorm(ws_.x, F(L.post_norm), ws_.h, n, H, cfg_.eps, s_);
+            gpu::matmul(ws_.h, n, H, W(L.gate_up), 2 * I, ws_.big, false, s_);
+            gpu::silu_mul(ws_.big, n, I, ws_.act, s_);
+            gpu::matmul(ws_.act, n, I, W(L.down), H, ws_.x, true, s_);
+        }
+        gpu::rmsnorm(ws_.x + size_t(n - 1) * H, F(w_.final_norm), ws_.h, 1, H, cfg_.eps, s_);
+        gpu::matmul(ws_.h, 1, H, W(w_.lm_head), cfg_.vocab, ws_.logits, false, s_);
+        gpu::argmax(ws_.logits, cfg_.vocab, d_tok_, s_);  // the decode kernel's first input token
+        gpu::add_pos(d_pos_, n, s_);
+        GPU_CHECK(cudaGetLastError());
+        len_ += n;
+    }
+
+    int device_;
+    std::string prop_name_;
+    size_t mem_ = 0;
+    int sms_ = 0, coop_ = 0, cc_ = 0;
+    cudaStream_t s_;
+    cudaEvent_t ev0_, ev1_;
+    Qwen35Config cfg_;
+    Qwen35Weights w_;
+    std::vector<void*> allocations_;
+    uint64_t allocated_ = 0, decode_weight_bytes_ = 0;
+    int max_ctx_ = 0, len_ = 0;
+    DType kt_ = DType::BF16;
+    std::vector<void*> kc_, vc_;
+    std::vector<float*> ssm_, conv_;
+    int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_step_ = nullptr, *d_done_ = nullptr, *d_out_ = nullptr, *d_eos_ = nullptr;
+    Params params_;
+    LaunchInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<MegaBackend> make_megakernel_backend(int device) { return std::make_unique<MegaBackendImpl>(device); }
+
+}  // namespace lb::mk

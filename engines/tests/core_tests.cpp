@@ -1,0 +1,87 @@
+// Unit checks of the core pieces that the end-to-end tests (tests/engines/) cannot isolate:
+// JSON round trips, fp16/bf16 rounding, KV block formats, and the chunked delta rule against the
+// token-by-token recurrence. Exit status 0 when all pass.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/cpu/ops.h"
+#include "core/half.h"
+#include "core/json.h"
+#include "core/quant.h"
+
+static int failures = 0;
+#define CHECK(cond, ...) do { if (!(cond)) { ++failures; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
+
+static void test_json() {
+    auto j = lb::Json::parse(R"({"a": [1, 2.5, "x\n\u00e9"], "b": {"c": null, "d": true}, "e": -3})");
+    CHECK(j.get("a")->items()[1].as_number() == 2.5, "number");
+    CHECK(j.get("a")->items()[2].as_string() == "x\n\xc3\xa9", "escapes");
+    CHECK(j.get("e")->as_int() == -3, "int");
+    auto again = lb::Json::parse(j.dump());
+    CHECK(again.dump() == j.dump(), "round trip: %s", j.dump().c_str());
+    bool threw = false;
+    try { lb::Json::parse("{\"a\": }"); } catch (const std::exception&) { threw = true; }
+    CHECK(threw, "malformed JSON must throw");
+}
+
+static void test_half() {
+    for (float f : {0.f, 1.f, -2.5f, 65504.f, 1e-7f, 3.14159f}) {
+        CHECK(std::fabs(lb::f16_to_f32(lb::f32_to_f16(f)) - f) <= std::fabs(f) * 1e-3f + 1e-7f, "f16 %g", f);
+        CHECK(std::fabs(lb::bf16_to_f32(lb::f32_to_bf16(f)) - f) <= std::fabs(f) * 8e-3f, "bf16 %g", f);
+    }
+    CHECK(lb::f32_to_bf16(1.00390625f) == 0x3f80, "bf16 ties to even");  // halfway between 1 and 1+2^-7
+}
+
+static void test_blocks() {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(256), y(256);
+    for (auto& v : x) v = nd(rng);
+    for (auto t : {lb::DType::F16, lb::DType::BF16, lb::DType::Q8_0, lb::DType::Q4_0}) {
+        std::vector<uint8_t> buf(lb::dtype_row_bytes(t, x.size()));
+        lb::encode_row(t, x.data(), buf.data(), x.size());
+        lb::decode_row(t, buf.data(), y.data(), x.size());
+        double err = 0, ref = 0;
+        for (size_t i = 0; i < x.size(); ++i) { err += (x[i] - y[i]) * (x[i] - y[i]); ref += x[i] * x[i]; }
+        double rel = std::sqrt(err / ref);
+        double bound = t == lb::DType::Q4_0 ? 0.15 : t == lb::DType::Q8_0 ? 0.01 : 0.005;
+        CHECK(rel < bound, "%s relative error %g", lb::dtype_name(t), rel);
+    }
+}
+
+static void test_delta_rule() {
+    const int n = 150, hk = 2, hv = 4, dk = 16, dv = 8;
+    std::mt19937 rng(2);
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> ud(0.f, 1.f);
+    std::vector<float> q(n * hk * dk), k(n * hk * dk), v(n * hv * dv), g(n * hv), beta(n * hv);
+    for (auto& e : q) e = nd(rng);
+    for (auto& e : k) e = nd(rng);
+    for (auto& e : v) e = nd(rng);
+    for (auto& e : g) e = -3.f * ud(rng);
+    for (auto& e : beta) e = ud(rng);
+    g[5] = -80.f;  // a strongly decaying step must not produce NaN in the chunked form
+    lb::cpu::l2norm(q.data(), n * hk, dk, 1e-6f);
+    lb::cpu::l2norm(k.data(), n * hk, dk, 1e-6f);
+    std::vector<float> s1(hv * dk * dv), s2(hv * dk * dv), o1(n * hv * dv), o2(n * hv * dv);
+    for (auto& e : s1) e = 0.1f * nd(rng);
+    s2 = s1;
+    lb::cpu::delta_rule_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(), n, hk, hv, dk, dv, s1.data(), o1.data());
+    lb::cpu::delta_rule_chunked(q.data(), k.data(), v.data(), g.data(), beta.data(), n, hk, hv, dk, dv, s2.data(), o2.data(), 64);
+    double emax = 0;
+    for (size_t i = 0; i < o1.size(); ++i) emax = std::fmax(emax, std::fabs(o1[i] - o2[i]));
+    for (size_t i = 0; i < s1.size(); ++i) emax = std::fmax(emax, std::fabs(s1[i] - s2[i]));
+    CHECK(emax < 1e-4, "chunked vs recurrent max abs diff %g", emax);
+}
+
+int main() {
+    test_json();
+    test_half();
+    test_blocks();
+    test_delta_rule();
+    if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
+    printf("core tests passed\n");
+    return 0;
+}
