@@ -202,7 +202,7 @@ def dataset_table(views: Sequence[CellView]) -> Table | None:
             row.append(_metric_cell(v, "speedup_decode"))
         rows.append(row)
     return Table("datasets", "Dataset workloads", headers, rows,
-                 notes=["per-prompt samples: the spread includes prompt-to-prompt differences"])
+                 notes=["one value per pass over the prompts (docs/metrics.md): the spread is run-to-run noise"])
 
 
 def budget_sweep_table(views: Sequence[CellView]) -> Table | None:
