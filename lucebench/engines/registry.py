@@ -83,20 +83,19 @@ def _launch_hf(req: LaunchRequest) -> EngineLaunch:
 
 
 def _launch_llamacpp(req: LaunchRequest) -> EngineLaunch:
-    from lucebench.baselines.llamacpp import build as lbuild
-    from lucebench.baselines.llamacpp import convert, adapter
+    from lucebench.baselines.llamacpp import build_llamacpp, command, prepare_gguf
 
-    build = lbuild.build_llamacpp(backend=req.backend, arch=req.options.get("arch"), console=req.console)
+    build = build_llamacpp(backend=req.backend, arch=req.options.get("arch"), console=req.console)
     gguf_type = req.options.get("gguf", "f16" if req.backend == "cpu" else "bf16")
-    gguf = convert.prepare_gguf(req.model_dir, dtype=gguf_type, build=build, console=req.console)
-    argv = adapter.command(
+    gguf = prepare_gguf(req.model_dir, dtype=gguf_type, build=build, console=req.console)
+    argv = command(
         gguf, build=build, mode=req.options.get("mode", "server"), ctx=req.max_ctx,
         kv_k=req.kv_k or "f16", kv_v=req.kv_v or req.kv_k or "f16",
         flash_attn=bool(req.options.get("flash_attn", req.backend != "cpu")),
         n_gpu_layers=int(req.options.get("n_gpu_layers", 0 if req.backend == "cpu" else 999)),
         threads=req.options.get("threads"),
     )
-    return EngineLaunch(argv=argv, build={**build.record(), "gguf_type": gguf_type, "gguf": gguf.name,
+    return EngineLaunch(argv=argv, build={**build.to_dict(), "gguf_type": gguf_type, "gguf": gguf.name,
                                           "mode": req.options.get("mode", "server")})
 
 

@@ -53,6 +53,14 @@ def _request(prompt: Prompt, workload: PreparedWorkload, req_id: str, eos_ids: l
             "ignore_eos": workload.ignore_eos, "eos_ids": eos_ids}
 
 
+def _output_ids(reply: dict[str, Any], n_gen: int) -> list[int] | None:
+    """The generated ids, or None where the engine cannot report them (e.g. llama-bench timings only)."""
+    ids = reply.get("output_ids")
+    if ids is None or (n_gen > 0 and not ids):
+        return None
+    return [int(i) for i in ids]
+
+
 def _sample(reply: dict[str, Any], rep: int, prompt: Prompt, e2e_s: float, keep_ids: bool) -> Sample:
     t = reply["timing"]
     spec = reply.get("spec") or {}
@@ -65,7 +73,7 @@ def _sample(reply: dict[str, Any], rep: int, prompt: Prompt, e2e_s: float, keep_
         t_decode_start_ns=int(t["t_decode_start_ns"]), t_decode_end_ns=int(t["t_decode_end_ns"]),
         bytes_per_token=reply.get("bytes_per_token"), peak_mem_bytes=reply.get("peak_mem_bytes"),
         draft_steps=spec.get("draft_steps"), accepted_tokens=spec.get("accepted_tokens"),
-        output_ids=list(reply["output_ids"]) if keep_ids and "output_ids" in reply else None,
+        output_ids=_output_ids(reply, n_gen) if keep_ids else None,
     )
 
 
