@@ -94,6 +94,7 @@ class Workload(_Strict):
     prompt_format: str | None = None
     n_gen: int
     ignore_eos: bool = True
+    eos_ids: list[int] = Field(default_factory=list, description="end-of-sequence ids sent with every request")
     depth: int | None = Field(None, description="context already in the KV cache before the timed phase")
     skipped_prompts: list[dict[str, Any]] = Field(default_factory=list, description="id and reason of each skipped prompt")
     identity: str | None = Field(None, description="sha256 over prompt token ids, n_gen, stop policy, depth: "

@@ -41,15 +41,27 @@ def score_cell(cell: Cell, workload: PreparedWorkload, model_dir: Path) -> None:
         cell.checks["scores"] = details
 
 
+def _until_eos(ids: list[int], eos: set[int]) -> int:
+    """Length of the reference up to and including its first end-of-sequence token."""
+    return next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+
+
 def token_match(cell: Cell, baseline: Cell) -> tuple[MetricSummary, dict[str, Any]] | None:
-    """Token-exact agreement of the cell's outputs with the baseline cell's, per prompt."""
+    """Token-exact agreement of the cell's outputs with the baseline cell's, per prompt.
+
+    Outputs are compared up to the reference's first EOS: with `ignore_eos` some engines generate past
+    EOS and others (llama.cpp's server) ban end-of-generation tokens instead, so what follows an EOS is
+    not the same work (docs/protocol.md).
+    """
     from lucebench.suites.lossless import compare_outputs
 
     ref, cand = _first_outputs(baseline), _first_outputs(cell)
     common = sorted(set(ref) & set(cand))
     if not common:
         return None
-    report = compare_outputs({k: ref[k] for k in common}, {k: cand[k] for k in common})
+    eos = set(baseline.workload.eos_ids) if baseline.workload else set()
+    cut = {k: _until_eos(ref[k], eos) for k in common}
+    report = compare_outputs({k: ref[k][:cut[k]] for k in common}, {k: cand[k][:cut[k]] for k in common})
     rate = report.get("exact_match_rate")
     if rate is None:
         return None

@@ -284,7 +284,7 @@ class Runner:
     def _workload_info(self, w) -> Workload:
         return Workload(suite=w.suite, suite_version=w.suite_version, dataset=w.dataset,
                         dataset_revision=w.dataset_revision, prompt_ids=[p.id for p in w.prompts],
-                        prompt_format=w.prompt_format, n_gen=w.n_gen, ignore_eos=w.ignore_eos, depth=w.depth,
+                        prompt_format=w.prompt_format, n_gen=w.n_gen, ignore_eos=w.ignore_eos, eos_ids=list(w.eos_ids), depth=w.depth,
                         skipped_prompts=list(w.skipped), identity=workload_identity(w))
 
     def _refresh_power_state(self, state: PowerState, device: int) -> None:
