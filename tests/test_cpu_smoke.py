@@ -29,7 +29,7 @@ def test_cpu_smoke_config_end_to_end(tmp_path):
     result = Result.model_validate_json((out / "results.json").read_text())
     assert result.complete
     engines = {c.params["engine"] for c in result.cells}
-    assert {"ar", "hf"} <= engines
+    assert {"ar", "hf", "llama.cpp"} <= engines
     for cell in result.cells:
         assert cell.status == "ok", (cell.id, cell.error)
         assert cell.samples and cell.metrics
@@ -43,6 +43,10 @@ def test_cpu_smoke_config_end_to_end(tmp_path):
     ar_gsm = next(c for c in result.cells if c.params["engine"] == "ar" and c.params["suite"] == "gsm8k")
     assert ar_gsm.metrics["speedup_decode"].median > 0
     assert ar_gsm.metrics["token_match_pct"].median >= 99.0, ar_gsm.checks.get("lossless")
+    # llama.cpp on the same weights (converted to GGUF F32) generates the same greedy tokens
+    for cell in result.cells:
+        if cell.params["engine"] == "llama.cpp" and "token_match_pct" in cell.metrics:
+            assert cell.metrics["token_match_pct"].median >= 99.0, (cell.id, cell.checks.get("lossless"))
     # the result validates and the report was written
     check = _lucebench("validate", str(out / "results.json"))
     assert check.returncode == 0, check.stdout + check.stderr

@@ -45,6 +45,31 @@ __device__ __forceinline__ void prefetch_range(const void* p, size_t bytes) {
 #endif
 }
 
+// Per-lane private staging of weight vectors in shared memory (sm_80+): cp.async copies issued before a
+// grid barrier land while the block waits; the same lane reads them back after cp.async.wait_all, so no
+// block-level synchronisation is needed. Slot q of a lane lives at slots[q * NT] (conflict-free).
+struct Slots {
+    uint4* p;    // this lane's slot 0
+    int n;       // slots per lane (0: staging off)
+    int staged;  // slots filled for the stage about to run
+};
+__device__ __forceinline__ void cp_async16(uint4* smem_dst, const void* gsrc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = unsigned(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gsrc) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+// Vectors idx = k0 + lane + 32 j < k1 a lane handles.
+__device__ __forceinline__ int lane_nvec(int k0, int k1) {
+    const int n = k1 - k0 - int(threadIdx.x & 31);
+    return n > 0 ? (n + 31) / 32 : 0;
+}
+
 __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
 #if defined(LB_GPU_FP16)
     const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -148,17 +173,24 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 // ----------------------------------------------------------------------------------------- GEMV pieces
 
 // acc[r] += W_r[k] . x[k] over the 16-byte vectors [k0, k1) of R rows; each lane keeps 4 * R loads in flight.
+// Load number q = qbase + j * R + r of this lane (j: the lane's j-th vector) comes from its staging slot
+// q when q < staged, else from global memory.
 template <int R>
-__device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k1, const float* xs, float* acc) {
+__device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k1, const float* xs, float* acc,
+                                         const Slots& sl, int qbase) {
     const int lane = threadIdx.x & 31;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
-    for (int i = k0 + lane; i < k1; i += 32 * 4) {
+    int j0 = 0;
+    for (int i = k0 + lane; i < k1; i += 32 * 4, j0 += 4) {
         uint4 w[R][4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int idx = i + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; ++r) w[r][u] = idx < k1 ? ldw(rows[r] + idx) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) {
+                const int q = qbase + (j0 + u) * R + r;
+                w[r][u] = idx < k1 ? (q < sl.staged ? sl.p[q * NT] : ldw(rows[r] + idx)) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -176,24 +208,59 @@ __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k
         }
     }
 }
+// The issuing twin of dot_rows: stages this lane's loads q < sl.n; returns the slots filled so far.
+template <int R>
+__device__ __forceinline__ int issue_rows(const uint4* const* rows, int k0, int k1, const Slots& sl, int qbase, int staged) {
+    const int lane = threadIdx.x & 31;
+    for (int j = 0;; ++j) {
+        const int idx = k0 + lane + 32 * j;
+        if (idx >= k1) break;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int q = qbase + j * R + r;
+            if (q >= sl.n) return staged;
+            cp_async16(sl.p + size_t(q) * NT, rows[r] + idx);
+            staged = q + 1;
+        }
+    }
+    return staged;
+}
 
 // Rows [r0, r1) of W [*, K] times xs. Many rows: each warp takes two rows at a time. Few rows (<= NW):
 // each row's K is split over S warps (S a power of two) and the parts are summed in shared memory.
 // epi(row, value) runs once per row on one lane. Every thread of the block must call this.
-template <class Epi>
-__device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi) {
+// ISSUE: only stage (cp.async) this lane's first sl.n loads of the same walk; returns the slots filled.
+template <bool ISSUE, class Epi>
+__device__ __forceinline__ int gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red,
+                                         const Slots& sl, Epi epi) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = r1 - r0, kv = K / 8;
+    int staged = 0;
+    if (!ISSUE && sl.staged > 0) cp_async_wait_all();
     if (n > NW) {
-        for (int t = warp; 2 * t < n; t += NW) {
+        const int nvec = lane_nvec(0, kv);
+        int tl = 0;
+        for (int t = warp; 2 * t < n; t += NW, ++tl) {
             const int ra = r0 + 2 * t, rb = ra + 1;
+            const int qbase = tl * nvec * 2;
+            if (ISSUE) {
+                if (qbase >= sl.n) break;
+                if (rb < r1) {
+                    const uint4* rows[2] = {(const uint4*)(W + size_t(ra) * K), (const uint4*)(W + size_t(rb) * K)};
+                    staged = issue_rows<2>(rows, 0, kv, sl, qbase, staged);
+                } else {
+                    const uint4* rows[1] = {(const uint4*)(W + size_t(ra) * K)};
+                    staged = issue_rows<1>(rows, 0, kv, sl, qbase, staged);
+                }
+                continue;
+            }
             float acc[2] = {0.f, 0.f};
             if (rb < r1) {
                 const uint4* rows[2] = {(const uint4*)(W + size_t(ra) * K), (const uint4*)(W + size_t(rb) * K)};
-                dot_rows<2>(rows, 0, kv, xs, acc);
+                dot_rows<2>(rows, 0, kv, xs, acc, sl, qbase);
             } else {
                 const uint4* rows[1] = {(const uint4*)(W + size_t(ra) * K)};
-                dot_rows<1>(rows, 0, kv, xs, acc);
+                dot_rows<1>(rows, 0, kv, xs, acc, sl, qbase);
             }
             acc[0] = warp_sum(acc[0]);
             acc[1] = warp_sum(acc[1]);
@@ -202,20 +269,30 @@ __device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1,
                 if (rb < r1) epi(rb, acc[1]);
             }
         }
-        return;
+        return staged;
     }
-    if (n <= 0) return;
+    if (n <= 0) return staged;
     int S = 1;
     while (S < NW && n * S * 2 <= NW) S *= 2;
     const int part = warp % S, rl = warp / S, rpp = NW / S;
     const int per = (kv + S - 1) / S;
     const int k0 = min(kv, part * per), k1 = min(kv, k0 + per);
-    for (int base = r0; base < r1; base += rpp) {
+    const int nvec = lane_nvec(k0, k1);
+    int pass = 0;
+    for (int base = r0; base < r1; base += rpp, ++pass) {
         const int row = base + rl;
+        const int qbase = pass * nvec;
+        if (ISSUE) {
+            if (row < r1 && qbase < sl.n) {
+                const uint4* rows[1] = {(const uint4*)(W + size_t(row) * K)};
+                staged = issue_rows<1>(rows, k0, k1, sl, qbase, staged);
+            }
+            continue;
+        }
         float acc = 0.f;
         if (row < r1) {
             const uint4* rows[1] = {(const uint4*)(W + size_t(row) * K)};
-            dot_rows<1>(rows, k0, k1, xs, &acc);
+            dot_rows<1>(rows, k0, k1, xs, &acc, sl, qbase);
         }
         acc = warp_sum(acc);
         if (S == 1) {
@@ -231,7 +308,11 @@ __device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1,
             __syncthreads();
         }
     }
+    return staged;
 }
+struct NoEpi {
+    __device__ void operator()(int, float) const {}
+};
 
 // xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row.
 __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow, int H, const float* gain, float eps,
@@ -318,7 +399,7 @@ __device__ void prefetch_stage(const Params& p, int l, int s, int pos) {
 // ----------------------------------------------------------------------------------------- stages
 
 // Stage 0: RMSNorm + in-projection; DeltaNet rows finish their element-wise work in the epilogue.
-__device__ void stage_in(const Params& p, const LayerPtrs& L, int l, int tok, float* xs, float* red) {
+__device__ void stage_in(const Params& p, const LayerPtrs& L, int l, int tok, float* xs, float* red, const Slots& sl) {
     const int nb = gridDim.x, b = blockIdx.x;
     const wtype* erow = l == 0 ? p.embed + size_t(tok) * p.H : nullptr;
     if (l == 0 && b == 0)
@@ -327,11 +408,11 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, int tok, fl
     int r0, r1;
     part_range(L.in_rows, b, nb, &r0, &r1);
     if (L.full) {
-        gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) { p.buf_in[r] = v; });
+        gemv_rows<false>(L.in_w, p.H, r0, r1, xs, red, sl, [&](int r, float v) { p.buf_in[r] = v; });
         return;
     }
     const int cd = p.cd, vd = p.vd, K = p.conv_k;
-    gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
+    gemv_rows<false>(L.in_w, p.H, r0, r1, xs, red, sl, [&](int r, float v) {
         if (r < cd) {  // causal depthwise conv over [state (K-1, oldest first), v] + SiLU; state shifts
             float* st = L.conv_state + size_t(r) * (K - 1);
             const float* w = L.conv_w + size_t(r) * K;
@@ -340,7 +421,7 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, int tok, fl
 #pragma unroll
             for (int j = 0; j < 7; ++j)
                 if (j < K - 1) {
-                    win[j] = st[j];
+                    win[j] = __ldcg(st + j);
                     acc += __ldg(w + j) * win[j];
                 }
 #pragma unroll
@@ -603,7 +684,7 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
 }
 
 // Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red) {
+__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, const Slots& sl) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int in = L.out_in;
     for (int e = threadIdx.x; e < in; e += NT) xs[e] = ldg(p.o + e);
@@ -626,34 +707,62 @@ __device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float*
     }
     int r0, r1;
     part_range(p.H, b, nb, &r0, &r1);
-    gemv_rows(L.out_w, in, r0, r1, xs, red, [&](int r, float v) { p.x[r] = ldg(p.x + r) + v; });
+    gemv_rows<false>(L.out_w, in, r0, r1, xs, red, sl, [&](int r, float v) { p.x[r] = ldg(p.x + r) + v; });
 }
 
-// Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up.
-__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red) {
+// Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up. ISSUE: stage the loads only.
+template <bool ISSUE>
+__device__ int stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red, const Slots& sl) {
     const int nb = gridDim.x, b = blockIdx.x;
-    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+    if (!ISSUE) norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+    if (!ISSUE && sl.staged > 0) cp_async_wait_all();
     int r0, r1;
     part_range(p.I, b, nb, &r0, &r1);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kv = p.H / 8;
-    for (int r = r0 + warp; r < r1; r += NW) {
+    const int nvec = lane_nvec(0, kv);
+    int staged = 0, tl = 0;
+    for (int r = r0 + warp; r < r1; r += NW, ++tl) {
         const uint4* rows[2] = {(const uint4*)(L.gate_up + size_t(r) * p.H), (const uint4*)(L.gate_up + size_t(p.I + r) * p.H)};
+        const int qbase = tl * nvec * 2;
+        if (ISSUE) {
+            if (qbase >= sl.n) break;
+            staged = issue_rows<2>(rows, 0, kv, sl, qbase, staged);
+            continue;
+        }
         float acc[2] = {0.f, 0.f};
-        dot_rows<2>(rows, 0, kv, xs, acc);
+        dot_rows<2>(rows, 0, kv, xs, acc, sl, qbase);
         acc[0] = warp_sum(acc[0]);
         acc[1] = warp_sum(acc[1]);
         if (lane == 0) p.act[r] = silu(acc[0]) * acc[1];
     }
+    return staged;
+}
+
+// Stagers for the GEMV stages: the same walk as the compute, cp.async only.
+__device__ int issue_in(const Params& p, const LayerPtrs& L, const Slots& sl) {
+    int r0, r1;
+    part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
+    return gemv_rows<true>(L.in_w, p.H, r0, r1, nullptr, nullptr, sl, NoEpi{});
+}
+__device__ int issue_out(const Params& p, const LayerPtrs& L, const Slots& sl) {
+    int r0, r1;
+    part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
+    return gemv_rows<true>(L.out_w, L.out_in, r0, r1, nullptr, nullptr, sl, NoEpi{});
+}
+__device__ int issue_down(const Params& p, const LayerPtrs& L, const Slots& sl) {
+    int r0, r1;
+    part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
+    return gemv_rows<true>(L.down, p.I, r0, r1, nullptr, nullptr, sl, NoEpi{});
 }
 
 // Stage 4: down-projection + residual.
-__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red) {
+__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, const Slots& sl) {
     const int nb = gridDim.x, b = blockIdx.x;
     for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
     __syncthreads();
     int r0, r1;
     part_range(p.H, b, nb, &r0, &r1);
-    gemv_rows(L.down, p.I, r0, r1, xs, red, [&](int r, float v) { p.x[r] = ldg(p.x + r) + v; });
+    gemv_rows<false>(L.down, p.I, r0, r1, xs, red, sl, [&](int r, float v) { p.x[r] = ldg(p.x + r) + v; });
 }
 
 // LM head + greedy argmax (lowest index on ties); the last block to finish writes the token and advances
@@ -669,13 +778,15 @@ __device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
     part_range(p.V, b, nb, &r0, &r1);
     float best = -FLT_MAX;
     int bidx = 0x7fffffff;
+    const Slots nosl{nullptr, 0, 0};
+    if (p.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
     for (int w0 = r0; w0 < r1; w0 += LM_WIN) {
         if (p.prefetch & 2) {
             const int a = w0 + LM_WIN, e = min(r1, a + LM_WIN);
             if (a < e) prefetch_range(p.lm_head + size_t(a) * p.H, size_t(e - a) * p.H * sizeof(wtype));
         }
         const int w1 = min(r1, w0 + LM_WIN);
-        gemv_rows(p.lm_head, p.H, w0, w1, xs, red, [&](int r, float v) {
+        gemv_rows<false>(p.lm_head, p.H, w0, w1, xs, red, nosl, [&](int r, float v) {
             if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
         });
     }
@@ -719,18 +830,22 @@ __device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
 
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     extern __shared__ float4 smem4[];
-    float* xs = reinterpret_cast<float*>(smem4);
+    Slots sl{reinterpret_cast<uint4*>(smem4) + threadIdx.x, p.nslot, 0};
+    float* xs = reinterpret_cast<float*>(reinterpret_cast<uint4*>(smem4) + size_t(p.nslot) * NT);
     float* red = xs + p.xs_floats;  // 64 floats
     float* aux = red + 64;
     if (*(volatile int*)p.done) return;  // the chain already produced an eos token
     const int pos = *(volatile int*)p.pos;
     const int tok = *(volatile int*)p.tok;
     const bool pf = p.prefetch & 1;
+    const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
     if (pf) prefetch_stage(p, 0, 0, pos);
-    for (int l = 0; l < p.n_layers; ++l) {
+    if (n_layers > 0) sl.staged = issue_in(p, p.layers[0], sl);
+    for (int l = 0; l < n_layers; ++l) {
         const LayerPtrs& L = p.layers[l];
         if (pf) prefetch_stage(p, l, 1, pos);
-        stage_in(p, L, l, tok, xs, red);
+        stage_in(p, L, l, tok, xs, red, sl);
+        sl.staged = issue_out(p, L, sl);  // lands during the barrier and the mixer
         grid_barrier(p.bar);
         if (pf) prefetch_stage(p, l, 2, pos);
         if (L.full) {
@@ -740,13 +855,16 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         else stage_deltanet(p, L, aux);
         grid_barrier(p.bar);
         if (pf) prefetch_stage(p, l, 3, pos);
-        stage_out(p, L, xs, aux, red);
+        stage_out(p, L, xs, aux, red, sl);
+        sl.staged = stage_gate_up<true>(p, L, xs, red, sl);
         grid_barrier(p.bar);
         if (pf) prefetch_stage(p, l, 4, pos);
-        stage_gate_up(p, L, xs, red);
+        stage_gate_up<false>(p, L, xs, red, sl);
+        sl.staged = issue_down(p, L, sl);
         grid_barrier(p.bar);
         if (pf) prefetch_stage(p, l + 1, 0, pos);  // the LM head's first window after the last layer
-        stage_down(p, L, xs, red);
+        stage_down(p, L, xs, red, sl);
+        sl.staged = l + 1 < n_layers ? issue_in(p, p.layers[l + 1], sl) : 0;
         grid_barrier(p.bar);
     }
     stage_lm(p, pos, xs, red);

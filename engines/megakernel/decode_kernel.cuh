@@ -70,6 +70,8 @@ struct Params {
     float theta, eps;
     int kv_f16;  // KV element type: 0 bf16, 1 f16
     int prefetch;
+    int nslot;      // weight staging slots (16 B) per thread; 0 disables staging
+    int diag;       // diagnostics (timing only, tokens meaningless): bit 0 skip layers, bit 1 skip LM head
     int xs_floats;  // shared-memory vector length (floats)
     // sequence state (device)
     int* pos;         // tokens already in the sequence

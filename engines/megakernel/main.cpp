@@ -146,6 +146,8 @@ int run(int argc, char** argv) {
     options["threads_per_block"] = li.threads;
     options["smem_bytes"] = li.smem_bytes;
     options["prefetch"] = li.prefetch;
+    options["staging_slots"] = li.slots;
+    if (li.diag) options["diag"] = li.diag;
     options["grid_barriers_per_token"] = li.barriers_per_token;
     options["decode_bytes_ctx1"] = Json(be->decode_bytes(1));
     engine["options"] = options;

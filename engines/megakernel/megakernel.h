@@ -21,7 +21,9 @@ struct LaunchInfo {
     int sms = 0;
     int threads = 0;           // per block
     int smem_bytes = 0;        // dynamic shared memory per block
-    int prefetch = 0;          // bit 0: L2 prefetch of the next stage's weights; bit 1: windowed LM-head prefetch
+    int prefetch = 0;          // LB_MK_PREFETCH bit 0: L2 prefetch of the next stage; bit 1: LM-head windows
+    int slots = 0;             // 16-byte weight staging slots per thread (cp.async into shared memory)
+    int diag = 0;              // LB_MK_DIAG: timing diagnostics (bit 0 skip layers, bit 1 skip LM head)
     int barriers_per_token = 0;
 };
 

@@ -28,6 +28,7 @@ public:
         sms_ = prop.multiProcessorCount;
         coop_ = prop.cooperativeLaunch;
         cc_ = prop.major * 10 + prop.minor;
+        smem_optin_ = int(prop.sharedMemPerBlockOptin);
         GPU_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
         GPU_CHECK(cudaEventCreate(&ev0_));
         GPU_CHECK(cudaEventCreate(&ev1_));
@@ -215,7 +216,13 @@ private:
         const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + NW;
         const int aux = std::max({att_aux, dn_aux, c.lin_v_heads});
         const int xs_pad = (xs + 3) / 4 * 4;
-        const int smem = int(sizeof(float)) * (xs_pad + 64 + aux);
+        const int base = int(sizeof(float)) * (xs_pad + 64 + aux);
+        // Weight staging (cp.async, sm_80+): up to 16 slots of 16 B per thread, as shared memory allows.
+        // Off by default until a device run has checked it (docs/megakernel.md, v2): LB_MK_SLOTS=16 turns it on.
+        const int nslot_max = cc_ >= 80 ? std::min(16, std::max(0, (smem_optin_ - base - 1024) / (16 * NT))) : 0;
+        int nslot = 0;
+        if (const char* e = std::getenv("LB_MK_SLOTS")) nslot = std::max(0, std::min(nslot_max, std::atoi(e)));
+        const int smem = base + nslot * 16 * NT;
         const void* fn = decode_kernel_ptr();
         GPU_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int per_sm = 0;
@@ -227,9 +234,12 @@ private:
         info_.blocks = per_sm * sms_;
         info_.threads = NT;
         info_.smem_bytes = smem;
+        info_.slots = nslot;
         info_.barriers_per_token = 5 * c.n_layers;
         const char* env = std::getenv("LB_MK_PREFETCH");
-        info_.prefetch = env ? std::atoi(env) : 3;
+        info_.prefetch = env ? std::atoi(env) : 0;
+        const char* dg = std::getenv("LB_MK_DIAG");
+        info_.diag = dg ? std::atoi(dg) : 0;
         const int nb = info_.blocks;
 
         std::vector<LayerPtrs> lp(size_t(c.n_layers));
@@ -292,6 +302,8 @@ private:
         p.eps = c.eps;
         p.kv_f16 = kt_ == DType::F16;
         p.prefetch = info_.prefetch;
+        p.nslot = nslot;
+        p.diag = info_.diag;
         p.xs_floats = xs_pad;
         d_pos_ = (int*)alloc(sizeof(int));
         d_tok_ = (int*)alloc(sizeof(int));
@@ -323,8 +335,8 @@ private:
         GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
-        fprintf(stderr, "[megakernel] %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, prefetch %d\n",
-                info_.blocks, per_sm, sms_, NT, smem, info_.prefetch);
+        fprintf(stderr, "[megakernel] %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d staging slots, prefetch %d, diag %d\n",
+                info_.blocks, per_sm, sms_, NT, smem, nslot, info_.prefetch, info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
@@ -396,7 +408,7 @@ private:
     int device_;
     std::string prop_name_;
     size_t mem_ = 0;
-    int sms_ = 0, coop_ = 0, cc_ = 0;
+    int sms_ = 0, coop_ = 0, cc_ = 0, smem_optin_ = 0;
     cudaStream_t s_;
     cudaEvent_t ev0_, ev1_;
     Qwen35Config cfg_;

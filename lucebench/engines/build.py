@@ -20,7 +20,7 @@ from typing import Any
 from lucebench.errors import UserError
 
 # Engine name -> CMake target / executable name.
-BUNDLED_ENGINES: dict[str, str] = {"ar": "lucebench-ar"}
+BUNDLED_ENGINES: dict[str, str] = {"ar": "lucebench-ar", "megakernel": "lucebench-megakernel"}
 BACKENDS = ("cpu", "cuda", "hip")
 _SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".txt", ".json", ".cmake", ".hip"}
 

@@ -1,0 +1,258 @@
+"""GPU check of the `megakernel` engine (run on the device machine from the repository root, PYTHONPATH=.).
+
+Two phases, so that the CPU-heavy build can overlap the GPU-side reference (see check_megakernel.sh):
+  synth         synthesises a Qwen3.5-0.8B-shaped random checkpoint (BF16, re-scaled init; SYNTHETIC
+                weights), runs transformers' greedy references (fp32 on the bf16-rounded weights, and bf16)
+                for 8 prompts x 128 tokens, measures the device copy bandwidth; writes /tmp/mk_refs.json
+  run BUILD     correctness of lucebench-megakernel against those references and against lucebench-ar,
+                determinism (same tokens twice, and with prefetch off), then tg128 / pp520 timings with
+                repetitions after warm-up (median, min, max) for the megakernel (prefetch modes) and ar.
+Prints a short table; writes $OUT/check_megakernel.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engines"))
+
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+OUT.mkdir(parents=True, exist_ok=True)
+CKPT = Path("/tmp/qwen35-0.8b-synth")
+REFS = Path("/tmp/mk_refs.json")
+SHAPE = dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+             num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+             linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+             tie_word_embeddings=True, max_position_embeddings=8192,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+PROMPT_LENS = (1, 5, 17, 64, 100, 130, 257, 400)
+N_GEN = 128
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 248320, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+    cache, toks = out.past_key_values, [int(out.logits[0, -1].argmax())]
+    for _ in range(n - 1):
+        out = model(input_ids=torch.tensor([[toks[-1]]], device="cuda"), past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        toks.append(int(out.logits[0, -1].argmax()))
+    return toks
+
+
+def copy_bandwidth() -> dict:
+    """Device-to-device copy of 2 GiB, bytes read + written over the median time of 20 copies."""
+    n = 2 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(20):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    med = statistics.median(times)
+    return {"bytes": 2 * n, "median_s": med, "read_plus_write_B_per_s": 2 * n / med,
+            "min_s": min(times), "max_s": max(times)}
+
+
+def phase_synth() -> None:
+    import qwen35_synth as synth
+
+    res: dict = {"gpu": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    res["copy_bandwidth"] = copy_bandwidth()
+    log(f"copy bandwidth {res['copy_bandwidth']['read_plus_write_B_per_s'] / 1e12:.3f} TB/s (read+write)")
+    t = time.time()
+    model = synth.make_model(seed=0, **SHAPE)
+    synth.save(model, CKPT, torch.bfloat16)
+    log(f"synthesised checkpoint in {time.time() - t:.0f} s")
+    # transformers on the bf16-rounded weights: fp32 compute (reference) and bf16 compute (the HF baseline)
+    model = model.to(torch.bfloat16).to(torch.float32).to("cuda").eval()
+    t = time.time()
+    res["hf_fp32"] = [hf_greedy(model, p, N_GEN) for p in prompts()]
+    log(f"hf fp32 references in {time.time() - t:.0f} s")
+    model = model.to(torch.bfloat16)
+    t = time.time()
+    res["hf_bf16"] = [hf_greedy(model, p, N_GEN) for p in prompts()]
+    log(f"hf bf16 references in {time.time() - t:.0f} s")
+    REFS.write_text(json.dumps(res))
+
+
+class Engine:
+    def __init__(self, exe: Path, *extra: str, env: dict | None = None):
+        self.p = subprocess.Popen([str(exe), "--model", str(CKPT), *extra], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+                                  env={**os.environ, **(env or {})})
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{exe} exited with {self.p.wait()} before ready")
+        self.ready = json.loads(line)
+        if self.ready.get("type") != "ready":
+            raise RuntimeError(f"{exe}: {self.ready}")
+
+    def gen(self, prompt: list[int], n: int, **kw) -> dict:
+        self.p.stdin.write(json.dumps({"type": "generate", "id": "x", "prompt_ids": prompt, "n_gen": n, **kw}) + "\n")
+        self.p.stdin.flush()
+        r = json.loads(self.p.stdout.readline())
+        if r.get("type") != "result":
+            raise RuntimeError(str(r))
+        return r
+
+    def close(self) -> None:
+        self.p.stdin.write('{"type": "shutdown"}\n')
+        self.p.stdin.flush()
+        self.p.wait(60)
+
+
+def agree(a: list[list[int]], b: list[list[int]]) -> float:
+    return sum(x == y for u, v in zip(a, b) for x, y in zip(u, v)) / sum(len(u) for u in a)
+
+
+def first_mismatch(a: list[list[int]], b: list[list[int]]) -> list[int]:
+    out = []
+    for u, v in zip(a, b):
+        k = 0
+        while k < len(u) and k < len(v) and u[k] == v[k]:
+            k += 1
+        out.append(k)
+    return out
+
+
+def stats(xs: list[float]) -> dict:
+    return {"median": round(statistics.median(xs), 1), "min": round(min(xs), 1), "max": round(max(xs), 1), "n": len(xs)}
+
+
+def timing(exe: Path, env: dict | None, reps: int, ctx_prompt: list[int], p520: list[int]) -> dict:
+    eng = Engine(exe, "--max-ctx", "4096", env=env)
+    r: dict = {"ready_options": eng.ready["engine"].get("options", {})}
+    # tg128: 1-token prompt, 128 decode steps (n_gen 129), as suites/tg128.yaml
+    for _ in range(2):
+        eng.gen([ctx_prompt[0]], N_GEN + 1)
+    tg = [eng.gen([ctx_prompt[0]], N_GEN + 1) for _ in range(reps)]
+    r["tg128_tok_s"] = stats([N_GEN / (x["timing"]["decode_ms"] / 1e3) for x in tg])
+    r["tg128_ms_per_token"] = round(statistics.median(x["timing"]["decode_ms"] for x in tg) / N_GEN, 4)
+    r["bytes_per_token"] = tg[0].get("bytes_per_token")
+    # decode at a longer context: 520-token prompt + 128 steps
+    tl = [eng.gen(p520, N_GEN + 1) for _ in range(max(2, reps // 2))]
+    r["tg128_at_ctx520_tok_s"] = stats([N_GEN / (x["timing"]["decode_ms"] / 1e3) for x in tl])
+    r["bytes_per_token_ctx520"] = tl[0].get("bytes_per_token")
+    # pp520: 520-token prompt, 1 token
+    for _ in range(3):
+        eng.gen(p520, 1)
+    pre = [eng.gen(p520, 1)["timing"]["prefill_ms"] for _ in range(reps)]
+    r["pp520_tok_s"] = stats([520 / (ms / 1e3) for ms in pre])
+    eng.close()
+    return r
+
+
+def phase_run(build: Path) -> None:
+    refs = json.loads(REFS.read_text())
+    res: dict = {"gpu": refs["gpu"], "date": refs["date"], "copy_bandwidth": refs["copy_bandwidth"],
+                 "weights": "SYNTHETIC (random re-scaled Qwen3.5-0.8B shape, bf16)"}
+    mk = build / "megakernel" / "lucebench-megakernel"
+    ar = build / "engines" / "lucebench-ar"
+    ps = prompts()
+    try:
+        # ---- correctness
+        eng = Engine(mk, "--max-ctx", "1024")
+        res["ready"] = eng.ready
+        log(json.dumps(eng.ready))
+        t = time.time()
+        mk_out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
+        log(f"megakernel 8 x {N_GEN} in {time.time() - t:.1f} s")
+        mk_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
+        eng.close()
+        eng = Engine(mk, "--max-ctx", "1024", env={"LB_MK_SLOTS": "16", "LB_MK_PREFETCH": "3"})
+        mk_nopf = [eng.gen(p, N_GEN)["output_ids"] for p in ps[:3]]
+        eng.close()
+        ar_out = None
+        if ar.exists():
+            try:  # the ar engine is compared when it loads; its failure must not stop this check
+                eng = Engine(ar, "--max-ctx", "1024")
+                ar_out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
+                eng.close()
+            except Exception as e:  # noqa: BLE001
+                log(f"ar engine unavailable: {e}")
+                res["ar_error"] = str(e)
+        c = {
+            "n_prompts": len(ps), "n_gen": N_GEN,
+            "agree_vs_hf_fp32": agree(mk_out, refs["hf_fp32"]),
+            "agree_vs_hf_bf16": agree(mk_out, refs["hf_bf16"]),
+            "agree_hf_bf16_vs_hf_fp32": agree(refs["hf_bf16"], refs["hf_fp32"]),
+            "first_mismatch_vs_hf_fp32": first_mismatch(mk_out, refs["hf_fp32"]),
+            "deterministic_repeat": mk_out == mk_again,
+            "staging_on_prefetch_on_same_tokens": mk_out[:3] == mk_nopf,
+        }
+        if ar_out is not None:
+            c["agree_vs_ar"] = agree(mk_out, ar_out)
+            c["ar_agree_vs_hf_fp32"] = agree(ar_out, refs["hf_fp32"])
+            c["first_mismatch_vs_ar"] = first_mismatch(mk_out, ar_out)
+        res["correctness"] = c
+        res["sample_tokens"] = {"megakernel": mk_out[1][:24], "hf_fp32": refs["hf_fp32"][1][:24],
+                                "ar": ar_out[1][:24] if ar_out else None}
+        log(json.dumps(c, indent=1))
+
+        # ---- timing
+        gen = torch.Generator().manual_seed(2)
+        p520 = torch.randint(0, 248320, (520,), generator=gen).tolist()
+        reps = int(os.environ.get("MK_REPS", "7"))
+        res["timing"] = {}
+        # variants: name -> environment (LB_MK_DIAG runs time parts of the step; their tokens are meaningless)
+        variants = {"megakernel": {}, "megakernel_staging16": {"LB_MK_SLOTS": "16"},
+                    "megakernel_l2prefetch": {"LB_MK_PREFETCH": "1"},
+                    "diag_lm_head_only": {"LB_MK_DIAG": "1"}, "diag_layers_only": {"LB_MK_DIAG": "2"},
+                    "diag_layers_only_staging16": {"LB_MK_DIAG": "2", "LB_MK_SLOTS": "16"}}
+        for name, env in variants.items():
+            t = time.time()
+            res["timing"][name] = timing(mk, env, reps, p520, p520)
+            log(f"{name}: {json.dumps(res['timing'][name])} ({time.time() - t:.0f} s)")
+        if ar_out is not None:
+            res["timing"]["ar"] = timing(ar, None, reps, p520, p520)
+            log(f"ar: {json.dumps(res['timing']['ar'])}")
+    finally:
+        (OUT / "check_megakernel.json").write_text(json.dumps(res, indent=2, default=str))
+
+    bw = res["copy_bandwidth"]["read_plus_write_B_per_s"]
+    log(f"\nH200 {res['gpu']}, {res['date']}, SYNTHETIC weights; copy bandwidth {bw / 1e12:.3f} TB/s (read+write)")
+    log("| engine | tg128 tok/s median [min, max] | ms/token | bytes/token | % of copy-BW roofline | tg@ctx520 | pp520 tok/s |")
+    log("|---|---|---|---|---|---|---|")
+    for name, r in res["timing"].items():
+        tg = r["tg128_tok_s"]
+        bpt = r["bytes_per_token"] or 0
+        roof = bw / bpt if bpt else float("nan")
+        log(f"| {name} | {tg['median']} [{tg['min']}, {tg['max']}] | {r['tg128_ms_per_token']} | {bpt / 1e9:.4f} GB | "
+            f"{100 * tg['median'] / roof:.1f}% | {r['tg128_at_ctx520_tok_s']['median']} | {r['pp520_tok_s']['median']} |")
+    if "ar" in res["timing"]:
+        best = max((r["tg128_tok_s"]["median"], k) for k, r in res["timing"].items() if k.startswith("megakernel"))
+        log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")
+    log(f"agreement vs HF fp32 {c['agree_vs_hf_fp32']:.4f}, vs HF bf16 {c['agree_vs_hf_bf16']:.4f}, "
+        f"vs ar {c.get('agree_vs_ar', float('nan')):.4f}; deterministic {c['deterministic_repeat']}, "
+        f"staging-on/prefetch-on identical {c['staging_on_prefetch_on_same_tokens']}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "synth":
+        phase_synth()
+    else:
+        phase_run(Path(sys.argv[2]))

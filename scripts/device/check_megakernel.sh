@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Device check of the megakernel engine, one call: build (CMake, engines/ + engines/megakernel) while the
+# GPU synthesises the 0.8B checkpoint and transformers' references, then correctness + timings.
+#   OUT=/tmp/out scripts/device/check_megakernel.sh [arch]     (from the repository root)
+set -uo pipefail
+ARCH=${1:-90}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+BUILD=/tmp/mkbuild
+date -u +"%Y-%m-%dT%H:%M:%SZ" > "$OUT/env.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv >> "$OUT/env.txt" 2>&1
+nvcc --version | tail -2 >> "$OUT/env.txt"
+cat "$OUT/env.txt"
+t0=$(date +%s)
+( cmake -S engines/megakernel/standalone -B "$BUILD" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+    -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=device-check \
+  && cmake --build "$BUILD" -j 14 --target lucebench-megakernel lucebench-ar ) > "$OUT/build.log" 2>&1 &
+BPID=$!
+PYTHONPATH=. python3 scripts/device/check_megakernel.py synth || { echo "synth phase failed"; exit 1; }
+if ! wait $BPID; then echo "build failed:"; grep -iE "error" "$OUT/build.log" | head -30; tail -30 "$OUT/build.log"; exit 1; fi
+echo "build + synth + references: $(( $(date +%s) - t0 )) s"
+grep -A2 "decode_kernel" "$OUT/build.log" | grep -E "registers|spill" | head -4
+PYTHONPATH=. python3 scripts/device/check_megakernel.py run "$BUILD"
+echo "total: $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run a lucebench config on a lent GPU machine whose python3 has torch and transformers but not all of
+# lucebench's dependencies: those travel as wheels in .whl/ (see docs/benchmarks.md for how to make it).
+#
+#   bash scripts/device/run_config.sh CONFIG RUN_DIR [lucebench run flags...]
+#
+# RUN_DIR should live inside the repository (e.g. .runs/h200) and be carried between calls, so that a
+# later call can continue the same run with --resume. Results and the report are copied to $OUT.
+set -uo pipefail
+config=${1:?usage: run_config.sh CONFIG RUN_DIR [flags]}; run_dir=${2:?run dir}; shift 2
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+export LUCEBENCH_CACHE=${LUCEBENCH_CACHE:-$PWD/.cache/lucebench}
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 COLUMNS=160
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.sm,clocks.mem,temperature.gpu --format=csv
+python3 -m lucebench env --json > "$out/env.json" || echo "env failed"
+python3 -m lucebench run "$config" --out "$run_dir" "$@"; rc=$?
+python3 -m lucebench validate "$run_dir/results.json" > "$out/validate.txt" 2>&1; echo "validate exit $?"; tail -5 "$out/validate.txt"
+cp "$run_dir/results.json" "$out/" 2>/dev/null
+cp "$run_dir/report/report.md" "$out/" 2>/dev/null
+tar czf "$out/run.tar.gz" -C "$(dirname "$run_dir")" "$(basename "$run_dir")" 2>/dev/null
+exit $rc
