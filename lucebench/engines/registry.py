@@ -76,10 +76,11 @@ def _launch_hf(req: LaunchRequest) -> EngineLaunch:
 
     device = "cpu" if req.backend == "cpu" else f"cuda:{req.device}"
     dtype = req.options.get("dtype", "fp32" if req.backend == "cpu" else "bf16")
+    kernels = req.options.get("kernels", "auto")
     argv = hf.command(req.model_dir, device=device, dtype=dtype, compile=bool(req.options.get("compile", False)),
-                      attn=req.options.get("attn"))
+                      attn=req.options.get("attn"), kernels=kernels)
     return EngineLaunch(argv=argv, build={"dtype": dtype, "compile": bool(req.options.get("compile", False)),
-                                          "attn": req.options.get("attn")})
+                                          "attn": req.options.get("attn"), "kernels": kernels})
 
 
 def _launch_llamacpp(req: LaunchRequest) -> EngineLaunch:
@@ -119,7 +120,7 @@ ENGINE_TYPES: dict[str, EngineType] = {
                    _launch_bundled("megakernel"), frozenset({"arch"}),
                    "the whole Qwen3.5 decode step in one persistent CUDA kernel; the core's CUDA prefill"),
         EngineType("hf", "baseline", frozenset({"context"}), frozenset({"cpu", "cuda"}), _launch_hf,
-                   frozenset({"dtype", "compile", "attn"}), "PyTorch + transformers' Qwen3.5, greedy"),
+                   frozenset({"dtype", "compile", "attn", "kernels"}), "PyTorch + transformers' Qwen3.5, greedy"),
         EngineType("llama.cpp", "baseline", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_llamacpp, frozenset({"mode", "gguf", "flash_attn", "n_gpu_layers", "threads", "arch"}),
                    "llama.cpp at a pinned commit, built by lucebench (llama-server or llama-bench)"),

@@ -10,7 +10,11 @@ set -uo pipefail
 config=${1:?usage: run_config.sh CONFIG RUN_DIR [flags]}; run_dir=${2:?run dir}; shift 2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-export LUCEBENCH_CACHE=${LUCEBENCH_CACHE:-$PWD/.cache/lucebench}
+# Builds, GGUFs and synthetic models: a folder that a warm machine keeps between calls.
+export LUCEBENCH_CACHE=${LUCEBENCH_CACHE:-$PWD/.devcache}
+# The pinned llama.cpp source, carried as an archive (no network there): see docs/baselines.md.
+src=$(ls "$PWD"/.cache/llamacpp/llama.cpp-*.tar.xz 2>/dev/null | head -1)
+[ -n "$src" ] && export LUCEBENCH_LLAMACPP_SRC=$src
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 COLUMNS=160
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.sm,clocks.mem,temperature.gpu --format=csv

@@ -76,7 +76,8 @@ def reference(model_dir):
 def test_command_argv(tmp_path):
     argv = hf.command(tmp_path, device="cuda:1", dtype="bf16", compile=True, attn="sdpa")
     assert argv[:3] == [sys.executable, "-m", "lucebench.baselines.hf"]
-    assert argv[3:] == ["--model", str(tmp_path), "--device", "cuda:1", "--dtype", "bf16", "--compile", "--attn", "sdpa"]
+    assert argv[3:] == ["--model", str(tmp_path), "--device", "cuda:1", "--dtype", "bf16", "--kernels", "auto",
+                        "--compile", "--attn", "sdpa"]
     assert "--attn" not in hf.command(tmp_path, device="cpu", dtype="fp32")
 
 
@@ -203,3 +204,19 @@ def test_compile_that_cannot_work_answers_unsupported(model_dir):
     finally:
         if eng.proc.poll() is None:
             eng.proc.kill()
+
+
+def test_kernels_torch_hides_flash_linear_attention(model_dir, tmp_path):
+    """A stand-in `fla` package is seen with --kernels auto and hidden with --kernels torch."""
+    (tmp_path / "fla").mkdir()
+    (tmp_path / "fla" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    seen = {}
+    for kernels in ("auto", "torch"):
+        eng = Engine(hf.command(model_dir, device="cpu", dtype="fp32", kernels=kernels), env=env)
+        seen[kernels] = eng.read()["engine"]["build"]["fla"]
+        out = eng.ask({"type": "generate", "id": "k", "prompt_ids": PROMPT, "n_gen": 4, "ignore_eos": True})
+        assert out["type"] == "result" and len(out["output_ids"]) == 4
+        eng.send({"type": "shutdown"})
+        assert eng.proc.wait(timeout=60) == 0
+    assert seen == {"auto": True, "torch": False}

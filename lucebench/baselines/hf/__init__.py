@@ -15,14 +15,19 @@ DTYPES = ("fp32", "bf16", "fp16")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-def command(model_dir: Path, *, device: str, dtype: str, compile: bool = False, attn: str | None = None) -> list[str]:
+KERNELS = ("auto", "torch")
+
+
+def command(model_dir: Path, *, device: str, dtype: str, compile: bool = False, attn: str | None = None,
+            kernels: str = "auto") -> list[str]:
     """The argv that starts the HF baseline on ``model_dir`` with this interpreter.
 
     ``device``: ``cpu``, ``cuda`` or ``cuda:N``; ``dtype``: fp32, bf16 or fp16; ``attn``: eager or sdpa
-    (None: transformers' default).
+    (None: transformers' default); ``kernels``: ``auto`` lets transformers use flash-linear-attention and
+    causal-conv1d where installed, ``torch`` hides them so its pure-PyTorch DeltaNet path runs.
     """
     argv = [sys.executable, "-m", "lucebench.baselines.hf", "--model", str(model_dir), "--device", device,
-            "--dtype", dtype]
+            "--dtype", dtype, "--kernels", kernels]
     if compile:
         argv.append("--compile")
     if attn is not None:

@@ -38,10 +38,17 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _importable(name: str) -> bool:
+    """True when `import name` would find the package (False when hidden by --kernels torch)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    return importlib.util.find_spec(name) is not None
+
+
 def optional_kernels() -> dict[str, Any]:
     """Whether the fast kernels transformers uses for Qwen3.5's DeltaNet are importable (speed depends on it)."""
-    fla = importlib.util.find_spec("fla") is not None
-    conv = importlib.util.find_spec("causal_conv1d") is not None
+    fla = _importable("fla")
+    conv = _importable("causal_conv1d")
     return {"fla": fla, "fla_version": _version("flash-linear-attention") if fla else None,
             "causal_conv1d": conv, "causal_conv1d_version": _version("causal-conv1d") if conv else None}
 

@@ -10,7 +10,7 @@ import traceback
 from pathlib import Path
 from typing import TextIO
 
-from lucebench.baselines.hf import ATTN_IMPLEMENTATIONS, DTYPES
+from lucebench.baselines.hf import ATTN_IMPLEMENTATIONS, DTYPES, KERNELS
 from lucebench.baselines.hf.protocol import Emitter, RequestError, Shutdown, parse_request
 
 
@@ -35,7 +35,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step over a StaticCache")
     p.add_argument("--attn", choices=ATTN_IMPLEMENTATIONS, default=None, help="attention implementation")
+    p.add_argument("--kernels", choices=KERNELS, default="auto",
+                   help="auto: flash-linear-attention / causal-conv1d where installed; torch: hide them")
     return p
+
+
+def _hide_optional_kernels() -> None:
+    """Make fla and causal_conv1d unimportable, so transformers falls back to its PyTorch DeltaNet path.
+
+    Must run before transformers' Qwen3.5 module is imported: it picks its kernels at import time.
+    """
+    for name in ("fla", "causal_conv1d"):
+        sys.modules[name] = None  # type: ignore[assignment]  # an import of a None entry raises ImportError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +66,8 @@ def _serve(out: Emitter, argv: list[str] | None) -> int:
         return int(exc.code or 2)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.kernels == "torch":
+        _hide_optional_kernels()
 
     try:
         from lucebench.baselines.hf.engine import HFEngine, LoadError
