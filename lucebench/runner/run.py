@@ -92,13 +92,17 @@ class Runner:
         backend = resolve_backend(self.config)
         cells = self.cells(backend)
         env = collect_environment()
-        check_hardware(self.config, backend, env)
         self.env = env
         if self.options.dry_run:
+            try:
+                check_hardware(self.config, backend, env)
+            except UserError as exc:  # a plan can be read on another machine; running it cannot
+                self.console.print(f"[yellow]warning:[/] this machine cannot run it: {exc}")
             from lucebench.runner.plan import print_plan
 
             print_plan(self.config, backend, cells, console=self.console)
             return RunSummary(result_path=self.result_path)
+        check_hardware(self.config, backend, env)
 
         devices = sorted({c.gpu for c in cells if c.gpu is not None}) if backend in GPU_BACKENDS else []
         add_memory_bandwidth(env, devices, console=self.console)
