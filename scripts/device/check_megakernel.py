@@ -170,7 +170,7 @@ def phase_run(build: Path) -> None:
     refs = json.loads(REFS.read_text())
     res: dict = {"gpu": refs["gpu"], "date": refs["date"], "copy_bandwidth": refs["copy_bandwidth"],
                  "weights": "SYNTHETIC (random re-scaled Qwen3.5-0.8B shape, bf16)"}
-    mk = build / "megakernel" / "lucebench-megakernel"
+    mk = build / "lucebench-megakernel"
     ar = build / "engines" / "lucebench-ar"
     ps = prompts()
     try:

@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,po
 nvcc --version | tail -2 >> "$OUT/env.txt"
 cat "$OUT/env.txt"
 t0=$(date +%s)
-( cmake -S engines/megakernel/standalone -B "$BUILD" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+( cmake -S engines -B "$BUILD" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
     -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=device-check \
   && cmake --build "$BUILD" -j 14 --target lucebench-megakernel lucebench-ar ) > "$OUT/build.log" 2>&1 &
 BPID=$!

@@ -35,21 +35,15 @@ def test_decode_kernel_compiles(arch: str, extra: list[str], tmp_path: Path) -> 
         assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def _cmake_build(tmp: Path, backend: str, arch: str | None = None) -> Path:
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake not on PATH")
-    cfg = ["cmake", "-S", str(ENGINES / "megakernel" / "standalone"), "-B", str(tmp), f"-DLUCEBENCH_BACKEND={backend}",
-           "-DCMAKE_BUILD_TYPE=Release"]
-    if arch:
-        cfg.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
-    for argv in (cfg, ["cmake", "--build", str(tmp), "-j", "4", "--target", "lucebench-megakernel"]):
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return tmp / "megakernel" / "lucebench-megakernel"
+def _build(backend: str, arch: str | None = None) -> Path:
+    """The engine as `lucebench build` makes it (cached by source hash, backend and arch)."""
+    from lucebench.engines.build import build_engine
+
+    return build_engine("megakernel", backend=backend, arch=arch)
 
 
 def test_cpu_build_reports_unsupported(tmp_path_factory) -> None:
-    exe = _cmake_build(tmp_path_factory.mktemp("mk-cpu"), "cpu")
+    exe = _build("cpu")
     proc = subprocess.run([str(exe), "--model", "/nonexistent"], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     lines = proc.stdout.strip().splitlines()
@@ -74,7 +68,7 @@ def test_megakernel_matches_transformers(tmp_path_factory) -> None:
     import qwen35_synth as synth
     from conftest import Engine
 
-    exe = _cmake_build(tmp_path_factory.mktemp("mk-cuda"), "cuda", _gpu_arch())
+    exe = _build("cuda", _gpu_arch())
     # Hybrid 3:1, GQA 4:1, head_dim 256 with partial rotary, DeltaNet 128-dim heads: the kernel's shape class.
     model = synth.make_model(seed=3, vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                              num_attention_heads=4, num_key_value_heads=1, head_dim=256, linear_num_key_heads=2,

@@ -1,7 +1,13 @@
 // The kernels. Each mirrors the CPU reference function of the same name in ../cpu/.
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "gpu_ops.h"
+
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+#define LB_CUDA 1
+#endif
 
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
 #include <mma.h>
@@ -39,6 +45,40 @@ __device__ float block_sum(float v) {
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// Programmatic dependent launch (sm_90+): launch_dependents lets the next kernel in the stream start its
+// blocks; wait blocks until the previous kernel finished and its writes are visible. Both are no-ops on
+// older GPUs and for kernels launched without the PDL attribute.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch() {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = unsigned(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+#else
+    *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 
 // ----------------------------------------------------------------------------------------- KV element access
 
@@ -208,6 +248,78 @@ __global__ void gemm_kernel(const float* __restrict__ x, int n, int in, const wt
         }
     }
 }
+
+// Tensor-core GEMM for in % 8 == 0: as gemm_kernel, with 16-byte loads of x (4 floats) and W (8 weights),
+// the next K step loaded into registers while the tensor cores work on the current one (two smem buffers).
+__global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__ x, int n, int in,
+                                                        const wtype* __restrict__ W, int out, float* __restrict__ y,
+                                                        bool accumulate) {
+    using namespace nvcuda;
+    __shared__ __align__(32) wtype As[2][TM][TK + PAD];
+    __shared__ __align__(32) wtype Bs[2][TN][TK + PAD];
+    __shared__ __align__(32) float Cs[TM][TN + 4];
+    const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TN;
+    const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
+    float4 ra[4];
+    uint4 rw[2];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int idx = tid + 128 * q, r = idx >> 3, gk = k0 + 4 * (idx & 7), gm = m0 + r;
+            ra[q] = gm < n && gk < in ? *(const float4*)(x + size_t(gm) * in + gk) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const int idx = tid + 128 * q, r = idx >> 2, gk = k0 + 8 * (idx & 3), gn = n0 + r;
+            rw[q] = gn < out && gk < in ? *(const uint4*)(W + size_t(gn) * in + gk) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int idx = tid + 128 * q, r = idx >> 3, kk = 4 * (idx & 7);
+            wtype t4[4] = {wtype(ra[q].x), wtype(ra[q].y), wtype(ra[q].z), wtype(ra[q].w)};
+            *(uint2*)&As[buf][r][kk] = *(const uint2*)t4;
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const int idx = tid + 128 * q, r = idx >> 2, kk = 8 * (idx & 3);
+            *(uint4*)&Bs[buf][r][kk] = rw[q];
+        }
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2][2];
+    for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) wmma::fill_fragment(c[i][j], 0.f);
+    const int nk = (in + TK - 1) / TK;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int kt = 0; kt < nk; ++kt) {
+        const int buf = kt & 1;
+        if (kt + 1 < nk) load((kt + 1) * TK);
+#pragma unroll
+        for (int kk = 0; kk < TK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, wtype, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, wtype, wmma::col_major> b[2];
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &As[buf][wm * 32 + i * 16][kk], TK + PAD);
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &Bs[buf][wn * 32 + j * 16][kk], TK + PAD);
+            for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) wmma::mma_sync(c[i][j], a[i], b[j], c[i][j]);
+        }
+        if (kt + 1 < nk) store(buf ^ 1);
+        __syncthreads();
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], c[i][j], TN + 4, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < TM * TN; e += blockDim.x) {
+        const int r = e / TN, cc = e % TN;
+        const int gm = m0 + r, gn = n0 + cc;
+        if (gm < n && gn < out) {
+            float* dst = y + size_t(gm) * out + gn;
+            *dst = accumulate ? *dst + Cs[r][cc] : Cs[r][cc];
+        }
+    }
+}
 #endif
 
 __global__ void rmsnorm_kernel(const float* x, const float* gain, float* y, int dim, float eps) {
@@ -225,13 +337,20 @@ __global__ void conv1d_silu_kernel(const float* x, int ldx, int n, int C, int K,
     float win[8];  // the K-1 previous inputs (K <= 8), oldest first
     for (int j = 0; j < K - 1; ++j) win[j] = state[size_t(c) * (K - 1) + j];
     const float* wc = w + size_t(c) * K;
-    for (int t = 0; t < n; ++t) {
-        const float cur = x[size_t(t) * ldx + c];
-        float acc = wc[K - 1] * cur;
-        for (int j = 0; j < K - 1; ++j) acc += wc[j] * win[j];
-        y[size_t(t) * C + c] = silu(acc);
-        for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
-        if (K > 1) win[K - 2] = cur;
+    for (int t0 = 0; t0 < n; t0 += 8) {  // 8 independent loads in flight, then the sequential update
+        float cur8[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) cur8[u] = t0 + u < n ? x[size_t(t0 + u) * ldx + c] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            if (t0 + u >= n) break;
+            const float cur = cur8[u];
+            float acc = wc[K - 1] * cur;
+            for (int j = 0; j < K - 1; ++j) acc += wc[j] * win[j];
+            y[size_t(t0 + u) * C + c] = silu(acc);
+            for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
+            if (K > 1) win[K - 2] = cur;
+        }
     }
     for (int j = 0; j < K - 1; ++j) state[size_t(c) * (K - 1) + j] = win[j];
 }
@@ -354,6 +473,8 @@ __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, co
 __global__ void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                                  const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache,
                                  DType vt) {
+    griddep_launch();
+    griddep_wait();
     const int t = blockIdx.x, h = blockIdx.y;
     const int pos = *d_pos + t;
     float* row = qkv + size_t(t) * ld;
@@ -473,9 +594,512 @@ __global__ void argmax_kernel(const float* x, int n, int* result) {
 
 __global__ void add_pos_kernel(int* pos, int n) { *pos += n; }
 
+// Chunked delta rule split over value columns: grid (hv, dv / DR_CB), 256 threads. Column j of U and of
+// the state depend only on column j of V (and on the chunk's K, Q, g, beta), so each block owns DR_CB
+// columns of one head and keeps that state slice in shared memory for the whole sequence.
+constexpr int DR_CB = 32;
+template <int DCT>
+__global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
+                                                              int dv, const float* g, const float* beta, float* state,
+                                                              float* out) {
+    extern __shared__ float sm[];
+    const int LDK = dk + 1, LDA = DCT + 1;
+    float* Ss = sm;                    // [dk][CB]
+    float* Ks = Ss + dk * DR_CB;       // [DCT][LDK]
+    float* Qs = Ks + DCT * LDK;        // [DCT][LDK]
+    float* Us = Qs + DCT * LDK;        // [DCT][CB]
+    float* Ws = Us + DCT * DR_CB;      // [DCT][CB]  K S0
+    float* QSs = Ws + DCT * DR_CB;     // [DCT][CB]  Q S0
+    float* A = QSs + DCT * DR_CB;      // [DCT][LDA] beta_t (k_t.k_s) e^{gamma_t - gamma_s}, s < t
+    float* B = A + DCT * LDA;          // [DCT][LDA] (q_t.k_s) e^{gamma_t - gamma_s}, s <= t
+    float* gam = B + DCT * LDA;        // [DCT]
+    float* bet = gam + DCT;            // [DCT]
+    float* eg = bet + DCT;             // [DCT] e^{gamma_t}
+    float* eL = eg + DCT;              // [DCT] e^{gamma_L - gamma_s}
+    float* Vs = eL + DCT;              // [DCT][CB]
+    const int h = blockIdx.x, c0 = blockIdx.y * DR_CB, kh = h / (hv / hk), kd = hk * dk;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    float* S = state + size_t(h) * dk * dv + c0;
+    for (int e = tid; e < dk * DR_CB; e += 256) Ss[e] = S[size_t(e / DR_CB) * dv + e % DR_CB];
+    for (int t0 = 0; t0 < n; t0 += DCT) {
+        const int L = min(DCT, n - t0);
+        for (int e = tid; e < L * dk; e += 256) {
+            const int t = e / dk, i = e % dk;
+            const float* row = qkv + size_t(t0 + t) * ld;
+            Qs[t * LDK + i] = row[kh * dk + i];
+            Ks[t * LDK + i] = row[kd + kh * dk + i];
+        }
+        for (int e = tid; e < L * DR_CB; e += 256)
+            Vs[e] = qkv[size_t(t0 + e / DR_CB) * ld + 2 * kd + size_t(h) * dv + c0 + e % DR_CB];
+        if (tid == 0) {
+            float acc = 0;
+            for (int t = 0; t < L; ++t) {
+                acc += g[size_t(t0 + t) * hv + h];
+                gam[t] = acc;
+                bet[t] = beta[size_t(t0 + t) * hv + h];
+                eg[t] = __expf(acc);
+            }
+            for (int t = 0; t < L; ++t) eL[t] = __expf(acc - gam[t]);
+        }
+        __syncthreads();
+        for (int e = tid; e < L * L; e += 256) {
+            const int t = e / L, s = e % L;
+            if (s <= t) {
+                float a = 0, b = 0;
+                for (int i = 0; i < dk; ++i) {
+                    const float ks = Ks[s * LDK + i];
+                    a += Ks[t * LDK + i] * ks;
+                    b += Qs[t * LDK + i] * ks;
+                }
+                const float d = __expf(gam[t] - gam[s]);
+                A[t * LDA + s] = bet[t] * a * d;
+                B[t * LDA + s] = b * d;
+            }
+        }
+        for (int e = tid; e < L * DR_CB; e += 256) {
+            const int t = e / DR_CB, j = e % DR_CB;
+            float a = 0, b = 0;
+            for (int i = 0; i < dk; ++i) {
+                const float sij = Ss[i * DR_CB + j];
+                a += Ks[t * LDK + i] * sij;
+                b += Qs[t * LDK + i] * sij;
+            }
+            Ws[e] = a;
+            QSs[e] = b;
+        }
+        __syncthreads();
+        {   // forward substitution: warp w owns columns 4w..4w+3, 8 lanes per column split the sum over s
+            const int col = warp * 4 + lane / 8, sub = lane % 8;
+            for (int t = 0; t < L; ++t) {
+                float part = 0;
+                for (int s = sub; s < t; s += 8) part += A[t * LDA + s] * Us[s * DR_CB + col];
+                part += __shfl_xor_sync(0xffffffff, part, 1);
+                part += __shfl_xor_sync(0xffffffff, part, 2);
+                part += __shfl_xor_sync(0xffffffff, part, 4);
+                if (sub == 0) {
+                    const float v = Vs[t * DR_CB + col];
+                    Us[t * DR_CB + col] = bet[t] * v - bet[t] * eg[t] * Ws[t * DR_CB + col] - part;
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < L * DR_CB; e += 256) {
+            const int t = e / DR_CB, j = e % DR_CB;
+            float o = eg[t] * QSs[e];
+            for (int s = 0; s <= t; ++s) o += B[t * LDA + s] * Us[s * DR_CB + j];
+            out[(size_t(t0 + t) * hv + h) * dv + c0 + j] = o;
+        }
+        const float gl = eg[L - 1];
+        for (int e = tid; e < dk * DR_CB; e += 256) {
+            const int i = e / DR_CB, j = e % DR_CB;
+            float sij = Ss[e] * gl;
+            for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * DR_CB + j];
+            Ss[e] = sij;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < dk * DR_CB; e += 256) S[size_t(e / DR_CB) * dv + e % DR_CB] = Ss[e];
+}
+size_t delta_cols_smem(int dct, int dk) {
+    return sizeof(float) * (size_t(dk) * DR_CB + 2 * size_t(dct) * (dk + 1) + 3 * size_t(dct) * DR_CB +
+                            2 * size_t(dct) * (dct + 1) + 4 * size_t(dct) + size_t(dct) * DR_CB);
+}
+
+// ----------------------------------------------------------------------------------------- fused decode kernels
+
+template <typename T>
+__device__ __forceinline__ T ld_cg(const T* p) {  // bypass L1: data written by other blocks of this launch
+#if defined(LB_CUDA)
+    return __ldcg(p);
+#else
+    return *(const volatile T*)p;
+#endif
+}
+
+__device__ __forceinline__ void unpack8(const uint4& p, float* f) {
+    const wtype* w = (const wtype*)&p;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = w2f(w[j]);
+}
+
+constexpr int GV_THREADS = 256, GV_WARPS = GV_THREADS / 32, GV_STAGES = 3, GV_MAX_HEADS = 64;
+
+// Persistent GEMV for one token: block b handles row tiles b, b + grid, ... Each tile (rb rows) is copied
+// to shared memory with cp.async, GV_STAGES tiles in flight; the first tiles are requested before the
+// dependency wait. The prologue builds the (normalised) input vector in shared memory once per block;
+// each warp then dots one row at a time against it.
+template <int PRO, int EPI>
+__global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int rb, int ntiles) {
+    extern __shared__ __align__(16) unsigned char gv_smem[];
+    const int in = a.in;
+    float* xs = (float*)gv_smem;
+    wtype* wt = (wtype*)(gv_smem + ((size_t(in) * 4 + 15) / 16) * 16);
+    const size_t tile_elems = size_t(rb) * in;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    auto issue = [&](int tile, int stage) {
+        if (tile < ntiles) {
+            const int row0 = tile * rb, nr = min(rb, a.out - row0);
+            const int nch = int(size_t(nr) * in / 8);
+            const uint4* src = (const uint4*)(a.W + size_t(row0) * in);
+            uint4* dst = (uint4*)(wt + size_t(stage) * tile_elems);
+            for (int c = tid; c < nch; c += GV_THREADS) cp_async16(dst + c, src + c);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < GV_STAGES; ++s) issue(blockIdx.x + s * gridDim.x, s);
+    griddep_launch();
+    griddep_wait();
+
+    // ---- prologue: the input vector
+    if (PRO == GV_RMSNORM) {
+        float ss = 0;
+        for (int i = tid * 4; i < in; i += GV_THREADS * 4) {
+            const float4 v = *(const float4*)(a.x + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        const float inv = rsqrtf(block_sum(ss) / in + a.eps);
+        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i] * inv * a.gain[i];
+    } else if (PRO == GV_SILU) {
+        for (int i = tid; i < in; i += GV_THREADS) xs[i] = silu(a.x[i]) * a.x[in + i];
+    } else if (PRO == GV_GATED) {
+        __shared__ float head_inv[GV_MAX_HEADS];
+        const int hd = a.head_dim, heads = in / hd;
+        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i];
+        __syncthreads();
+        for (int h = warp; h < heads; h += GV_WARPS) {
+            float ss = 0;
+            for (int i = lane; i < hd; i += 32) ss += xs[h * hd + i] * xs[h * hd + i];
+            ss = warp_sum(ss);
+            if (lane == 0) head_inv[h] = rsqrtf(ss / hd + a.eps);
+        }
+        __syncthreads();
+        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.gain[i % hd] * (xs[i] * head_inv[i / hd]) * silu(a.z[i]);
+    } else {
+        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i];
+    }
+    __syncthreads();
+
+    float best = -FLT_MAX;
+    int best_i = 0x7fffffff;
+    const int nvec = in / 8;
+    int it = 0;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, ++it) {
+        const int stage = it % GV_STAGES;
+        cp_async_wait<GV_STAGES - 1>();
+        __syncthreads();
+        const int row0 = tile * rb, nr = min(rb, a.out - row0);
+        const wtype* tw = wt + size_t(stage) * tile_elems;
+        for (int r = warp; r < nr; r += GV_WARPS) {
+            const uint4* wr = (const uint4*)(tw + size_t(r) * in);
+            float acc0 = 0.f, acc1 = 0.f;
+            for (int c = lane; c < nvec; c += 32) {
+                float wf[8];
+                unpack8(wr[c], wf);
+                const float4 xa = ((const float4*)xs)[2 * c], xb = ((const float4*)xs)[2 * c + 1];
+                acc0 += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w;
+                acc1 += wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z + wf[7] * xb.w;
+            }
+            const float v = warp_sum(acc0 + acc1);
+            const int row = row0 + r;
+            if (lane == 0) {
+                if (EPI == GV_ADD) {
+                    a.y[row] += v;
+                } else {
+                    a.y[row] = v;
+                    if (EPI == GV_CONV && row < a.conv_rows) {
+                        const int K = a.conv_k;
+                        float* st = a.conv_state + size_t(row) * (K - 1);
+                        const float* w = a.conv_w + size_t(row) * K;
+                        float acc = w[K - 1] * v;
+                        for (int j = 0; j < K - 1; ++j) acc += w[j] * st[j];
+                        a.conv_out[row] = silu(acc);
+                        for (int j = 0; j + 1 < K - 1; ++j) st[j] = st[j + 1];
+                        if (K > 1) st[K - 2] = v;
+                    }
+                    if (EPI == GV_ARGMAX && v > best) { best = v; best_i = row; }
+                }
+            }
+        }
+        __syncthreads();
+        issue(tile + GV_STAGES * gridDim.x, stage);
+    }
+    cp_async_wait<0>();
+    if (EPI == GV_ARGMAX) {
+        __shared__ float wb[GV_WARPS];
+        __shared__ int wi[GV_WARPS];
+        if (lane == 0) { wb[warp] = best; wi[warp] = best_i; }
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < GV_WARPS; ++w)
+                if (wb[w] > best || (wb[w] == best && wi[w] < best_i)) { best = wb[w]; best_i = wi[w]; }
+            if (best_i != 0x7fffffff) {
+                unsigned u = __float_as_uint(best);
+                u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+                atomicMax(a.key, (unsigned long long)u << 32 | (unsigned long long)(0xffffffffu - unsigned(best_i)));
+            }
+        }
+    }
+}
+
+__global__ void embed_decode_kernel(const int* token, const wtype* E, int H, float* x, unsigned long long* key) {
+    griddep_launch();
+    griddep_wait();
+    const wtype* row = E + size_t(*token) * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[i] = w2f(row[i]);
+    if (threadIdx.x == 0) *key = 0ull;
+}
+
+__global__ void decode_finish_kernel(const unsigned long long* key, int* next, int* pos) {
+    griddep_wait();
+    *next = int(0xffffffffu - unsigned(*key & 0xffffffffull));
+    *pos += 1;
+}
+
+// Gated DeltaNet decode step; grid (hv, dv / 32), 256 threads. Thread (rg = tid / 8, cq = tid % 8) owns
+// columns c0 + 4 cq .. + 3 of the state at rows rg + 32 m (m < MR, dk = 32 MR), held in registers: the
+// state slice is read once (before the dependency wait) and written once.
+template <int MR>
+__global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, const float* proj, int b_off,
+                                                           const float* negA, const float* dt_bias, int hk, int hv,
+                                                           int dv, float* state, float* out) {
+    constexpr int dk = 32 * MR;
+    const int h = blockIdx.x, c0 = blockIdx.y * 32, kh = h / (hv / hk);
+    const int tid = threadIdx.x, cq = tid & 7, rg = tid >> 3, lane = tid & 31, warp = tid >> 5;
+    float* S = state + size_t(h) * dk * dv + c0 + 4 * cq;
+    float4 s[MR];
+#pragma unroll
+    for (int m = 0; m < MR; ++m) s[m] = *(const float4*)(S + size_t(rg + 32 * m) * dv);
+    griddep_launch();
+    griddep_wait();
+    __shared__ float qs[dk], ks[dk], red[2][8][32], nrm[8][2];
+    float sq = 0, sk = 0;
+    for (int i = tid; i < dk; i += 256) {
+        const float q = conv[size_t(kh) * dk + i], k = conv[size_t(hk) * dk + size_t(kh) * dk + i];
+        qs[i] = q;
+        ks[i] = k;
+        sq += q * q;
+        sk += k * k;
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    if (lane == 0) { nrm[warp][0] = sq; nrm[warp][1] = sk; }
+    __syncthreads();
+    sq = 0; sk = 0;
+    for (int w = 0; w < 8; ++w) { sq += nrm[w][0]; sk += nrm[w][1]; }
+    const float inv_q = rsqrtf(sq + 1e-6f) * rsqrtf(float(dk)), inv_k = rsqrtf(sk + 1e-6f);
+    const float b = proj[b_off + h];
+    const float av = proj[b_off + hv + h] + dt_bias[h];
+    const float sp = av > 20.f ? av : log1pf(expf(av));
+    const float beta = sigmoidf(b), decay = __expf(negA[h] * sp);
+    float kr[MR], qr[MR];
+#pragma unroll
+    for (int m = 0; m < MR; ++m) { kr[m] = ks[rg + 32 * m] * inv_k; qr[m] = qs[rg + 32 * m] * inv_q; }
+    float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+        s[m].x *= decay; s[m].y *= decay; s[m].z *= decay; s[m].w *= decay;
+        p.x += s[m].x * kr[m]; p.y += s[m].y * kr[m]; p.z += s[m].z * kr[m]; p.w += s[m].w * kr[m];
+    }
+    for (int o = 8; o < 32; o <<= 1) {
+        p.x += __shfl_xor_sync(0xffffffff, p.x, o); p.y += __shfl_xor_sync(0xffffffff, p.y, o);
+        p.z += __shfl_xor_sync(0xffffffff, p.z, o); p.w += __shfl_xor_sync(0xffffffff, p.w, o);
+    }
+    if (lane < 8) *(float4*)&red[0][warp][4 * cq] = p;
+    __syncthreads();
+    float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int w = 0; w < 8; ++w) {
+        const float4 r = *(const float4*)&red[0][w][4 * cq];
+        kv.x += r.x; kv.y += r.y; kv.z += r.z; kv.w += r.w;
+    }
+    const float4 v = *(const float4*)(conv + size_t(2 * hk) * dk + size_t(h) * dv + c0 + 4 * cq);
+    const float4 u = make_float4(beta * (v.x - kv.x), beta * (v.y - kv.y), beta * (v.z - kv.z), beta * (v.w - kv.w));
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int m = 0; m < MR; ++m) {
+        s[m].x += kr[m] * u.x; s[m].y += kr[m] * u.y; s[m].z += kr[m] * u.z; s[m].w += kr[m] * u.w;
+        o.x += s[m].x * qr[m]; o.y += s[m].y * qr[m]; o.z += s[m].z * qr[m]; o.w += s[m].w * qr[m];
+        *(float4*)(S + size_t(rg + 32 * m) * dv) = s[m];
+    }
+    for (int off = 8; off < 32; off <<= 1) {
+        o.x += __shfl_xor_sync(0xffffffff, o.x, off); o.y += __shfl_xor_sync(0xffffffff, o.y, off);
+        o.z += __shfl_xor_sync(0xffffffff, o.z, off); o.w += __shfl_xor_sync(0xffffffff, o.w, off);
+    }
+    if (lane < 8) *(float4*)&red[1][warp][4 * cq] = o;
+    __syncthreads();
+    if (tid < 8) {
+        float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = 0; w < 8; ++w) {
+            const float4 q = *(const float4*)&red[1][w][4 * tid];
+            r.x += q.x; r.y += q.y; r.z += q.z; r.w += q.w;
+        }
+        *(float4*)(out + size_t(h) * dv + c0 + 4 * tid) = r;
+    }
+}
+
+// PER consecutive elements of a KV row starting at e0 (PER a multiple of 8 for 16-byte loads).
+template <int PER>
+__device__ __forceinline__ void kv_load_run(const void* row, DType t, int e0, float* f) {
+    if (t == DType::BF16) {
+#pragma unroll
+        for (int c = 0; c < PER / 8; ++c) {
+            const uint4 u = ((const uint4*)((const unsigned short*)row + e0))[c];
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                f[8 * c + 2 * j] = __uint_as_float(w[j] << 16);
+                f[8 * c + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+            }
+        }
+    } else if (t == DType::F16) {
+#pragma unroll
+        for (int c = 0; c < PER / 8; ++c) {
+            const uint4 u = ((const uint4*)((const __half*)row + e0))[c];
+            const __half* hh = (const __half*)&u;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) f[8 * c + j] = __half2float(hh[j]);
+        }
+    } else if (t == DType::F32) {
+#pragma unroll
+        for (int c = 0; c < PER / 4; ++c) {
+            const float4 u = ((const float4*)((const float*)row + e0))[c];
+            f[4 * c] = u.x; f[4 * c + 1] = u.y; f[4 * c + 2] = u.z; f[4 * c + 3] = u.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < PER; ++k) f[k] = kv_load(row, t, e0 + k);
+    }
+}
+
+// Decode attention: grid (nkv, splits), 4 warps. Warp w of block b takes positions b*4 + w, + 4*splits, ...
+// for all G = nh / nkv query heads of its KV head at once (each lane holds PER = hd / 32 consecutive
+// elements), keeps an online softmax per head and writes a partial (m, l, acc) to scratch; the last block
+// of a KV head to finish merges the 4*splits partials and applies the sigmoid gate.
+constexpr int AD_WARPS = 4, AD_GMAX = 8;
+template <int PER>
+__global__ __launch_bounds__(AD_WARPS * 32) void attn_decode_kernel(const float* qkv, int nh, int nkv, const int* d_pos,
+                                                                    const void* kcache, DType kt, const void* vcache,
+                                                                    DType vt, float* scratch, int* counters, float* out) {
+    constexpr int hd = 32 * PER;
+    griddep_launch();
+    griddep_wait();
+    const int kvh = blockIdx.x, b = blockIdx.y, ns = gridDim.y, P = ns * AD_WARPS;
+    const int G = nh / nkv, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int last = *d_pos;
+    const int e0 = lane * PER;
+    float q[AD_GMAX][PER], acc[AD_GMAX][PER], m[AD_GMAX], l[AD_GMAX];
+    const float scale = rsqrtf(float(hd));
+#pragma unroll
+    for (int g = 0; g < AD_GMAX; ++g) {
+        m[g] = -FLT_MAX;
+        l[g] = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            q[g][k] = g < G ? qkv[size_t(kvh * G + g) * 2 * hd + e0 + k] * scale : 0.f;
+            acc[g][k] = 0.f;
+        }
+    }
+    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    for (int s = b * AD_WARPS + warp; s <= last; s += P) {
+        float kf[PER], vf[PER];
+        kv_load_run<PER>((const uint8_t*)kcache + (size_t(s) * nkv + kvh) * krow, kt, e0, kf);
+        kv_load_run<PER>((const uint8_t*)vcache + (size_t(s) * nkv + kvh) * vrow, vt, e0, vf);
+#pragma unroll
+        for (int g = 0; g < AD_GMAX; ++g) {
+            if (g >= G) break;
+            float d = 0;
+#pragma unroll
+            for (int k = 0; k < PER; ++k) d += q[g][k] * kf[k];
+            const float score = warp_sum(d);
+            const float m_new = fmaxf(m[g], score);
+            const float corr = __expf(m[g] - m_new), p = __expf(score - m_new);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int k = 0; k < PER; ++k) acc[g][k] = acc[g][k] * corr + p * vf[k];
+            m[g] = m_new;
+        }
+    }
+    // partials: acc [nh][P][hd], then (m, l) [nh][P][2]
+    const int part = b * AD_WARPS + warp;
+    float* ml = scratch + size_t(nh) * P * hd;
+#pragma unroll
+    for (int g = 0; g < AD_GMAX; ++g) {
+        if (g >= G) break;
+        const int h = kvh * G + g;
+        if (lane == 0) { ml[(size_t(h) * P + part) * 2] = m[g]; ml[(size_t(h) * P + part) * 2 + 1] = l[g]; }
+        float4* ap = (float4*)(scratch + (size_t(h) * P + part) * hd + e0);
+#pragma unroll
+        for (int k = 0; k < PER / 4; ++k) ap[k] = make_float4(acc[g][4 * k], acc[g][4 * k + 1], acc[g][4 * k + 2], acc[g][4 * k + 3]);
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[kvh], 1) == ns - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int g = warp; g < G; g += AD_WARPS) {
+        const int h = kvh * G + g;
+        const float2* hml = (const float2*)(ml + size_t(h) * P * 2);
+        float M = -FLT_MAX;
+        for (int p = 0; p < P; ++p) M = fmaxf(M, ld_cg(hml + p).x);
+        float L = 0.f, o[PER];
+#pragma unroll
+        for (int k = 0; k < PER; ++k) o[k] = 0.f;
+        for (int p = 0; p < P; ++p) {
+            const float2 pm = ld_cg(hml + p);
+            const float w = __expf(pm.x - M);
+            L += pm.y * w;
+            const float4* ap = (const float4*)(scratch + (size_t(h) * P + p) * hd + e0);
+#pragma unroll
+            for (int k = 0; k < PER / 4; ++k) {
+                const float4 v = ld_cg(ap + k);
+                o[4 * k] += v.x * w; o[4 * k + 1] += v.y * w; o[4 * k + 2] += v.z * w; o[4 * k + 3] += v.w * w;
+            }
+        }
+        const float* gate = qkv + size_t(h) * 2 * hd + hd;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) out[size_t(h) * hd + e0 + k] = o[k] / L * sigmoidf(gate[e0 + k]);
+    }
+    if (threadIdx.x == 0) counters[kvh] = 0;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------- launchers
+
+namespace {
+struct DecodeCfg {
+    bool ready = false, pdl = false;
+    int sms = 1;
+    size_t smem_block = 48 * 1024, smem_sm = 64 * 1024;
+    size_t tile = 16 * 1024;  // GEMV weight tile bytes (LB_GV_TILE)
+    int max_per_sm = 8;       // GEMV blocks per SM cap (LB_GV_PER_SM)
+} g_dec;
+
+// Launch with the programmatic-stream-serialization attribute when PDL is on (sm_90+, CUDA).
+template <typename... KArgs, typename... Args>
+void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, Args... args) {
+#if defined(LB_CUDA)
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = g_dec.pdl ? 1 : 0;
+    GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...));
+#else
+    kernel<<<grid, block, smem, s>>>(KArgs(args)...);
+#endif
+}
+
+}  // namespace
+
 
 void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStream_t s) {
     embed_kernel<<<n, 256, 0, s>>>(d_tokens, E, H, x);
@@ -486,7 +1110,11 @@ void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bo
     const dim3 grid((out + warps - 1) / warps);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     if (n > 8) {
-        gemm_kernel<<<dim3((out + TN - 1) / TN, (n + TM - 1) / TM), 128, 0, s>>>(x, n, in, W, out, y, accumulate);
+        const dim3 g2((out + TN - 1) / TN, (n + TM - 1) / TM);
+        if (in % 8 == 0 && !std::getenv("LB_GPU_OLD_GEMM"))
+            gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
+        else
+            gemm_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
         return;
     }
 #else
@@ -516,7 +1144,7 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 
 void conv1d_silu(const float* x, int ldx, int n, int C, int K, const float* w, float* state, float* y, gpuStream_t s) {
     if (K > 8) lb::fail("unsupported", "conv kernel larger than 8");
-    conv1d_silu_kernel<<<(C + 127) / 128, 128, 0, s>>>(x, ldx, n, C, K, w, state, y);
+    conv1d_silu_kernel<<<(C + 63) / 64, 64, 0, s>>>(x, ldx, n, C, K, w, state, y);
 }
 
 void deltanet_prep(float* y, int ldy, const float* proj, int ldp, int b_off, const float* negA, const float* dt_bias,
@@ -534,6 +1162,34 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
 #endif
         raised = true;
     }
+    if (dv % DR_CB == 0 && dk <= 256 && !std::getenv("LB_GPU_OLD_DELTA")) {
+        int limit = 48 * 1024;
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+        int dev = 0;
+        GPU_CHECK(cudaGetDevice(&dev));
+        GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+#endif
+        const size_t s32 = delta_cols_smem(32, dk), s16 = delta_cols_smem(16, dk);
+        const dim3 grid(hv, dv / DR_CB);
+        if (s32 <= size_t(limit)) {
+            static bool r32 = false;
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+            if (!r32) GPU_CHECK(cudaFuncSetAttribute(delta_rule_cols_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s32)));
+#endif
+            r32 = true;
+            delta_rule_cols_kernel<32><<<grid, 256, s32, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+            return;
+        }
+        if (s16 <= size_t(limit)) {
+            static bool r16 = false;
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+            if (!r16) GPU_CHECK(cudaFuncSetAttribute(delta_rule_cols_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s16)));
+#endif
+            r16 = true;
+            delta_rule_cols_kernel<16><<<grid, 256, s16, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+            return;
+        }
+    }
     delta_rule_kernel<<<hv, 256, smem, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
 }
 
@@ -545,8 +1201,8 @@ void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, f
 void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
                gpuStream_t s) {
-    attn_prep_kernel<<<dim3(n, nh + nkv), 128, 0, s>>>(qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps, d_pos,
-                                                        kcache, kt, vcache, vt);
+    launch_k(attn_prep_kernel, dim3(n, nh + nkv), dim3(128), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps,
+             d_pos, kcache, kt, vcache, vt);
 }
 
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
@@ -563,5 +1219,119 @@ void silu_mul(const float* gu, int n, int I, float* out, gpuStream_t s) {
 void argmax(const float* x, int n, int* d_out, gpuStream_t s) { argmax_kernel<<<1, 1024, 0, s>>>(x, n, d_out); }
 
 void add_pos(int* d_pos, int n, gpuStream_t s) { add_pos_kernel<<<1, 1, 0, s>>>(d_pos, n); }
+
+// ----------------------------------------------------------------------------------------- fused decode launchers
+
+namespace {
+size_t gv_xs_bytes(int in) { return ((size_t(in) * 4 + 15) / 16) * 16; }
+}  // namespace
+
+void decode_setup(int device) {
+    gpuDeviceProp p;
+    GPU_CHECK(gpuGetDeviceProperties(&p, device));
+    g_dec.sms = p.multiProcessorCount;
+#if defined(LB_CUDA)
+    // dynamic shared memory a GEMV block may take: the opt-in limit less room for its static arrays
+    g_dec.smem_block = p.sharedMemPerBlockOptin - 2048;
+    g_dec.smem_sm = p.sharedMemPerMultiprocessor;
+    const char* env = std::getenv("LB_GPU_PDL");
+    g_dec.pdl = p.major >= 9 && !(env && env[0] == '0');
+#else
+    g_dec.smem_block = p.sharedMemPerBlock;
+    g_dec.smem_sm = p.maxSharedMemoryPerMultiProcessor;
+    g_dec.pdl = false;
+#endif
+#if defined(LB_CUDA)
+    void (*kernels[])(FusedGemv, int, int) = {
+        gemv_fused_kernel<GV_PLAIN, GV_STORE>,    gemv_fused_kernel<GV_PLAIN, GV_ADD>,
+        gemv_fused_kernel<GV_RMSNORM, GV_STORE>,  gemv_fused_kernel<GV_RMSNORM, GV_CONV>,
+        gemv_fused_kernel<GV_RMSNORM, GV_ARGMAX>, gemv_fused_kernel<GV_GATED, GV_ADD>,
+        gemv_fused_kernel<GV_SILU, GV_ADD>};
+    for (auto k : kernels) {
+        cudaFuncAttributes fa;
+        GPU_CHECK(cudaFuncGetAttributes(&fa, k));
+        g_dec.smem_block = std::min(g_dec.smem_block, size_t(p.sharedMemPerBlockOptin) - fa.sharedSizeBytes);
+    }
+    for (auto k : kernels)
+        GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(g_dec.smem_block)));
+#endif
+    if (const char* t = std::getenv("LB_GV_TILE")) g_dec.tile = size_t(std::max(1024, std::atoi(t)));
+    if (const char* t = std::getenv("LB_GV_PER_SM")) g_dec.max_per_sm = std::max(1, std::atoi(t));
+    g_dec.ready = true;
+}
+bool decode_pdl() { return g_dec.pdl; }
+
+bool gemv_fused_ok(int in, int pro, int head_dim) {
+    if (in % 8 != 0 || in <= 0) return false;
+    if (pro == GV_GATED && (head_dim <= 0 || in % head_dim != 0 || in / head_dim > GV_MAX_HEADS)) return false;
+    // the input vector plus at least GV_STAGES tiles of one row
+    return gv_xs_bytes(in) + size_t(GV_STAGES) * in * sizeof(wtype) + 1024 <= g_dec.smem_block;
+}
+
+void gemv_fused(const FusedGemv& a, gpuStream_t s) {
+    if (!g_dec.ready) lb::fail("internal", "decode_setup not called");
+    if (!gemv_fused_ok(a.in, a.pro, a.head_dim)) lb::fail("internal", "gemv_fused: unsupported shape");
+    const size_t row_bytes = size_t(a.in) * sizeof(wtype), xs = gv_xs_bytes(a.in);
+    // Tiles of about 16 KB (3 stages in flight per block), capped by the block's shared memory.
+    size_t tile = std::min<size_t>(g_dec.tile, (g_dec.smem_block - xs - 1024) / GV_STAGES);
+    int rb = int(std::max<size_t>(1, tile / row_bytes));
+    rb = std::min(rb, a.out);
+    const size_t smem = xs + size_t(GV_STAGES) * rb * row_bytes;
+    const int ntiles = (a.out + rb - 1) / rb;
+    const int per_sm = int(std::max<size_t>(1, std::min<size_t>(g_dec.max_per_sm, g_dec.smem_sm / (smem + 1024))));
+    const int grid = std::min(ntiles, g_dec.sms * per_sm);
+    auto go = [&](void (*kernel)(FusedGemv, int, int)) {
+        launch_k(kernel, dim3(grid), dim3(GV_THREADS), smem, s, a, rb, ntiles);
+    };
+    const int mode = a.pro * 4 + a.epi;
+    switch (mode) {
+        case GV_PLAIN * 4 + GV_STORE: go(gemv_fused_kernel<GV_PLAIN, GV_STORE>); break;
+        case GV_PLAIN * 4 + GV_ADD: go(gemv_fused_kernel<GV_PLAIN, GV_ADD>); break;
+        case GV_RMSNORM * 4 + GV_STORE: go(gemv_fused_kernel<GV_RMSNORM, GV_STORE>); break;
+        case GV_RMSNORM * 4 + GV_CONV: go(gemv_fused_kernel<GV_RMSNORM, GV_CONV>); break;
+        case GV_RMSNORM * 4 + GV_ARGMAX: go(gemv_fused_kernel<GV_RMSNORM, GV_ARGMAX>); break;
+        case GV_GATED * 4 + GV_ADD: go(gemv_fused_kernel<GV_GATED, GV_ADD>); break;
+        case GV_SILU * 4 + GV_ADD: go(gemv_fused_kernel<GV_SILU, GV_ADD>); break;
+        default: lb::fail("internal", "gemv_fused: unsupported prologue/epilogue pair");
+    }
+}
+
+void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key, gpuStream_t s) {
+    embed_decode_kernel<<<1, 256, 0, s>>>(d_token, E, H, x, key);
+}
+
+bool delta_decode_ok(int dk, int dv) { return (dk == 128 || dk == 64 || dk == 256) && dv % 32 == 0; }
+
+void delta_decode(const float* conv, const float* proj, int b_off, const float* negA, const float* dt_bias, int hk,
+                  int hv, int dk, int dv, float* state, float* out, gpuStream_t s) {
+    const dim3 grid(hv, dv / 32);
+    switch (dk) {
+        case 64: launch_k(delta_decode_kernel<2>, grid, dim3(256), 0, s, conv, proj, b_off, negA, dt_bias, hk, hv, dv, state, out); break;
+        case 128: launch_k(delta_decode_kernel<4>, grid, dim3(256), 0, s, conv, proj, b_off, negA, dt_bias, hk, hv, dv, state, out); break;
+        case 256: launch_k(delta_decode_kernel<8>, grid, dim3(256), 0, s, conv, proj, b_off, negA, dt_bias, hk, hv, dv, state, out); break;
+        default: lb::fail("internal", "delta_decode: unsupported key head dim");
+    }
+}
+
+bool attention_decode_ok(int nh, int nkv, int hd) {
+    return nkv > 0 && nh % nkv == 0 && nh / nkv <= AD_GMAX && (hd == 256 || hd == 128);
+}
+size_t attention_decode_scratch(int nh, int hd, int splits) { return size_t(nh) * splits * AD_WARPS * (hd + 2); }  // acc, then (m, l)
+
+void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
+                      const void* vcache, DType vt, int splits, float* scratch, int* counters, float* out,
+                      gpuStream_t s) {
+    const dim3 grid(nkv, splits), block(AD_WARPS * 32);
+    if (hd == 256)
+        launch_k(attn_decode_kernel<8>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
+    else if (hd == 128)
+        launch_k(attn_decode_kernel<4>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
+    else
+        lb::fail("internal", "attention_decode: unsupported head dim");
+}
+
+void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s) {
+    launch_k(decode_finish_kernel, dim3(1), dim3(1), 0, s, key, d_next, d_pos);
+}
 
 }  // namespace lb::gpu

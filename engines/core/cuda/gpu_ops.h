@@ -36,4 +36,57 @@ void silu_mul(const float* gu, int n, int I, float* out, gpuStream_t s);
 void argmax(const float* x, int n, int* d_out, gpuStream_t s);
 void add_pos(int* d_pos, int n, gpuStream_t s);
 
+// ----------------------------------------------------------------------------------------- fused decode
+// One-token (decode) kernels for the captured decode graph. They fuse the norms into the GEMVs and the
+// conv into the projection's epilogue, stream weight tiles through shared memory (cp.async, 3 stages)
+// and, on sm_90+, use programmatic dependent launch: each kernel prefetches its weights (and the DeltaNet
+// state) before waiting for the previous kernel, so launch gaps and ramp-up overlap the previous kernel.
+
+// Reads the device (SM count, shared memory) and LB_GPU_PDL (0 disables PDL). Call once before use.
+void decode_setup(int device);
+bool decode_pdl();
+
+enum GemvPro { GV_PLAIN = 0, GV_RMSNORM = 1, GV_GATED = 2, GV_SILU = 3 };
+enum GemvEpi { GV_STORE = 0, GV_ADD = 1, GV_CONV = 2, GV_ARGMAX = 3 };
+struct FusedGemv {
+    int pro = GV_PLAIN, epi = GV_STORE;
+    // input: PLAIN x[in]; RMSNORM rmsnorm(x)*gain; GATED gain[i % head_dim] * rmsnorm_head(x) * silu(z);
+    // SILU silu(x[i]) * x[in + i]
+    const float* x = nullptr;
+    int in = 0;
+    const wtype* W = nullptr;  // [out, in]
+    int out = 0;
+    float* y = nullptr;        // STORE y = Wx; ADD y += Wx; CONV / ARGMAX: y = Wx and more
+    const float* gain = nullptr;
+    float eps = 0.f;
+    const float* z = nullptr;
+    int head_dim = 0;
+    // CONV: rows < conv_rows also get the causal conv + SiLU into conv_out, conv_state [conv_rows, K-1] advanced
+    int conv_rows = 0, conv_k = 0;
+    const float* conv_w = nullptr;
+    float* conv_state = nullptr;
+    float* conv_out = nullptr;
+    // ARGMAX: atomicMax of (ordered value << 32 | ~index) into *key (reset by embed_decode)
+    unsigned long long* key = nullptr;
+};
+// Whether gemv_fused handles this shape (in % 8 == 0, the input fits in shared memory).
+bool gemv_fused_ok(int in, int pro, int head_dim);
+void gemv_fused(const FusedGemv& a, gpuStream_t s);
+// embed for one token; also zeroes *key.
+void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key, gpuStream_t s);
+// Gated DeltaNet decode step: conv = conv+SiLU output row [q | k | v] (q, k not yet L2-normalised),
+// proj = projection row (b at b_off, a at b_off + hv). out[hv * dv] = S^T q (before the gated norm).
+bool delta_decode_ok(int dk, int dv);
+void delta_decode(const float* conv, const float* proj, int b_off, const float* negA, const float* dt_bias, int hk,
+                  int hv, int dk, int dv, float* state, float* out, gpuStream_t s);
+// Decode attention split over positions: grid (nkv, splits), last block per KV head combines.
+// scratch: attention_decode_scratch(nh, hd, splits) floats; counters: nkv ints, zero at first use.
+bool attention_decode_ok(int nh, int nkv, int hd);
+size_t attention_decode_scratch(int nh, int hd, int splits);
+void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
+                      const void* vcache, DType vt, int splits, float* scratch, int* counters, float* out,
+                      gpuStream_t s);
+// *d_next = argmax index from *key; *d_pos += 1.
+void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s);
+
 }  // namespace lb::gpu

@@ -1,7 +1,11 @@
 // The GPU backend (CUDA, or HIP through gpu_compat.h): the forward pass of ../cpu/qwen35_cpu.cpp as a
-// sequence of kernels on one stream. Decode steps (one token) are captured once as a graph and replayed,
-// since ~11 small kernels per layer would otherwise be dominated by launch overhead.
+// sequence of kernels on one stream. Decode steps (one token) are captured once as a graph and replayed.
+// The decode graph uses the fused one-token kernels (gpu_ops.h, "fused decode"): 5 kernels per DeltaNet
+// layer, 6 per attention layer, norms inside the GEMVs, the LM head's argmax in its epilogue, and
+// programmatic dependent launch on sm_90+. LB_GPU_DECODE=legacy selects the unfused kernel sequence.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../backend.h"
@@ -23,10 +27,20 @@ public:
         GPU_CHECK(gpuMalloc(&d_pos_, sizeof(int)));
         GPU_CHECK(gpuMalloc(&d_tok_, sizeof(int) * 1));
         GPU_CHECK(gpuMalloc(&d_next_, sizeof(int)));
+        GPU_CHECK(gpuMalloc(&d_key_, sizeof(unsigned long long)));
+        gpu::decode_setup(device);
+        const char* mode = std::getenv("LB_GPU_DECODE");
+        legacy_ = mode && std::strcmp(mode, "legacy") == 0;
+        // isolation switches for the fused decode graph (0 = the unfused kernel for that stage)
+        const char* fa = std::getenv("LB_GPU_FUSED_ATTN");
+        const char* fd = std::getenv("LB_GPU_FUSED_DELTA");
+        fused_attn_ = !(fa && fa[0] == '0');
+        fused_delta_ = !(fd && fd[0] == '0');
     }
     ~GpuBackend() override {
         if (graph_exec_) gpuGraphExecDestroy(graph_exec_);
         for (void* p : allocations_) gpuFree(p);
+        if (d_key_) gpuFree(d_key_);
     }
 
     std::string name() const override { return LB_GPU_NAME; }
@@ -77,12 +91,28 @@ public:
                 conv_[size_t(l)] = (float*)alloc(sizeof(float) * size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1));
             }
         }
+        // fused decode: which shapes it handles, attention split scratch
+        const int H = cfg_.hidden, I = cfg_.intermediate, vd = cfg_.lin_value_dim();
+        fused_ = !legacy_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) && gpu::gemv_fused_ok(I, gpu::GV_SILU, 0) &&
+                 (cfg_.n_full_layers() == 0 || (gpu::gemv_fused_ok(cfg_.n_heads * hd, gpu::GV_PLAIN, 0) &&
+                                                 gpu::attention_decode_ok(cfg_.n_heads, cfg_.n_kv_heads, hd))) &&
+                 (cfg_.n_full_layers() == cfg_.n_layers ||
+                  (gpu::gemv_fused_ok(vd, gpu::GV_GATED, cfg_.lin_v_dim) && cfg_.conv_kernel <= 8 &&
+                   cfg_.lin_v_heads % cfg_.lin_k_heads == 0));
+        att_splits_ = max_ctx <= 2048 ? 8 : max_ctx <= 8192 ? 16 : 32;
+        if (const char* e = std::getenv("LB_ATT_SPLITS")) att_splits_ = std::max(1, std::atoi(e));
+        if (fused_ && cfg_.n_full_layers() > 0) {
+            att_scratch_ = (float*)alloc(sizeof(float) * gpu::attention_decode_scratch(cfg_.n_heads, hd, att_splits_));
+            att_counters_ = (int*)alloc(sizeof(int) * size_t(cfg_.n_kv_heads));
+            GPU_CHECK(gpuMemset(att_counters_, 0, sizeof(int) * size_t(cfg_.n_kv_heads)));
+        }
         ensure_workspace(1);
         reset();
     }
 
     void reset() override {
         len_ = 0;
+        have_next_ = false;
         for (int l = 0; l < cfg_.n_layers; ++l) {
             if (ssm_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(ssm_[size_t(l)], 0, sizeof(float) * size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim, s_));
             if (conv_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(conv_[size_t(l)], 0, sizeof(float) * size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1), s_));
@@ -92,12 +122,20 @@ public:
     int length() const override { return len_; }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
-        if (n == 1 && !last_logits) {
-            GPU_CHECK(gpuMemcpyAsync(d_tok_, tokens, sizeof(int), gpuMemcpyHostToDevice, s_));
+        if (n == 1 && (fused_ || !last_logits)) {
+            // The fused graph reads its token from d_next_ (where the previous step left its argmax), so
+            // the usual greedy loop needs no upload.
+            if (!fused_)
+                GPU_CHECK(gpuMemcpyAsync(d_tok_, tokens, sizeof(int), gpuMemcpyHostToDevice, s_));
+            else if (!have_next_ || tokens[0] != last_next_)
+                GPU_CHECK(gpuMemcpyAsync(d_next_, tokens, sizeof(int), gpuMemcpyHostToDevice, s_));
             if (!graph_exec_) {
                 gpuGraph_t graph;
                 GPU_CHECK(gpuStreamBeginCapture(s_, gpuStreamCaptureModeThreadLocal));
-                run_layers(d_tok_, 1);
+                if (fused_)
+                    run_decode(d_next_);
+                else
+                    run_layers(d_tok_, 1);
                 GPU_CHECK(gpuStreamEndCapture(s_, &graph));
                 GPU_CHECK(gpuGraphInstantiate(&graph_exec_, graph));
                 gpuGraphDestroy(graph);
@@ -117,6 +155,8 @@ public:
         }
         GPU_CHECK(gpuStreamSynchronize(s_));
         len_ += n;
+        last_next_ = next;
+        have_next_ = true;
         return next;
     }
 
@@ -131,8 +171,11 @@ public:
     void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
     uint64_t peak_mem_bytes() const override { return allocated_; }
     uint64_t decode_bytes(int ctx) const override {
-        const uint64_t head = cfg_.tied ? uint64_t(cfg_.vocab) * cfg_.hidden * sizeof(wtype) : 0;
-        return qwen35_decode_bytes(cfg_, matrix_bytes_, head, kt_, vt_, ctx);
+        // Every matrix once; the embedding table is not streamed (one row is read), so it counts only as
+        // the LM head when tied (matrix_bytes_ holds it once) and not at all when untied.
+        const uint64_t embed = uint64_t(cfg_.vocab) * cfg_.hidden * sizeof(wtype);
+        const uint64_t mats = matrix_bytes_ - (cfg_.tied ? 0 : embed) + uint64_t(cfg_.hidden) * sizeof(wtype);
+        return qwen35_decode_bytes(cfg_, mats, 0, kt_, vt_, ctx);
     }
 
 private:
@@ -207,10 +250,72 @@ private:
         gpu::add_pos(d_pos_, n, s_);
     }
 
+    // One token through the fused decode kernels (captured into the decode graph).
+    void run_decode(const int* d_token) {
+        const int H = cfg_.hidden, I = cfg_.intermediate;
+        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, s_);
+        auto gemv = [&](int pro, int epi, const float* x, int in, const Mat& m, int out, float* y) {
+            gpu::FusedGemv a;
+            a.pro = pro; a.epi = epi; a.x = x; a.in = in; a.W = W(m); a.out = out; a.y = y; a.eps = cfg_.eps;
+            return a;
+        };
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            const Qwen35Layer& L = w_.layers[size_t(l)];
+            if (L.full) {
+                const int nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, rows = cfg_.attn_qkv_rows();
+                gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.attn_qkv, rows, ws_.big);
+                a.gain = F(L.input_norm);
+                gpu::gemv_fused(a, s_);
+                gpu::attn_prep(ws_.big, rows, 1, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
+                               cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
+                if (fused_attn_)
+                    gpu::attention_decode(ws_.big, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_,
+                                          att_splits_, att_scratch_, att_counters_, ws_.o, s_);
+                else
+                    gpu::attention(ws_.big, rows, 1, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, ws_.o, s_);
+                gpu::gemv_fused(gemv(gpu::GV_PLAIN, gpu::GV_ADD, ws_.o, nh * hd, L.o_proj, H, ws_.x), s_);
+            } else {
+                const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
+                const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
+                gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_CONV, ws_.x, H, L.lin_in, rows, ws_.big);
+                a.gain = F(L.input_norm);
+                a.conv_rows = cd; a.conv_k = cfg_.conv_kernel; a.conv_w = F(L.conv_w);
+                a.conv_state = conv_[size_t(l)]; a.conv_out = ws_.conv;
+                gpu::gemv_fused(a, s_);
+                if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
+                    gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
+                                      ssm_[size_t(l)], ws_.o, s_);
+                } else {
+                    gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk, hv,
+                                       ws_.g, ws_.beta, s_);
+                    gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                }
+                a = gemv(gpu::GV_GATED, gpu::GV_ADD, ws_.o, vd, L.out_proj, H, ws_.x);
+                a.gain = F(L.ssm_norm); a.z = ws_.big + cd; a.head_dim = dv;
+                gpu::gemv_fused(a, s_);
+            }
+            gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.gate_up, 2 * I, ws_.big);
+            a.gain = F(L.post_norm);
+            gpu::gemv_fused(a, s_);
+            gpu::gemv_fused(gemv(gpu::GV_SILU, gpu::GV_ADD, ws_.big, I, L.down, H, ws_.x), s_);
+        }
+        gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_ARGMAX, ws_.x, H, w_.lm_head, cfg_.vocab, ws_.logits);
+        a.gain = F(w_.final_norm);
+        a.key = d_key_;
+        gpu::gemv_fused(a, s_);
+        gpu::decode_finish(d_key_, d_next_, d_pos_, s_);
+    }
+
     int device_;
     gpuStream_t s_;
     gpuEvent_t ev0_, ev1_;
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
+    unsigned long long* d_key_ = nullptr;
+    bool legacy_ = false, fused_ = false, fused_attn_ = true, fused_delta_ = true;
+    int att_splits_ = 8, last_next_ = 0;
+    bool have_next_ = false;
+    float* att_scratch_ = nullptr;
+    int* att_counters_ = nullptr;
     gpuGraphExec_t graph_exec_ = nullptr;
     Qwen35Config cfg_;
     Qwen35Weights w_;
