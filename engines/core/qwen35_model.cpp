@@ -312,6 +312,11 @@ Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& c
 }  // namespace lb
 
 namespace lb {
+uint64_t qwen35_streamed_weight_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, size_t elem_bytes) {
+    const uint64_t embed = uint64_t(cfg.vocab) * cfg.hidden * elem_bytes;
+    return matrix_bytes - (cfg.tied ? 0 : embed) + uint64_t(cfg.hidden) * elem_bytes;
+}
+
 uint64_t qwen35_decode_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, uint64_t lm_head_bytes_if_tied,
                              DType kv_k, DType kv_v, int ctx) {
     const uint64_t row = uint64_t(cfg.n_kv_heads) *

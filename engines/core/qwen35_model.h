@@ -87,6 +87,10 @@ namespace lb {
 // the weight matrices (`matrix_bytes` as the backend stores them; tied LM head counted once more since
 // it is read again), the KV cache rows read (ctx) and written (1) in every full-attention layer, the
 // DeltaNet recurrent state read and written (fp32) and the conv state read and written.
+// Weight bytes one decode step streams, from the loaded matrices' total (embedding table included once):
+// every matrix once; the embedding table is not streamed (one row is read), so it counts only as the LM
+// head when tied and not at all when untied; plus one row for the token's embedding.
+uint64_t qwen35_streamed_weight_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, size_t elem_bytes);
 uint64_t qwen35_decode_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, uint64_t lm_head_bytes_if_tied,
                              DType kv_k, DType kv_v, int ctx);
 }  // namespace lb

@@ -115,8 +115,7 @@ public:
         return 0;
     }
     uint64_t decode_bytes(int ctx) const override {
-        const uint64_t head = cfg_.tied ? uint64_t(cfg_.vocab) * cfg_.hidden * 4 : 0;
-        return qwen35_decode_bytes(cfg_, matrix_bytes_, head, kt_, vt_, ctx);
+        return qwen35_decode_bytes(cfg_, qwen35_streamed_weight_bytes(cfg_, matrix_bytes_, 4), 0, kt_, vt_, ctx);
     }
     std::string weight_dtype() const override { return "f32"; }
 

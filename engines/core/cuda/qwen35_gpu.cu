@@ -171,11 +171,8 @@ public:
     void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
     uint64_t peak_mem_bytes() const override { return allocated_; }
     uint64_t decode_bytes(int ctx) const override {
-        // Every matrix once; the embedding table is not streamed (one row is read), so it counts only as
-        // the LM head when tied (matrix_bytes_ holds it once) and not at all when untied.
-        const uint64_t embed = uint64_t(cfg_.vocab) * cfg_.hidden * sizeof(wtype);
-        const uint64_t mats = matrix_bytes_ - (cfg_.tied ? 0 : embed) + uint64_t(cfg_.hidden) * sizeof(wtype);
-        return qwen35_decode_bytes(cfg_, mats, 0, kt_, vt_, ctx);
+        return qwen35_decode_bytes(cfg_, qwen35_streamed_weight_bytes(cfg_, matrix_bytes_, sizeof(wtype)), 0, kt_,
+                                   vt_, ctx);
     }
 
 private:
