@@ -19,7 +19,8 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 COLUMNS=160
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -m lucebench env --json > "$out/env.json" || echo "env failed"
-python3 -m lucebench run "$config" --out "$run_dir" "$@"; rc=$?
+# SIGINT at the limit: lucebench keeps every finished cell and stops its engine cleanly.
+timeout -s INT "${RUN_TIMEOUT:-540}" python3 -m lucebench run "$config" --out "$run_dir" "$@"; rc=$?
 python3 -m lucebench validate "$run_dir/results.json" > "$out/validate.txt" 2>&1; echo "validate exit $?"; tail -5 "$out/validate.txt"
 cp "$run_dir/results.json" "$out/" 2>/dev/null
 cp "$run_dir/report/report.md" "$out/" 2>/dev/null
