@@ -11,6 +11,13 @@ Inputs are what `lucebench.measure.power.PowerSampler` records:
 
 Windows shorter than the counter's update period give no energy ("window too short"): the counter cannot
 resolve them, and the runner must lengthen the window (repeat the work) rather than report noise.
+
+Windows of a few update periods are resolved by the counter only up to its edge interpolation, which
+assumes constant power within the update period around each edge: where the neighbouring work draws
+different power (a 32K-token prefill right before a 0.2 s decode window), that error reached 20% on an
+H200. Where the sampler reads *instantaneous* power (at 50 Hz, 20 ms resolution), windows shorter than
+COUNTER_MIN_PERIODS update periods are therefore measured by the power integral, the counter difference
+kept beside it as the cross-check.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ Method = Literal["counter", "integrated", "unavailable"]
 NOTE_TOO_SHORT = "window too short"
 AGREEMENT_MIN_WINDOW_S = 2.0  # counter and integral are compared (and must agree within 5%) from here on
 AGREEMENT_TOLERANCE = 0.05
+COUNTER_MIN_PERIODS = 10  # below this many counter update periods, prefer an instantaneous-power integral
 
 CounterPoint = tuple[int, float]  # (t_ns, energy J)
 PowerPoint = tuple[int, float]  # (t_ns, W)
@@ -152,7 +160,7 @@ def _finish(r: EnergyResult, idle_w: float | None) -> EnergyResult:
 
 def window_energy(*, t0_ns: int, t1_ns: int, idle_w: float | None, points: Sequence[CounterPoint],
                   power: Sequence[PowerPoint], counter_supported: bool, period_s: float | None,
-                  sample_interval_s: float | None) -> EnergyResult:
+                  sample_interval_s: float | None, power_is_instant: bool = False) -> EnergyResult:
     """Energy of the window [t0_ns, t1_ns] (see the module docstring for the method and the rules).
 
     ``period_s``: the counter's update period (`update_period_s`); ``sample_interval_s``: the power
@@ -175,6 +183,13 @@ def window_energy(*, t0_ns: int, t1_ns: int, idle_w: float | None, points: Seque
         if energy is None:
             return EnergyResult(window_s=window_s, peak_power_w=peak, method="unavailable",
                                 note="window not covered by energy counter samples (sampler not running?)")
+        if energy >= 0 and power_is_instant and integ is not None and window_s < COUNTER_MIN_PERIODS * period_s \
+                and window_s >= 2 * (sample_interval_s or 0.0):
+            return _finish(EnergyResult(
+                window_s=window_s, energy_j=energy, energy_integrated_j=integ[0], peak_power_w=peak,
+                method="integrated",
+                note=f"{window_s * 1e3:.0f} ms < {COUNTER_MIN_PERIODS} counter periods: instantaneous-power "
+                     f"integral; counter {energy:.3g} J"), idle_w)
         if energy >= 0:
             return _finish(EnergyResult(window_s=window_s, energy_j=energy,
                                         energy_integrated_j=integ[0] if integ else None,

@@ -207,7 +207,7 @@ class PowerSampler:
             interval = E.median_interval_s(self._times[-2000:])
         return E.window_energy(t0_ns=t0_ns, t1_ns=t1_ns, idle_w=idle_w, points=points, power=power,
                                counter_supported=self.counter_supported, period_s=period,
-                               sample_interval_s=interval)
+                               sample_interval_s=interval, power_is_instant=self.power_source == "instant")
 
     def energy_over(self, windows: list[tuple[int, int]], idle_w: float | None = None) -> EnergyResult:
         """Summed energy of several disjoint windows of one phase (e.g. prefill windows of all reps);

@@ -68,9 +68,10 @@ class RunPower:
     def energy_over(self, device: int | None, windows: list[tuple[int, int]]) -> PhaseEnergy | None:
         """Energy of all of one phase's windows.
 
-        The sum of the windows' energies where each window is resolved; otherwise, when the windows
-        run back to back (busy share >= BUSY_SHARE_FOR_SPAN), the energy of their whole span scaled by the
-        busy share, with a note saying so; otherwise an 'unavailable' record with the reason.
+        When the windows run back to back (busy share >= BUSY_SHARE_FOR_SPAN), their whole span is one
+        long window that the energy counter resolves well: its energy scaled by the busy share. Otherwise
+        the sum of the windows' energies (each measured as `energy` measures it), or an 'unavailable'
+        record with the reason.
         """
         from lucebench.measure.records import phase_energy
 
@@ -79,27 +80,24 @@ class RunPower:
         if sampler is None or not windows:
             return None
         idle = self.idle_w.get(device)
-        summed = sampler.energy_over(windows, idle)
-        if summed.measured_j is not None:
-            return phase_energy(summed)
         span0, span1 = windows[0][0], windows[-1][1]
-        busy = sum(b - a for a, b in windows) / (span1 - span0)
-        if busy < BUSY_SHARE_FOR_SPAN:
-            record = phase_energy(summed)
-            record.note = (f"{summed.note}; windows too far apart to measure as one span "
-                           f"(busy {busy:.0%} of it)")
-            return record
-        span = sampler.energy_between(span0, span1, idle)
-        if span.measured_j is None:
-            return phase_energy(span)
-        record = phase_energy(span)
-        for name in ("energy_j", "energy_integrated_j", "energy_net_j"):
-            value = getattr(record, name)
-            setattr(record, name, value * busy if value is not None else None)
-        record.window_s = sum(b - a for a, b in windows) / 1e9
-        record.note = (f"{len(windows)} back-to-back windows measured as one {(span1 - span0) / 1e9:.2f} s span, "
-                       f"scaled by the busy share {busy:.1%}")
-        return record
+        busy_ns = sum(b - a for a, b in windows)
+        busy = busy_ns / (span1 - span0)
+        if busy >= BUSY_SHARE_FOR_SPAN:
+            span = sampler.energy_between(span0, span1, idle)
+            if span.measured_j is not None:
+                record = phase_energy(span)
+                for name in ("energy_j", "energy_integrated_j", "energy_net_j"):
+                    value = getattr(record, name)
+                    setattr(record, name, value * busy if value is not None else None)
+                record.window_s = busy_ns / 1e9
+                record.note = (f"{len(windows)} back-to-back windows measured as one {(span1 - span0) / 1e9:.2f} s "
+                               f"span, scaled by the busy share {busy:.1%}")
+                return record
+        summed = phase_energy(sampler.energy_over(windows, idle))
+        if summed.method == "unavailable" and busy < BUSY_SHARE_FOR_SPAN:
+            summed.note = f"{summed.note}; windows too far apart to measure as one span (busy {busy:.0%} of it)"
+        return summed
 
     def trace(self, device: int | None, t0_ns: int, t1_ns: int) -> list[tuple[float, float]]:
         sampler = self._sampler(device)

@@ -116,52 +116,63 @@ class Runner:
         for spec in cells:
             workloads.get(spec, models.get(spec.model).path)
 
-        with ExitStack() as stack:
-            power = RunPower.start(devices, self.config.power.idle_s, console=self.console) if devices else RunPower()
-            stack.callback(power.stop)
-            guard = self._power_guard(stack, devices)
-            progress = stack.enter_context(Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False))
-            overall = progress.add_task("cells", total=len(cells))
-            for spec in cells:
-                previous = result.cell(spec.id)
-                if self.options.resume and previous is not None and previous.status == "ok":
-                    summary.reused += 1
+        try:
+            with ExitStack() as stack:
+                power = RunPower.start(devices, self.config.power.idle_s, console=self.console) if devices else RunPower()
+                stack.callback(power.stop)
+                guard = self._power_guard(stack, devices)
+                progress = stack.enter_context(Progress(
+                    TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False))
+                overall = progress.add_task("cells", total=len(cells))
+                for spec in cells:
+                    previous = result.cell(spec.id)
+                    if self.options.resume and previous is not None and previous.status == "ok":
+                        summary.reused += 1
+                        progress.advance(overall)
+                        continue
+                    requests = progress.add_task(f"  {spec.id}", total=None)
+                    try:
+                        cell = self._run_cell(spec, backend, models, workloads, power, guard,
+                                              lambda d, t, task=requests: progress.update(task, completed=d, total=t))
+                    except KeyboardInterrupt as exc:
+                        samples = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+                        self._store(result, self._failed(spec, "interrupted", "interrupted by the user (Ctrl-C)",
+                                                         samples=samples))
+                        self.console.print(f"[yellow]interrupted; results so far are in {self.result_path}; "
+                                           f"continue with --resume[/]")
+                        raise
+                    finally:
+                        progress.remove_task(requests)
+                    self._store(result, cell)
                     progress.advance(overall)
-                    continue
-                requests = progress.add_task(f"  {spec.id}", total=None)
-                try:
-                    cell = self._run_cell(spec, backend, models, workloads, power, guard,
-                                          lambda d, t, task=requests: progress.update(task, completed=d, total=t))
-                except KeyboardInterrupt as exc:
-                    samples = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
-                    self._store(result, self._failed(spec, "interrupted", "interrupted by the user (Ctrl-C)",
-                                                     samples=samples))
-                    self.console.print(f"[yellow]interrupted; results so far are in {self.result_path}; "
-                                       f"continue with --resume[/]")
-                    raise
-                finally:
-                    progress.remove_task(requests)
-                self._store(result, cell)
-                progress.advance(overall)
-                if cell.status == "ok":
-                    summary.ok += 1
-                elif cell.status == "skipped":
-                    summary.skipped += 1
-                else:
-                    summary.failed += 1
-                    summary.failures.append(f"{cell.id}: {cell.error.kind if cell.error else '?'}: "
-                                            f"{cell.error.message if cell.error else ''}")
+                    if cell.status == "ok":
+                        summary.ok += 1
+                    elif cell.status == "skipped":
+                        summary.skipped += 1
+                    else:
+                        summary.failed += 1
+                        summary.failures.append(f"{cell.id}: {cell.error.kind if cell.error else '?'}: "
+                                                f"{cell.error.message if cell.error else ''}")
+        except KeyboardInterrupt:
+            self._finish(result, cells)  # speedups and the report over what was measured, then stop
+            raise
+        self._finish(result, cells)
+        return summary
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    def _finish(self, result: Result, cells: list[CellSpec]) -> None:
+        """Cross-cell metrics, the final save and the report: after the last cell, or after Ctrl-C."""
         self._add_cross_cell_metrics(result)
-        result.complete = all(result.cell(c.id) is not None for c in cells)
+        def done(cell: Cell | None) -> bool:
+            return cell is not None and not (cell.error is not None and cell.error.kind == "interrupted")
+
+        result.complete = all(done(result.cell(spec.id)) for spec in cells)
         result.updated = _now()
         save_atomic(result, self.result_path)
         if self.options.report:
             self._write_report()
-        return summary
 
-    # -- pieces ---------------------------------------------------------------------------------------
     def _score(self) -> bool:
         return self.config.score if self.options.score is None else self.options.score
 

@@ -58,13 +58,28 @@ def test_short_windows_and_energy_over():
         assert short.energy_j is None and short.too_short
         wins = [(base + k * 200_000_000, base + k * 200_000_000 + 150_000_000) for k in range(4)]
         total = s.energy_over(wins, idle_w=50.0)
-        assert total.energy_j == pytest.approx(200 * 0.6, rel=0.06)
+        # 150 ms windows are under 10 counter periods: measured by the instantaneous-power integral
+        assert total.method == "integrated"
+        assert total.measured_j == pytest.approx(200 * 0.6, rel=0.06)
         assert total.energy_net_j == pytest.approx(150 * 0.6, rel=0.08)
         with pytest.raises(ValueError, match="overlap"):
             s.energy_over([(base, base + 10**8), (base + 5 * 10**7, base + 2 * 10**8)])
         trace = s.trace(base, base + 800_000_000, max_points=10)
     assert 1 <= len(trace) <= 10
     assert all(0 <= t <= 0.8 and w == 200.0 for t, w in trace)
+
+
+def test_long_windows_use_the_counter_short_ones_the_instant_integral():
+    with PowerSampler(0, nvml=fake(power=lambda t: 120.0, counter_period_s=0.02)) as s:
+        time.sleep(0.2)
+        t0 = time.monotonic_ns()
+        time.sleep(0.5)
+        t1 = time.monotonic_ns()
+        long = s.energy_between(t0, t1)  # 25 counter periods
+        short = s.energy_between(t0, t0 + 100_000_000)  # 5 counter periods
+    assert long.method == "counter" and long.energy_j == pytest.approx(60.0, rel=0.06)
+    assert short.method == "integrated" and short.energy_integrated_j == pytest.approx(12.0, rel=0.1)
+    assert short.energy_j is not None and "counter" in short.note  # the counter stays as the cross-check
 
 
 def test_average_power_source_and_no_counter():
