@@ -365,7 +365,8 @@ class Nvml:
         h = self.handle(index)
         b = self.backend
         cons = self._opt(lambda: b.power_limit_constraints_mw(h))
-        w = (lambda mw: None if mw is None else mw / 1000.0)
+        def w(mw):
+            return (None if mw is None else mw / 1000.0)
         return PowerLimits(
             current_w=w(self._opt(lambda: b.power_limit_mw(h))),
             default_w=w(self._opt(lambda: b.power_default_limit_mw(h))),

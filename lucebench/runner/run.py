@@ -30,18 +30,18 @@ from lucebench.results.schema import (
     ConfigRecord,
     EngineInfo,
     Environment,
-    ModelInfo,
     PowerState,
     Result,
     Workload,
 )
 from lucebench.results.store import ensure_writable_dir, save_atomic
 from lucebench.runner.cell import CellFailed, CellInterrupted, measure_cell
+from lucebench.runner.checks import token_match
 from lucebench.runner.hardware import add_memory_bandwidth, check_hardware, resolve_backend
 from lucebench.runner.power import RunPower
 from lucebench.runner.prepare import ModelCache, WorkloadCache
-from lucebench.suites import workload_identity
 from lucebench.runner.process import EngineProcess
+from lucebench.suites import workload_identity
 
 
 def _now() -> str:
@@ -320,7 +320,10 @@ class Runner:
             return
         by_key: dict[tuple, Cell] = {}
         ignore = {"engine", "engine_type", "budget", "kv_k", "kv_v"}
-        key = lambda c: tuple(sorted((k, v) for k, v in c.params.items() if k not in ignore))  # noqa: E731
+
+        def key(c: Cell) -> tuple:
+            return tuple(sorted((k, v) for k, v in c.params.items() if k not in ignore))
+
         for c in result.cells:
             if c.status == "ok" and c.params.get("engine") == self.config.baseline:
                 by_key[key(c)] = c
@@ -328,8 +331,6 @@ class Runner:
             base = by_key.get(key(c))
             if c.status == "ok" and base is not None and base is not c:
                 c.metrics.update(compute_speedups(c, base))
-                from lucebench.runner.checks import token_match
-
                 match = token_match(c, base)
                 if match is not None:
                     c.metrics["token_match_pct"], c.checks["lossless"] = match

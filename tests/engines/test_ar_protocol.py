@@ -8,10 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import qwen35_synth as synth
 import torch
 from safetensors.torch import load_file, save_file
-
-import qwen35_synth as synth
 
 
 @pytest.fixture(scope="module")

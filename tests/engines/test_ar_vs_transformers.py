@@ -9,12 +9,10 @@ the chunked delta rule, and the multimodal, sharded and GGUF checkpoint layouts.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
-import torch
-
 import qwen35_synth as synth
+import torch
 from gguf_writer import write_qwen35_gguf
 
 N_GEN = 32

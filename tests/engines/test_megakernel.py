@@ -63,9 +63,8 @@ def _gpu_arch() -> str | None:
 
 @pytest.mark.skipif(_gpu_arch() is None or _nvcc() is None, reason="needs an NVIDIA GPU and nvcc")
 def test_megakernel_matches_transformers(tmp_path_factory) -> None:
-    import torch
-
     import qwen35_synth as synth
+    import torch
     from conftest import Engine
 
     exe = _build("cuda", _gpu_arch())

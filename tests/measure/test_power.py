@@ -21,7 +21,8 @@ def fake(**kw) -> Nvml:
 
 def test_sampler_rate_counter_period_and_energy():
     t_on = time.monotonic() + 0.25
-    load = lambda t: 450.0 if t_on <= t < t_on + 1.4 else 90.0
+    def load(t):
+        return 450.0 if t_on <= t < t_on + 1.4 else 90.0
     with PowerSampler(0, nvml=fake(power=load, counter_period_s=0.05)) as s:
         time.sleep(1.8)
         assert s.sample_rate_hz() >= 20
@@ -121,7 +122,8 @@ def test_sampler_survives_failing_reads():
 
 def test_idle_power_is_the_median_despite_spikes():
     start = time.monotonic()
-    spiky = lambda t: 400.0 if int((t - start) * 50) % 10 == 0 else 60.0
+    def spiky(t):
+        return 400.0 if int((t - start) * 50) % 10 == 0 else 60.0
     assert measure_idle_power(0, seconds=0.5, nvml=fake(power=spiky)) == pytest.approx(60.0)
     no_power = fake(power=lambda t: 70.0, power_supported=False)
     assert measure_idle_power(0, seconds=0.5, nvml=no_power) == pytest.approx(70.0, rel=0.05)
