@@ -4,7 +4,7 @@
 vs AR on three datasets with a budget sweep, long-context cells with two KV types, a failed and a
 skipped cell), with per-repetition samples, per-phase energy and power traces; metrics are derived
 from the samples the way docs/metrics.md defines them. `cpu_result` is a CPU smoke run without power.
-Loaded by path from the conftest files (pytest runs in importlib mode).
+Loaded by path from tests/conftest.py (pytest runs in importlib mode).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Fixtures for tests/results: fabricated results (tests/results/fabricate.py) and a CLI runner."""
+"""Fixtures shared by tests/results and tests/reports: fabricated results (tests/results/fabricate.py) and a
+CLI runner. In the tests root so both folders see them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def load_fabricate() -> ModuleType:
     name = "lucebench_test_fabricate"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fabricate.py"))
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "results" / "fabricate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
