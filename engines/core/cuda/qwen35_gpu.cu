@@ -11,6 +11,7 @@
 #include "../backend.h"
 #include "../half.h"
 #include "gpu_ops.h"
+#include "qwen35_forward.h"
 
 namespace lb {
 namespace {
@@ -186,65 +187,17 @@ private:
     static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
     static const float* F(const Mat& m) { return (const float*)m.ptr; }
 
-    struct Workspace {
-        int cap = 0;
-        int* tokens = nullptr;
-        float *x, *h, *big, *conv, *g, *beta, *o, *normed, *act, *logits;
-    } ws_;
+    gpu::ForwardWorkspace ws_;
 
     void ensure_workspace(int n) {
-        if (n <= ws_.cap) return;
         // Buffers only grow; the captured decode graph uses the n = 1 slice of them, so it is recaptured.
+        if (n <= ws_.cap) return;
         if (graph_exec_) { gpuGraphExecDestroy(graph_exec_); graph_exec_ = nullptr; }
-        const size_t H = size_t(cfg_.hidden);
-        const size_t wide = std::max({size_t(cfg_.lin_in_rows()), size_t(cfg_.attn_qkv_rows()), 2 * size_t(cfg_.intermediate)});
-        const size_t N = size_t(n);
-        ws_.cap = n;
-        ws_.tokens = (int*)alloc(sizeof(int) * N);
-        ws_.x = (float*)alloc(4 * N * H);
-        ws_.h = (float*)alloc(4 * N * H);
-        ws_.big = (float*)alloc(4 * N * wide);
-        ws_.conv = (float*)alloc(4 * N * size_t(cfg_.conv_dim()));
-        ws_.g = (float*)alloc(4 * N * size_t(cfg_.lin_v_heads));
-        ws_.beta = (float*)alloc(4 * N * size_t(cfg_.lin_v_heads));
-        ws_.o = (float*)alloc(4 * N * std::max(size_t(cfg_.lin_value_dim()), size_t(cfg_.n_heads) * cfg_.head_dim));
-        ws_.normed = (float*)alloc(4 * N * size_t(cfg_.lin_value_dim()));
-        ws_.act = (float*)alloc(4 * N * size_t(cfg_.intermediate));
-        if (!ws_.logits) ws_.logits = (float*)alloc(4 * size_t(cfg_.vocab));
+        ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
     void run_layers(const int* d_tokens, int n) {
-        const int H = cfg_.hidden, I = cfg_.intermediate;
-        gpu::embed(d_tokens, n, W(w_.embed), H, ws_.x, s_);
-        for (int l = 0; l < cfg_.n_layers; ++l) {
-            const Qwen35Layer& L = w_.layers[size_t(l)];
-            gpu::rmsnorm(ws_.x, F(L.input_norm), ws_.h, n, H, cfg_.eps, s_);
-            if (L.full) {
-                const int nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, rows = cfg_.attn_qkv_rows();
-                gpu::matmul(ws_.h, n, H, W(L.attn_qkv), rows, ws_.big, false, s_);
-                gpu::attn_prep(ws_.big, rows, n, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
-                               cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
-                gpu::attention(ws_.big, rows, n, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, ws_.o, s_);
-                gpu::matmul(ws_.o, n, nh * hd, W(L.o_proj), H, ws_.x, true, s_);
-            } else {
-                const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
-                const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
-                gpu::matmul(ws_.h, n, H, W(L.lin_in), rows, ws_.big, false, s_);
-                gpu::conv1d_silu(ws_.big, rows, n, cd, cfg_.conv_kernel, F(L.conv_w), conv_[size_t(l)], ws_.conv, s_);
-                gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws_.g, ws_.beta, s_);
-                gpu::delta_rule(ws_.conv, cd, n, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
-                gpu::gated_rmsnorm(ws_.o, ws_.big + cd, rows, F(L.ssm_norm), ws_.normed, n, hv, dv, cfg_.eps, s_);
-                gpu::matmul(ws_.normed, n, vd, W(L.out_proj), H, ws_.x, true, s_);
-            }
-            gpu::rmsnorm(ws_.x, F(L.post_norm), ws_.h, n, H, cfg_.eps, s_);
-            gpu::matmul(ws_.h, n, H, W(L.gate_up), 2 * I, ws_.big, false, s_);
-            gpu::silu_mul(ws_.big, n, I, ws_.act, s_);
-            gpu::matmul(ws_.act, n, I, W(L.down), H, ws_.x, true, s_);
-        }
-        gpu::rmsnorm(ws_.x + size_t(n - 1) * H, F(w_.final_norm), ws_.h, 1, H, cfg_.eps, s_);
-        gpu::matmul(ws_.h, 1, H, W(w_.lm_head), cfg_.vocab, ws_.logits, false, s_);
-        gpu::argmax(ws_.logits, cfg_.vocab, d_next_, s_);
-        gpu::add_pos(d_pos_, n, s_);
+        gpu::forward_layers(cfg_, w_, ws_, {kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_}, d_tokens, n, d_next_, s_);
     }
 
     // One token through the fused decode kernels (captured into the decode graph).

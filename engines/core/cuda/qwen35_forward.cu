@@ -1,0 +1,67 @@
+#include "qwen35_forward.h"
+
+#include <algorithm>
+
+namespace lb::gpu {
+namespace {
+const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
+const float* F(const Mat& m) { return (const float*)m.ptr; }
+}  // namespace
+
+bool ForwardWorkspace::ensure(const Qwen35Config& cfg, int n, const std::function<void*(size_t)>& alloc) {
+    if (n <= cap) return false;
+    const size_t H = size_t(cfg.hidden);
+    const size_t wide = std::max({size_t(cfg.lin_in_rows()), size_t(cfg.attn_qkv_rows()), 2 * size_t(cfg.intermediate)});
+    const size_t N = size_t(n);
+    cap = n;
+    tokens = (int*)alloc(sizeof(int) * N);
+    x = (float*)alloc(4 * N * H);
+    h = (float*)alloc(4 * N * H);
+    big = (float*)alloc(4 * N * wide);
+    conv = (float*)alloc(4 * N * size_t(cfg.conv_dim()));
+    g = (float*)alloc(4 * N * size_t(cfg.lin_v_heads));
+    beta = (float*)alloc(4 * N * size_t(cfg.lin_v_heads));
+    o = (float*)alloc(4 * N * std::max(size_t(cfg.lin_value_dim()), size_t(cfg.n_heads) * cfg.head_dim));
+    normed = (float*)alloc(4 * N * size_t(cfg.lin_value_dim()));
+    act = (float*)alloc(4 * N * size_t(cfg.intermediate));
+    if (!logits) logits = (float*)alloc(4 * size_t(cfg.vocab));
+    return true;
+}
+
+void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWorkspace& ws, const ForwardCaches& c,
+                    const int* d_tokens, int n, int* d_next, gpuStream_t s) {
+    const int H = cfg.hidden, I = cfg.intermediate;
+    embed(d_tokens, n, W(w.embed), H, ws.x, s);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        const Qwen35Layer& L = w.layers[size_t(l)];
+        const size_t li = size_t(l);
+        rmsnorm(ws.x, F(L.input_norm), ws.h, n, H, cfg.eps, s);
+        if (L.full) {
+            const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows();
+            matmul(ws.h, n, H, W(L.attn_qkv), rows, ws.big, false, s);
+            attn_prep(ws.big, rows, n, nh, nkv, hd, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm), cfg.eps,
+                      c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s);
+            attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s);
+            matmul(ws.o, n, nh * hd, W(L.o_proj), H, ws.x, true, s);
+        } else {
+            const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
+            const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
+            matmul(ws.h, n, H, W(L.lin_in), rows, ws.big, false, s);
+            conv1d_silu(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.conv, s);
+            deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g, ws.beta, s);
+            delta_rule(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, c.ssm[li], ws.o, s);
+            gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
+            matmul(ws.normed, n, vd, W(L.out_proj), H, ws.x, true, s);
+        }
+        rmsnorm(ws.x, F(L.post_norm), ws.h, n, H, cfg.eps, s);
+        matmul(ws.h, n, H, W(L.gate_up), 2 * I, ws.big, false, s);
+        silu_mul(ws.big, n, I, ws.act, s);
+        matmul(ws.act, n, I, W(L.down), H, ws.x, true, s);
+    }
+    rmsnorm(ws.x + size_t(n - 1) * H, F(w.final_norm), ws.h, 1, H, cfg.eps, s);
+    matmul(ws.h, 1, H, W(w.lm_head), cfg.vocab, ws.logits, false, s);
+    argmax(ws.logits, cfg.vocab, d_next, s);
+    add_pos(c.d_pos, n, s);
+}
+
+}  // namespace lb::gpu

@@ -1,0 +1,40 @@
+// The layer-by-layer Qwen3.5 forward over n tokens on the core's CUDA operations: the `ar` engine's
+// prefill (and its legacy decode path) and the megakernel engine's prefill. One copy, so they cannot drift.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "../qwen35_model.h"
+#include "gpu_ops.h"
+
+namespace lb::gpu {
+
+// Activations of a forward over up to `cap` tokens. Buffers only grow.
+struct ForwardWorkspace {
+    int cap = 0;
+    int* tokens = nullptr;
+    float *x = nullptr, *h = nullptr, *big = nullptr, *conv = nullptr, *g = nullptr, *beta = nullptr, *o = nullptr,
+          *normed = nullptr, *act = nullptr, *logits = nullptr;
+
+    // Makes room for n tokens, allocating device bytes with `alloc`; false when there already was room.
+    bool ensure(const Qwen35Config& cfg, int n, const std::function<void*(size_t)>& alloc);
+};
+
+// What a forward reads and appends to: per layer the KV cache (full attention) or the DeltaNet and conv
+// states, and the device counter of tokens already in them.
+struct ForwardCaches {
+    const std::vector<void*>& k;
+    const std::vector<void*>& v;
+    DType kt, vt;
+    const std::vector<float*>& ssm;
+    const std::vector<float*>& conv;
+    int* d_pos;
+};
+
+// Embeds d_tokens[0..n), runs every layer, then the final norm and LM head on the last token; writes
+// its argmax to d_next and advances d_pos by n.
+void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWorkspace& ws, const ForwardCaches& caches,
+                    const int* d_tokens, int n, int* d_next, gpuStream_t s);
+
+}  // namespace lb::gpu
