@@ -48,9 +48,9 @@ class CellFailed(Exception):
         self.samples = samples
 
 
-def _request(prompt: Prompt, workload: PreparedWorkload, req_id: str, eos_ids: list[int]) -> dict[str, Any]:
+def _request(prompt: Prompt, workload: PreparedWorkload, req_id: str) -> dict[str, Any]:
     return {"type": "generate", "id": req_id, "prompt_ids": prompt.token_ids, "n_gen": workload.n_gen,
-            "ignore_eos": workload.ignore_eos, "eos_ids": eos_ids}
+            "ignore_eos": workload.ignore_eos, "eos_ids": list(workload.eos_ids)}
 
 
 def _output_ids(reply: dict[str, Any], n_gen: int) -> list[int] | None:
@@ -103,7 +103,7 @@ def _short_phases(samples: list[Sample], min_window_s: float, headline: str) -> 
 
 
 def measure_cell(proc: EngineProcess, workload: PreparedWorkload, measure: Measure, *, power: RunPower,
-                 device: int | None, eos_ids: list[int], deadline: float, cell_id: str,
+                 device: int | None, deadline: float, cell_id: str,
                  on_request: Callable[[int, int], None] | None = None) -> CellMeasurement:
     """Run warm-ups and measured repetitions on a started engine; return raw samples and phase energy."""
     prompts = workload.prompts
@@ -117,7 +117,7 @@ def measure_cell(proc: EngineProcess, workload: PreparedWorkload, measure: Measu
         if remaining <= 0:
             raise EngineError("timeout", f"cell timeout ({measure.timeout_s:g} s) reached")
         t0 = time.perf_counter()
-        reply = proc.request(_request(prompt, workload, req_id, eos_ids), min(measure.request_timeout_s, remaining))
+        reply = proc.request(_request(prompt, workload, req_id), min(measure.request_timeout_s, remaining))
         return reply, time.perf_counter() - t0
 
     try:

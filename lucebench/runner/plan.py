@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lucebench.config.schema import Config
-from lucebench.engines.registry import resolve_engine
+from lucebench.engines.registry import ENGINE_TYPES
 from lucebench.matrix import CellSpec
 
 # Rough throughputs used only for the estimate (tok/s prefill, tok/s decode, seconds to load).
@@ -48,9 +48,9 @@ def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Con
         table.add_row(spec.id, spec.engine_type, spec.model, spec.suite, settings or "-",
                       f"{seconds:.0f} s" if seconds is not None else "?")
     console.print(table)
-    builds = sorted({resolve_engine(c.engine, config.engines)[0].name for c in cells
-                     if resolve_engine(c.engine, config.engines)[0].kind == "bundled"} |
-                    ({"llama.cpp"} if any(c.engine_type == "llama.cpp" for c in cells) else set()))
+    # What CMake builds: the bundled engines, and llama.cpp for its baseline.
+    builds = sorted({c.engine_type for c in cells
+                     if ENGINE_TYPES[c.engine_type].kind == "bundled" or c.engine_type == "llama.cpp"})
     console.print(f"builds ({backend}): {', '.join(builds) or 'none'}")
     for name in sorted({c.model for c in cells}):
         src = config.models[name]

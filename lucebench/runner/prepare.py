@@ -59,9 +59,8 @@ def _model_facts(path: Path) -> dict[str, Any]:
 class WorkloadCache:
     """Each (suite, model, context) tokenised once: every engine of the run gets identical token ids."""
 
-    def __init__(self, config: Config, score: bool = False):
+    def __init__(self, config: Config):
         self.config = config
-        self.score = score
         self._workloads: dict[tuple, PreparedWorkload] = {}
 
     def get(self, spec: CellSpec, model_dir: Path) -> PreparedWorkload:

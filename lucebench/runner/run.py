@@ -110,7 +110,7 @@ class Runner:
         result = self._start_result(env)
         summary = RunSummary(result_path=self.result_path)
         models = ModelCache(self.config, console=self.console)
-        workloads = WorkloadCache(self.config, score=self._score())
+        workloads = WorkloadCache(self.config)
         # Resolve every model and workload first: a missing model or unknown suite is a config error
         # (exit 2) found before anything is measured, not a failure in cell 17.
         for spec in cells:
@@ -272,7 +272,7 @@ class Runner:
                 engine.ready = ready
                 engine.version = (ready.get("engine") or {}).get("version")
                 m = measure_cell(proc, workload, measure, power=power, device=spec.gpu,
-                                 eos_ids=list(workload.eos_ids), deadline=deadline, cell_id=spec.id,
+                                 deadline=deadline, cell_id=spec.id,
                                  on_request=on_request)
         except CellInterrupted as exc:
             raise KeyboardInterrupt(exc.samples) from None
