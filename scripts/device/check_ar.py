@@ -126,24 +126,12 @@ def hf_timing(model, vocab: int) -> dict:
 
 
 def copy_bandwidth() -> float:
-    """Device-to-device copy of 2 GiB, bytes read + written over the median time."""
-    a = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    a.random_(0, 255)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    times = []
-    for _ in range(10):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3)
-    times.sort()
-    bw = 2 * a.numel() / times[len(times) // 2]
-    del a, b
-    torch.cuda.empty_cache()
+    """Device-to-device copy of 2 GiB, bytes read + written over the median time (lucebench's own measure)."""
+    from lucebench.measure.bandwidth import measure_copy_bandwidth
+
+    bw = measure_copy_bandwidth(0, size_bytes=2 << 30, repeats=10)
+    if bw is None:
+        raise RuntimeError("no CUDA device for the copy-bandwidth measurement")
     return bw
 
 
