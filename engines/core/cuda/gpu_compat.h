@@ -8,9 +8,16 @@
 #include "../errors.h"
 
 #if defined(__HIPCC__) || defined(LB_USE_HIP)
-#include <hip/hip_bf16.h>
 #include <hip/hip_fp16.h>
 #include <hip/hip_runtime.h>
+#if __has_include(<hip/hip_bf16.h>)
+#include <hip/hip_bf16.h>
+#define LB_HIP_BF16 __hip_bfloat16
+#else  // older HIP (Debian 12's 5.2): only the hip_bfloat16 class (explicit from float, operator float)
+#include <hip/hip_bfloat16.h>
+#define LB_HIP_BF16 hip_bfloat16
+#define LB_HIP_OLD_BF16 1
+#endif
 #define gpuError_t hipError_t
 #define gpuSuccess hipSuccess
 #define gpuGetErrorString hipGetErrorString
@@ -45,7 +52,20 @@
 #define gpuGraphDestroy hipGraphDestroy
 #define gpuGraphExecDestroy hipGraphExecDestroy
 #define LB_GPU_NAME "hip"
-#define LB_WARP 64
+// Wavefront size: 64 on GCN/CDNA (gfx9), 32 on RDNA (gfx10 and newer, the compiler's default there). Host
+// and device code must agree, so CMake passes LB_HIP_WARP for the target list; the device pass checks it.
+#if !defined(LB_HIP_WARP)
+#define LB_HIP_WARP 64
+#endif
+#define LB_WARP LB_HIP_WARP
+#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != LB_HIP_WARP
+#error "LB_HIP_WARP differs from the target's wavefront size (gfx9: 64, gfx10+: 32)"
+#endif
+// HIP before 6.2 has no *_sync warp functions (later ones want a 64-bit mask); every use in the kernels has
+// the whole warp taking part, so the mask is dropped.
+#define __shfl_xor_sync(mask, ...) __shfl_xor(__VA_ARGS__)
+#define __shfl_down_sync(mask, ...) __shfl_down(__VA_ARGS__)
+#define __syncwarp(...) ::lb::gpu::hip_syncwarp()
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -89,17 +109,30 @@
 
 namespace lb::gpu {
 
+#if defined(__HIPCC__) || defined(LB_USE_HIP)
+// __syncwarp: order the wavefront's memory accesses (lanes of a wavefront run in lock step).
+__device__ __forceinline__ void hip_syncwarp() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+#endif
+
 #if defined(LB_GPU_FP16)
 using wtype = __half;
 inline __host__ __device__ float w2f(wtype v) { return __half2float(v); }
 #define LB_WTYPE_NAME "f16"
 #else
 #if defined(__HIPCC__) || defined(LB_USE_HIP)
-using wtype = __hip_bfloat16;
+using wtype = LB_HIP_BF16;
 #else
 using wtype = __nv_bfloat16;
 #endif
+#if defined(LB_HIP_OLD_BF16)
+inline __device__ float w2f(wtype v) { return float(v); }
+#else
 inline __device__ float w2f(wtype v) { return __bfloat162float(v); }
+#endif
 #define LB_WTYPE_NAME "bf16"
 #endif
 

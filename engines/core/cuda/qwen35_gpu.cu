@@ -39,9 +39,9 @@ public:
         fused_delta_ = !(fd && fd[0] == '0');
     }
     ~GpuBackend() override {
-        if (graph_exec_) gpuGraphExecDestroy(graph_exec_);
-        for (void* p : allocations_) gpuFree(p);
-        if (d_key_) gpuFree(d_key_);
+        if (graph_exec_) (void)gpuGraphExecDestroy(graph_exec_);
+        for (void* p : allocations_) (void)gpuFree(p);
+        if (d_key_) (void)gpuFree(d_key_);
     }
 
     std::string name() const override { return LB_GPU_NAME; }
@@ -139,7 +139,7 @@ public:
                     run_layers(d_tok_, 1);
                 GPU_CHECK(gpuStreamEndCapture(s_, &graph));
                 GPU_CHECK(gpuGraphInstantiate(&graph_exec_, graph));
-                gpuGraphDestroy(graph);
+                (void)gpuGraphDestroy(graph);
             }
             GPU_CHECK(gpuGraphLaunch(graph_exec_, s_));
         } else {
@@ -192,7 +192,7 @@ private:
     void ensure_workspace(int n) {
         // Buffers only grow; the captured decode graph uses the n = 1 slice of them, so it is recaptured.
         if (n <= ws_.cap) return;
-        if (graph_exec_) { gpuGraphExecDestroy(graph_exec_); graph_exec_ = nullptr; }
+        if (graph_exec_) { (void)gpuGraphExecDestroy(graph_exec_); graph_exec_ = nullptr; }
         ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
