@@ -355,6 +355,48 @@ __global__ void conv1d_silu_kernel(const float* x, int ldx, int n, int C, int K,
     for (int j = 0; j < K - 1; ++j) state[size_t(c) * (K - 1) + j] = win[j];
 }
 
+// Same math as conv1d_silu_kernel, parallel over (channel, strip of CONV_TT tokens): grid (C / 128, n / TT).
+// With in(tau) = x[tau][c] for tau >= 0 and the old state[c][K-1+tau] for tau < 0,
+// y[t][c] = silu(w[K-1] in(t) + sum_{j<K-1} w[j] in(t-K+1+j)) (the old kernel's summation order) and the new
+// state is in(n-K+1 .. n-1). Since TT >= K-1, only strip 0 reads the old state; its thread for channel c
+// writes the new state of c after all of its own reads, so no other thread can see a half-updated state.
+constexpr int CONV_TT = 8;
+template <int K>
+__global__ void conv1d_silu_par_kernel(const float* x, int ldx, int n, int C, const float* w, float* state, float* y) {
+    static_assert(K >= 1 && K - 1 <= CONV_TT, "strip shorter than the conv state");
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int t0 = blockIdx.y * CONV_TT;
+    float* st = state + size_t(c) * (K - 1);
+    float win[K - 1 + CONV_TT];  // win[i] = in(t0 - (K-1) + i)
+#pragma unroll
+    for (int i = 0; i < K - 1 + CONV_TT; ++i) {
+        const int tau = t0 - (K - 1) + i;
+        win[i] = tau < 0 ? st[K - 1 + tau] : (tau < n ? x[size_t(tau) * ldx + c] : 0.f);
+    }
+    float wc[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) wc[j] = w[size_t(c) * K + j];
+#pragma unroll
+    for (int u = 0; u < CONV_TT; ++u) {
+        if (t0 + u >= n) break;
+        float acc = wc[K - 1] * win[u + K - 1];
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) acc += wc[j] * win[u + j];
+        y[size_t(t0 + u) * C + c] = silu(acc);
+    }
+    if (blockIdx.y == 0 && K > 1) {
+        float ns[K > 1 ? K - 1 : 1];
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) {  // new state[j] = in(n - (K-1) + j); read everything, then write
+            const int tau = n - (K - 1) + j;
+            ns[j] = tau < 0 ? st[K - 1 + tau] : x[size_t(tau) * ldx + c];
+        }
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) st[j] = ns[j];
+    }
+}
+
 // grid (n, 2 * hk + 1): blocks y < 2*hk normalise one q or k head; the last one computes g and beta.
 __global__ void deltanet_prep_kernel(float* y, int ldy, const float* proj, int ldp, int b_off, const float* negA,
                                      const float* dt_bias, int hk, int dk, int hv, float* g, float* beta) {
@@ -563,6 +605,169 @@ __global__ void attention_kernel(const float* qkv, int ld, int nh, int nkv, int 
     }
 }
 
+#if defined(LB_CUDA)
+// Prefill attention, tiled: same math as attention_kernel (scores q.k / sqrt(hd), causal online softmax in
+// fp32 with __expf, o / l * sigmoid(gate)). Grid (ceil(n / rows), nkv), 256 threads; a block takes
+// TA_QV = 32 query vectors: rows t0 .. t0 + rows - 1 (rows = 32 / G) times the G = nh / nkv query heads of
+// KV head blockIdx.y (vector v = r * G + g is head kvh * G + g of row t0 + r). Keys go in tiles of TA_TK = 32
+// positions, staged in shared memory as fp32 (through kv_load, so every cache type works) and shared by the
+// 32 vectors. Per tile: (1) thread (v = tid / 8, sg = tid % 8) computes the scores of vector v with keys
+// sg, sg + 8, sg + 16, sg + 24; (2) the same 8 threads reduce the tile maximum, rescale (m, l) and write
+// p = exp(score - m) (0 where masked) to Ps and the factor exp(m_old - m_new) to corr_s; (3) warp w owns
+// vectors 4w .. 4w + 3 and lane owns dims 4 lane + 128 c (+0..3): acc = acc * corr + sum_s p_s v_s.
+// Row t (absolute position *d_pos + t) sees keys 0 .. *d_pos + t; key 0 is never masked, so m is finite
+// after the first tile and the masked p are exact zeros (the K/V rows past the block's last key are zero).
+constexpr int TA_QV = 32, TA_TK = 32, TA_THREADS = 256;
+template <int HD>
+constexpr size_t attention_tiled_smem() {
+    return sizeof(float) * (size_t(TA_QV) * (HD + 4) + size_t(TA_TK) * (HD + 4) + size_t(TA_TK) * HD +
+                            size_t(TA_QV) * (TA_TK + 4) + 2 * TA_QV);
+}
+template <int HD>
+__global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float* qkv, int ld, int n, int nh, int nkv,
+                                                                     const int* d_pos, const void* kcache, DType kt,
+                                                                     const void* vcache, DType vt, float* out) {
+    static_assert(HD % 128 == 0, "lane owns HD / 32 dims as float4 chunks 128 apart");
+    constexpr int LDQ = HD + 4;       // Qs / Ks row stride: rows r..r+7 start in 8 distinct 4-bank groups
+    constexpr int LDP = TA_TK + 4;
+    constexpr int NC = HD / 128;      // float4 chunks per lane in phase 3
+    extern __shared__ __align__(16) float att_sm[];
+    float* Qs = att_sm;                   // [QV][LDQ]
+    float* Ks = Qs + TA_QV * LDQ;         // [TK][LDQ]
+    float* Vs = Ks + TA_TK * LDQ;         // [TK][HD]
+    float* Ps = Vs + TA_TK * HD;          // [QV][LDP]
+    float* corr_s = Ps + TA_QV * LDP;     // [QV]
+    float* l_s = corr_s + TA_QV;          // [QV]
+    const int G = nh / nkv, rows = TA_QV / G;
+    const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) tiles start first
+    const int kvh = blockIdx.y, t0 = tile * rows;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int p0 = *d_pos;
+    const int s_end = p0 + min(t0 + rows, n) - 1;  // last key any valid row of this block sees
+    const float scale = rsqrtf(float(HD));
+    const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
+
+    for (int e = tid; e < TA_QV * (HD / 4); e += TA_THREADS) {
+        const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
+        const int t = t0 + v / G, h = kvh * G + v % G;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        *(float4*)(Qs + v * LDQ + d) = q;
+    }
+
+    const int v1 = tid / 8, sg = tid % 8;       // phases 1-2
+    const int last1 = p0 + t0 + v1 / G;         // last key of vector v1
+    float m = -FLT_MAX, l = 0.f;                // identical in the 8 threads of v1
+    float acc[4][NC][4];                        // phase 3: vectors 4 warp + a, dims c * 128 + 4 lane + i
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[a][c][i] = 0.f;
+
+    for (int s0 = 0; s0 <= s_end; s0 += TA_TK) {
+        __syncthreads();  // the previous tile's Ks, Vs, Ps, corr_s are no longer read
+        for (int e = tid; e < TA_TK * HD; e += TA_THREADS) {
+            const int j = e / HD, d = e % HD, sp = s0 + j;
+            float kx = 0.f, vx = 0.f;
+            if (sp <= s_end) {
+                const size_t r = size_t(sp) * nkv + kvh;
+                kx = kv_load((const uint8_t*)kcache + r * krow, kt, d);
+                vx = kv_load((const uint8_t*)vcache + r * vrow, vt, d);
+            }
+            Ks[j * LDQ + d] = kx;
+            Vs[j * HD + d] = vx;
+        }
+        __syncthreads();
+        // (1) scores
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            const float4 q = *(const float4*)(Qs + v1 * LDQ + d);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 k = *(const float4*)(Ks + (sg + 8 * i) * LDQ + d);
+                sc[i] += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+            }
+        }
+        // (2) online softmax update of vector v1
+        float mt = -FLT_MAX;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            sc[i] *= scale;
+            if (s0 + sg + 8 * i <= last1) mt = fmaxf(mt, sc[i]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffff, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffff, mt, 2));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffff, mt, 4));
+        const float m_new = fmaxf(m, mt);
+        const float corr = __expf(m - m_new);
+        float ps = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float p = s0 + sg + 8 * i <= last1 ? __expf(sc[i] - m_new) : 0.f;
+            Ps[v1 * LDP + sg + 8 * i] = p;
+            ps += p;
+        }
+        ps += __shfl_xor_sync(0xffffffff, ps, 1);
+        ps += __shfl_xor_sync(0xffffffff, ps, 2);
+        ps += __shfl_xor_sync(0xffffffff, ps, 4);
+        l = l * corr + ps;
+        m = m_new;
+        if (sg == 0) corr_s[v1] = corr;
+        __syncthreads();
+        // (3) acc = acc * corr + P V
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const float cr = corr_s[warp * 4 + a];
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[a][c][i] *= cr;
+        }
+#pragma unroll 2
+        for (int j = 0; j < TA_TK; j += 4) {
+            float4 p[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) p[a] = *(const float4*)(Ps + (warp * 4 + a) * LDP + j);
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+                for (int c = 0; c < NC; ++c) {
+                    const float4 vv = *(const float4*)(Vs + (j + jj) * HD + c * 128 + lane * 4);
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) {
+                        const float pa = jj == 0 ? p[a].x : jj == 1 ? p[a].y : jj == 2 ? p[a].z : p[a].w;
+                        acc[a][c][0] += pa * vv.x;
+                        acc[a][c][1] += pa * vv.y;
+                        acc[a][c][2] += pa * vv.z;
+                        acc[a][c][3] += pa * vv.w;
+                    }
+                }
+            }
+        }
+    }
+    if (sg == 0) l_s[v1] = l;
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const int v = warp * 4 + a, t = t0 + v / G, h = kvh * G + v % G;
+        if (t >= n) continue;
+        const float L = l_s[v];
+        const float* gate = qkv + size_t(t) * ld + size_t(h) * 2 * HD + HD;
+        float* o = out + (size_t(t) * nh + h) * HD;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = c * 128 + lane * 4 + i;
+                o[e] = acc[a][c][i] / L * sigmoidf(gate[e]);
+            }
+    }
+}
+#endif
+
 __global__ void silu_mul_kernel(const float* gu, int n, int I, float* out) {
     const size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (e >= size_t(n) * I) return;
@@ -594,33 +799,35 @@ __global__ void argmax_kernel(const float* x, int n, int* result) {
 
 __global__ void add_pos_kernel(int* pos, int n) { *pos += n; }
 
-// Chunked delta rule split over value columns: grid (hv, dv / DR_CB), 256 threads. Column j of U and of
-// the state depend only on column j of V (and on the chunk's K, Q, g, beta), so each block owns DR_CB
-// columns of one head and keeps that state slice in shared memory for the whole sequence.
-constexpr int DR_CB = 32;
-template <int DCT>
+// Chunked delta rule split over value columns: grid (hv, dv / CB), 256 threads. Column j of U and of
+// the state depend only on column j of V (and on the chunk's K, Q, g, beta), so each block owns CB
+// columns of one head and keeps that state slice in shared memory for the whole sequence. CB = DR_CB (16)
+// by default: twice the blocks of CB = 32 (each recomputes the chunk's Gram matrices), pp520 on the H200
+// 21.8k -> 25.8k tok/s with identical greedy tokens (docs/engines.md); LB_GPU_DR_CB=32 selects the wider one.
+constexpr int DR_CB = 16;
+template <int DCT, int CB>
 __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
                                                               int dv, const float* g, const float* beta, float* state,
                                                               float* out) {
     extern __shared__ float sm[];
     const int LDK = dk + 1, LDA = DCT + 1;
     float* Ss = sm;                    // [dk][CB]
-    float* Ks = Ss + dk * DR_CB;       // [DCT][LDK]
+    float* Ks = Ss + dk * CB;          // [DCT][LDK]
     float* Qs = Ks + DCT * LDK;        // [DCT][LDK]
     float* Us = Qs + DCT * LDK;        // [DCT][CB]
-    float* Ws = Us + DCT * DR_CB;      // [DCT][CB]  K S0
-    float* QSs = Ws + DCT * DR_CB;     // [DCT][CB]  Q S0
-    float* A = QSs + DCT * DR_CB;      // [DCT][LDA] beta_t (k_t.k_s) e^{gamma_t - gamma_s}, s < t
+    float* Ws = Us + DCT * CB;         // [DCT][CB]  K S0
+    float* QSs = Ws + DCT * CB;        // [DCT][CB]  Q S0
+    float* A = QSs + DCT * CB;         // [DCT][LDA] beta_t (k_t.k_s) e^{gamma_t - gamma_s}, s < t
     float* B = A + DCT * LDA;          // [DCT][LDA] (q_t.k_s) e^{gamma_t - gamma_s}, s <= t
     float* gam = B + DCT * LDA;        // [DCT]
     float* bet = gam + DCT;            // [DCT]
     float* eg = bet + DCT;             // [DCT] e^{gamma_t}
     float* eL = eg + DCT;              // [DCT] e^{gamma_L - gamma_s}
     float* Vs = eL + DCT;              // [DCT][CB]
-    const int h = blockIdx.x, c0 = blockIdx.y * DR_CB, kh = h / (hv / hk), kd = hk * dk;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int h = blockIdx.x, c0 = blockIdx.y * CB, kh = h / (hv / hk), kd = hk * dk;
+    const int tid = threadIdx.x;
     float* S = state + size_t(h) * dk * dv + c0;
-    for (int e = tid; e < dk * DR_CB; e += 256) Ss[e] = S[size_t(e / DR_CB) * dv + e % DR_CB];
+    for (int e = tid; e < dk * CB; e += 256) Ss[e] = S[size_t(e / CB) * dv + e % CB];
     for (int t0 = 0; t0 < n; t0 += DCT) {
         const int L = min(DCT, n - t0);
         for (int e = tid; e < L * dk; e += 256) {
@@ -629,8 +836,8 @@ __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, 
             Qs[t * LDK + i] = row[kh * dk + i];
             Ks[t * LDK + i] = row[kd + kh * dk + i];
         }
-        for (int e = tid; e < L * DR_CB; e += 256)
-            Vs[e] = qkv[size_t(t0 + e / DR_CB) * ld + 2 * kd + size_t(h) * dv + c0 + e % DR_CB];
+        for (int e = tid; e < L * CB; e += 256)
+            Vs[e] = qkv[size_t(t0 + e / CB) * ld + 2 * kd + size_t(h) * dv + c0 + e % CB];
         if (tid == 0) {
             float acc = 0;
             for (int t = 0; t < L; ++t) {
@@ -656,11 +863,11 @@ __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, 
                 B[t * LDA + s] = b * d;
             }
         }
-        for (int e = tid; e < L * DR_CB; e += 256) {
-            const int t = e / DR_CB, j = e % DR_CB;
+        for (int e = tid; e < L * CB; e += 256) {
+            const int t = e / CB, j = e % CB;
             float a = 0, b = 0;
             for (int i = 0; i < dk; ++i) {
-                const float sij = Ss[i * DR_CB + j];
+                const float sij = Ss[i * CB + j];
                 a += Ks[t * LDK + i] * sij;
                 b += Qs[t * LDK + i] * sij;
             }
@@ -668,42 +875,44 @@ __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, 
             QSs[e] = b;
         }
         __syncthreads();
-        {   // forward substitution: warp w owns columns 4w..4w+3, 8 lanes per column split the sum over s
-            const int col = warp * 4 + lane / 8, sub = lane % 8;
+        {   // forward substitution: LPC = 256 / CB consecutive lanes per column split the sum over s
+            // (CB = 32: warp w owns columns 4w..4w+3, 8 lanes each)
+            constexpr int LPC = 256 / CB;
+            static_assert(LPC >= 1 && LPC <= 32 && 256 % CB == 0, "lanes per column");
+            const int col = tid / LPC, sub = tid % LPC;
             for (int t = 0; t < L; ++t) {
                 float part = 0;
-                for (int s = sub; s < t; s += 8) part += A[t * LDA + s] * Us[s * DR_CB + col];
-                part += __shfl_xor_sync(0xffffffff, part, 1);
-                part += __shfl_xor_sync(0xffffffff, part, 2);
-                part += __shfl_xor_sync(0xffffffff, part, 4);
+                for (int s = sub; s < t; s += LPC) part += A[t * LDA + s] * Us[s * CB + col];
+#pragma unroll
+                for (int o = 1; o < LPC; o <<= 1) part += __shfl_xor_sync(0xffffffff, part, o);
                 if (sub == 0) {
-                    const float v = Vs[t * DR_CB + col];
-                    Us[t * DR_CB + col] = bet[t] * v - bet[t] * eg[t] * Ws[t * DR_CB + col] - part;
+                    const float v = Vs[t * CB + col];
+                    Us[t * CB + col] = bet[t] * v - bet[t] * eg[t] * Ws[t * CB + col] - part;
                 }
                 __syncwarp();
             }
         }
         __syncthreads();
-        for (int e = tid; e < L * DR_CB; e += 256) {
-            const int t = e / DR_CB, j = e % DR_CB;
+        for (int e = tid; e < L * CB; e += 256) {
+            const int t = e / CB, j = e % CB;
             float o = eg[t] * QSs[e];
-            for (int s = 0; s <= t; ++s) o += B[t * LDA + s] * Us[s * DR_CB + j];
+            for (int s = 0; s <= t; ++s) o += B[t * LDA + s] * Us[s * CB + j];
             out[(size_t(t0 + t) * hv + h) * dv + c0 + j] = o;
         }
         const float gl = eg[L - 1];
-        for (int e = tid; e < dk * DR_CB; e += 256) {
-            const int i = e / DR_CB, j = e % DR_CB;
+        for (int e = tid; e < dk * CB; e += 256) {
+            const int i = e / CB, j = e % CB;
             float sij = Ss[e] * gl;
-            for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * DR_CB + j];
+            for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * CB + j];
             Ss[e] = sij;
         }
         __syncthreads();
     }
-    for (int e = tid; e < dk * DR_CB; e += 256) S[size_t(e / DR_CB) * dv + e % DR_CB] = Ss[e];
+    for (int e = tid; e < dk * CB; e += 256) S[size_t(e / CB) * dv + e % CB] = Ss[e];
 }
-size_t delta_cols_smem(int dct, int dk) {
-    return sizeof(float) * (size_t(dk) * DR_CB + 2 * size_t(dct) * (dk + 1) + 3 * size_t(dct) * DR_CB +
-                            2 * size_t(dct) * (dct + 1) + 4 * size_t(dct) + size_t(dct) * DR_CB);
+size_t delta_cols_smem(int dct, int dk, int cb) {
+    return sizeof(float) * (size_t(dk) * cb + 2 * size_t(dct) * (dk + 1) + 3 * size_t(dct) * cb +
+                            2 * size_t(dct) * (dct + 1) + 4 * size_t(dct) + size_t(dct) * cb);
 }
 
 // ----------------------------------------------------------------------------------------- fused decode kernels
@@ -712,8 +921,10 @@ template <typename T>
 __device__ __forceinline__ T ld_cg(const T* p) {  // bypass L1: data written by other blocks of this launch
 #if defined(LB_CUDA)
     return __ldcg(p);
-#else
-    return *(const volatile T*)p;
+#else  // word by word: HIP's vector types have no volatile copy constructor
+    T r;
+    for (int i = 0; i < int(sizeof(T) / 4); ++i) ((unsigned*)&r)[i] = ((const volatile unsigned*)p)[i];
+    return r;
 #endif
 }
 
@@ -1101,6 +1312,14 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuS
 }  // namespace
 
 
+namespace {
+// An A/B switch: set and not "0". Callers read it once (static).
+bool env_on(const char* name) {
+    const char* e = std::getenv(name);
+    return e && *e && !(e[0] == '0' && e[1] == 0);
+}
+}  // namespace
+
 void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStream_t s) {
     embed_kernel<<<n, 256, 0, s>>>(d_tokens, E, H, x);
 }
@@ -1144,6 +1363,17 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 
 void conv1d_silu(const float* x, int ldx, int n, int C, int K, const float* w, float* state, float* y, gpuStream_t s) {
     if (K > 8) lb::fail("unsupported", "conv kernel larger than 8");
+    static const bool old_conv = env_on("LB_GPU_OLD_CONV");
+    if (!old_conv) {
+        const dim3 grid((C + 127) / 128, (n + CONV_TT - 1) / CONV_TT);
+        switch (K) {
+#define LB_CONV_CASE(k) case k: conv1d_silu_par_kernel<k><<<grid, 128, 0, s>>>(x, ldx, n, C, w, state, y); return;
+            LB_CONV_CASE(1) LB_CONV_CASE(2) LB_CONV_CASE(3) LB_CONV_CASE(4)
+            LB_CONV_CASE(5) LB_CONV_CASE(6) LB_CONV_CASE(7) LB_CONV_CASE(8)
+#undef LB_CONV_CASE
+            default: break;
+        }
+    }
     conv1d_silu_kernel<<<(C + 63) / 64, 64, 0, s>>>(x, ldx, n, C, K, w, state, y);
 }
 
@@ -1151,6 +1381,20 @@ void deltanet_prep(float* y, int ldy, const float* proj, int ldp, int b_off, con
                    int n, int hk, int dk, int hv, float* g, float* beta, gpuStream_t s) {
     deltanet_prep_kernel<<<dim3(n, 2 * hk + 1), 128, 0, s>>>(y, ldy, proj, ldp, b_off, negA, dt_bias, hk, dk, hv, g, beta);
 }
+
+namespace {
+// One launch of delta_rule_cols_kernel<DCT, CB>, raising its shared-memory limit on first use.
+template <int DCT, int CB>
+void launch_delta_cols(dim3 grid, size_t smem, gpuStream_t s, const float* qkv, int ld, int n, int hk, int hv, int dk,
+                       int dv, const float* g, const float* beta, float* state, float* out) {
+    static bool raised = false;
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    if (!raised) GPU_CHECK(cudaFuncSetAttribute(delta_rule_cols_kernel<DCT, CB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+#endif
+    raised = true;
+    delta_rule_cols_kernel<DCT, CB><<<grid, 256, smem, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+}
+}  // namespace
 
 void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 float* state, float* out, gpuStream_t s) {
@@ -1162,32 +1406,26 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
 #endif
         raised = true;
     }
-    if (dv % DR_CB == 0 && dk <= 256 && !std::getenv("LB_GPU_OLD_DELTA")) {
+    static const int cb = [] {  // LB_GPU_DR_CB: value columns per block of the column-split kernel (16 or 32)
+        const char* e = std::getenv("LB_GPU_DR_CB");
+        return e && (std::atoi(e) == 16 || std::atoi(e) == 32) ? std::atoi(e) : DR_CB;
+    }();
+    if (dv % cb == 0 && dk <= 256 && !std::getenv("LB_GPU_OLD_DELTA")) {
         int limit = 48 * 1024;
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
         int dev = 0;
         GPU_CHECK(cudaGetDevice(&dev));
         GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
 #endif
-        const size_t s32 = delta_cols_smem(32, dk), s16 = delta_cols_smem(16, dk);
-        const dim3 grid(hv, dv / DR_CB);
+        const size_t s32 = delta_cols_smem(32, dk, cb), s16 = delta_cols_smem(16, dk, cb);
+        const dim3 grid(hv, dv / cb);
         if (s32 <= size_t(limit)) {
-            static bool r32 = false;
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-            if (!r32) GPU_CHECK(cudaFuncSetAttribute(delta_rule_cols_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s32)));
-#endif
-            r32 = true;
-            delta_rule_cols_kernel<32><<<grid, 256, s32, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-            return;
+            if (cb == 32) return launch_delta_cols<32, 32>(grid, s32, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+            return launch_delta_cols<32, 16>(grid, s32, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
         }
         if (s16 <= size_t(limit)) {
-            static bool r16 = false;
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-            if (!r16) GPU_CHECK(cudaFuncSetAttribute(delta_rule_cols_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s16)));
-#endif
-            r16 = true;
-            delta_rule_cols_kernel<16><<<grid, 256, s16, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-            return;
+            if (cb == 32) return launch_delta_cols<16, 32>(grid, s16, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+            return launch_delta_cols<16, 16>(grid, s16, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
         }
     }
     delta_rule_kernel<<<hv, 256, smem, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
@@ -1208,6 +1446,35 @@ void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, floa
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out, gpuStream_t s) {
     if (hd > 512) lb::fail("unsupported", "head_dim above 512");
+#if defined(LB_CUDA)
+    // The tiled kernel for prefill (n >= 8; one-token steps keep the one-block-per-row kernel).
+    static const bool old_attn = env_on("LB_GPU_OLD_ATTN");
+    const int G = nkv > 0 ? nh / nkv : 0;
+    if (!old_attn && n >= 8 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && ld % 4 == 0 &&
+        (hd == 128 || hd == 256)) {
+        static int limit = -1;
+        if (limit < 0) {
+            int dev = 0;
+            GPU_CHECK(cudaGetDevice(&dev));
+            GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        }
+        const dim3 grid((n + TA_QV / G - 1) / (TA_QV / G), nkv);
+        if (hd == 256 && attention_tiled_smem<256>() <= size_t(limit)) {
+            static bool raised = false;
+            if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_tiled_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_tiled_smem<256>())));
+            raised = true;
+            attention_tiled_kernel<256><<<grid, TA_THREADS, attention_tiled_smem<256>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+            return;
+        }
+        if (hd == 128 && attention_tiled_smem<128>() <= size_t(limit)) {
+            static bool raised = false;
+            if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_tiled_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_tiled_smem<128>())));
+            raised = true;
+            attention_tiled_kernel<128><<<grid, TA_THREADS, attention_tiled_smem<128>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+            return;
+        }
+    }
+#endif
     attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out);
 }
 
