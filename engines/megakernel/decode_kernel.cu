@@ -6,6 +6,10 @@ namespace lb::mk {
 namespace {
 
 // ----------------------------------------------------------------------------------------- memory helpers
+// Barrier of the NT compute threads (named barrier 1). The ring kernel's producer warp never joins it, so
+// every block-level synchronisation of the stages goes through here, never through __syncthreads.
+__device__ __forceinline__ void csync() { asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory"); }
+
 
 __device__ __forceinline__ uint4 ldw(const void* p) {  // weights: 16 B, read-only path, no L1 allocation
     uint4 r;
@@ -20,6 +24,14 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// A wait that lasts seconds (a token takes about a millisecond) is a hang: trap, so that the launch fails
+// with an error the engine reports instead of blocking forever.
+__device__ __forceinline__ void watchdog(long long* t0) {
+    const long long now = clock64();
+    if (*t0 == 0) *t0 = now;
+    else if (now - *t0 > (1ll << 33)) __trap();  // ~4 s at 2 GHz
 }
 
 __device__ __forceinline__ void prefetch_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -57,6 +69,12 @@ __device__ __forceinline__ void cp_async16(uint4* smem_dst, const void* gsrc) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = unsigned(__cvta_generic_to_shared(smem_dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gsrc) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gsrc) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = unsigned(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gsrc) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_wait_all() {
@@ -133,37 +151,57 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float block_sum(float v, float* red) {
     v = warp_sum(v);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
+    csync();
     float t = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; ++w) t += red[w];
-    __syncthreads();
+    csync();
     return t;
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
 
-// Grid barrier: generation counter; the last block to arrive resets the count and opens the next
-// generation. Writes before the barrier are made visible with a fence; reads after it go through L2.
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* count = bar;
-        unsigned* gen = bar + 1;
-        const unsigned g = ld_acquire(gen);
-        __threadfence();
-        if (atomicAdd(count, 1u) == gridDim.x - 1) {
-            atomicExch(count, 0u);
-            __threadfence();
-            atomicAdd(gen, 1u);
-        } else {
-            while (ld_acquire(gen) == g) {
+// Grid barrier over all blocks of the launch; writes before it are visible to every block after it (reads
+// of such data go through L2). Two implementations (LB_MK_BARRIER):
+//   1  arrival count + generation: the last block to arrive resets the count and bumps the generation
+//      the others poll;
+//   2  one monotonic arrival counter: each block adds 1 with release semantics (no return value to wait
+//      for) and polls with acquire loads until the count reaches (barriers passed) x blocks; the block
+//      that finishes the token resets it in lm_finish, when every block is past the last barrier.
+// Diagnostics bit 3 (LB_MK_DIAG & 8) turns it into a block-local barrier (timing only: results wrong).
+struct GridBarrier {
+    unsigned* bar;  // [2]: count, generation
+    int kind;
+    bool off;
+    unsigned passed = 0;
+    __device__ GridBarrier(unsigned* b, int k, bool o) : bar(b), kind(k), off(o) {}
+    __device__ __forceinline__ void sync() {
+        csync();
+        if (off) return;
+        if (threadIdx.x == 0) {
+            long long t0 = 0;
+            if (kind == 2) {
+                const unsigned target = (++passed) * gridDim.x;
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+                while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
+            } else {
+                unsigned* count = bar;
+                unsigned* gen = bar + 1;
+                const unsigned g = ld_acquire(gen);
+                __threadfence();
+                if (atomicAdd(count, 1u) == gridDim.x - 1) {
+                    atomicExch(count, 0u);
+                    __threadfence();
+                    atomicAdd(gen, 1u);
+                } else {
+                    while (ld_acquire(gen) == g) watchdog(&t0);
+                }
+                __threadfence();
             }
         }
-        __threadfence();
+        csync();
     }
-    __syncthreads();
-}
+};
 
 __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r1) {
     *r0 = int(int64_t(n) * b / nb);
@@ -299,13 +337,13 @@ __device__ __forceinline__ int gemv_rows(const wtype* W, int K, int r0, int r1, 
             if (lane == 0 && row < r1) epi(row, acc);
         } else {
             if (lane == 0) red[warp] = acc;
-            __syncthreads();
+            csync();
             if (part == 0 && lane == 0 && row < r1) {
                 float s = 0.f;
                 for (int q = 0; q < S; ++q) s += red[warp + q];
                 epi(row, s);
             }
-            __syncthreads();
+            csync();
         }
     }
     return staged;
@@ -314,9 +352,17 @@ struct NoEpi {
     __device__ void operator()(int, float) const {}
 };
 
-// xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row.
+// xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row. The gains
+// are requested together with v (one round trip, not two: under the weight stream each costs ~1-2 us).
 __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow, int H, const float* gain, float eps,
                                              float* xs, float* red) {
+    constexpr int NR = 8;  // gains a thread keeps in registers (H <= NR * NT); the rest are read late
+    float gr[NR];
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
+        const int i = threadIdx.x + k * NT;
+        gr[k] = i < H ? __ldg(gain + i) : 0.f;
+    }
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += NT) {
         const float v = erow ? gpu::w2f(erow[i]) : ldg(xg + i);
@@ -324,8 +370,13 @@ __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow,
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss, red) / float(H) + eps);
-    for (int i = threadIdx.x; i < H; i += NT) xs[i] = xs[i] * inv * __ldg(gain + i);
-    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
+        const int i = threadIdx.x + k * NT;
+        if (i < H) xs[i] = xs[i] * inv * gr[k];
+    }
+    for (int i = threadIdx.x + NR * NT; i < H; i += NT) xs[i] = xs[i] * inv * __ldg(gain + i);
+    csync();
 }
 
 // ----------------------------------------------------------------------------------------- prefetch plan
@@ -398,53 +449,76 @@ __device__ void prefetch_stage(const Params& p, int l, int s, int pos) {
 
 // ----------------------------------------------------------------------------------------- stages
 
-// Stage 0: RMSNorm + in-projection; DeltaNet rows finish their element-wise work in the epilogue.
-__device__ void stage_in(const Params& p, const LayerPtrs& L, int l, int tok, float* xs, float* red, const Slots& sl) {
-    const int nb = gridDim.x, b = blockIdx.x;
-    const wtype* erow = l == 0 ? p.embed + size_t(tok) * p.H : nullptr;
-    if (l == 0 && b == 0)
-        for (int i = threadIdx.x; i < p.H; i += NT) p.x[i] = gpu::w2f(erow[i]);
-    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red);
-    int r0, r1;
-    part_range(L.in_rows, b, nb, &r0, &r1);
+// The in-projection's per-row epilogue. Attention rows are stored (q|gate, k, v); DeltaNet rows finish
+// their element-wise work: causal conv + SiLU (conv state advanced), z kept, beta, g.
+// pre (optional): the row's conv state (K-1 floats) then its taps (K floats), staged in shared memory.
+__device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L, int r, float v, const float* pre = nullptr) {
     if (L.full) {
-        gemv_rows<false>(L.in_w, p.H, r0, r1, xs, red, sl, [&](int r, float v) { p.buf_in[r] = v; });
+        p.buf_in[r] = v;
         return;
     }
     const int cd = p.cd, vd = p.vd, K = p.conv_k;
+    if (r < cd) {  // causal depthwise conv over [state (K-1, oldest first), v] + SiLU; state shifts
+        float* st = L.conv_state + size_t(r) * (K - 1);
+        const float* w = L.conv_w + size_t(r) * K;
+        float win[8];  // K <= 8 (checked at load); unrolled so the window stays in registers
+        float acc = (pre ? pre[2 * K - 2] : __ldg(w + K - 1)) * v;
+#pragma unroll
+        for (int j = 0; j < 7; ++j)
+            if (j < K - 1) {
+                win[j] = pre ? pre[j] : __ldcg(st + j);
+                acc += (pre ? pre[K - 1 + j] : __ldg(w + j)) * win[j];
+            }
+#pragma unroll
+        for (int j = 0; j < 6; ++j)
+            if (j + 1 < K - 1) st[j] = win[j + 1];
+        if (K > 1) st[K - 2] = v;
+        p.conv_out[r] = silu(acc);
+    } else if (r < cd + vd) {
+        p.buf_in[r] = v;  // z
+    } else if (r < cd + vd + p.hv) {
+        p.beta[r - cd - vd] = sigm(v);
+    } else {
+        const int i = r - cd - vd - p.hv;
+        const float a = v + __ldg(L.dt_bias + i);
+        const float sp = a > 20.f ? a : log1pf(expf(a));
+        p.g[i] = __ldg(L.neg_A + i) * sp;
+    }
+}
+
+// Stage 0: RMSNorm + in-projection + in_epilogue. erow: layer 0's embedding row (else null); convpre: the
+// rows' conv windows staged by conv_prefetch (sm_80+), else null.
+__device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow, float* xs, float* red, const Slots& sl,
+                         const float* convpre) {
+    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red);
+    int r0, r1;
+    part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
+    if (convpre) {
+        cp_async_wait_all();
+        csync();
+    }
     gemv_rows<false>(L.in_w, p.H, r0, r1, xs, red, sl, [&](int r, float v) {
-        if (r < cd) {  // causal depthwise conv over [state (K-1, oldest first), v] + SiLU; state shifts
-            float* st = L.conv_state + size_t(r) * (K - 1);
-            const float* w = L.conv_w + size_t(r) * K;
-            float win[8];  // K <= 8 (checked at load); unrolled so the window stays in registers
-            float acc = __ldg(w + K - 1) * v;
-#pragma unroll
-            for (int j = 0; j < 7; ++j)
-                if (j < K - 1) {
-                    win[j] = __ldcg(st + j);
-                    acc += __ldg(w + j) * win[j];
-                }
-#pragma unroll
-            for (int j = 0; j < 6; ++j)
-                if (j + 1 < K - 1) st[j] = win[j + 1];
-            if (K > 1) st[K - 2] = v;
-            p.conv_out[r] = silu(acc);
-        } else if (r < cd + vd) {
-            p.buf_in[r] = v;  // z
-        } else if (r < cd + vd + p.hv) {
-            p.beta[r - cd - vd] = sigm(v);
-        } else {
-            const int i = r - cd - vd - p.hv;
-            const float a = v + __ldg(L.dt_bias + i);
-            const float sp = a > 20.f ? a : log1pf(expf(a));
-            p.g[i] = __ldg(L.neg_A + i) * sp;
-        }
+        in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
     });
 }
 
 // Stage 1 (DeltaNet): item = (value head h, columns [j0, j0 + 16)). Columns of the state are independent:
 //   S' = e^g S;  kv = S'^T k;  delta = beta (v - kv);  S'' = S' + k delta^T;  o = S''^T q.
-__device__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux) {
+// Thread (rg = tid / 16, c = tid % 16) holds rows rg + 32 r of column j0 + c.
+// This block's first item's state can be loaded ahead (deltanet_state_load, before the grid barrier that
+// precedes the stage: the state only depends on the previous token) and passed as `pre`.
+__device__ __forceinline__ void deltanet_state_load(const Params& p, const LayerPtrs& L, int it, float (&s)[DN_MAXR]) {
+    const int per_head = p.dv / DN_COLS;
+    const int h = it / per_head, j0 = (it % per_head) * DN_COLS;
+    const int c = threadIdx.x & (DN_COLS - 1), rg = threadIdx.x >> 4;
+    const float* S = L.ssm + size_t(h) * p.dk * p.dv + j0 + c;
+#pragma unroll
+    for (int r = 0; r < DN_MAXR; ++r) {
+        const int i = rg + 32 * r;
+        s[r] = i < p.dk && it < p.hv * per_head ? __ldcg(S + size_t(i) * p.dv) : 0.f;
+    }
+}
+__device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux, const float* pre) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int dk = p.dk, dv = p.dv, per_head = dv / DN_COLS, items = p.hv * per_head;
     const int group = p.hv / p.hk, kd = p.hk * dk;
@@ -452,11 +526,21 @@ __device__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux) 
     float* kn = aux + dk;       // [dk]
     float* red1 = kn + dk;      // [NW * 16]
     float* red2 = red1 + NW * DN_COLS;
-    float* red = red2 + NW * DN_COLS;  // [NW]
+    float* red = red2 + NW * DN_COLS;  // [2 NW]
     const int c = threadIdx.x & (DN_COLS - 1), rg = threadIdx.x >> 4;  // 32 row groups
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int it = b; it < items; it += nb) {
         const int h = it / per_head, j0 = (it % per_head) * DN_COLS, kh = h / group;
+        // every input of the item in one round trip: q, k (other blocks wrote them), g, beta, v, the state
+        const float gh = ldg(p.g + h), bt = ldg(p.beta + h);
+        const float vj = ldg(p.conv_out + 2 * kd + size_t(h) * dv + j0 + c);
+        float s[DN_MAXR];
+        if (pre && it == b) {
+#pragma unroll
+            for (int r = 0; r < DN_MAXR; ++r) s[r] = pre[r];
+        } else {
+            deltanet_state_load(p, L, it, s);
+        }
         float sq = 0.f, sk = 0.f;
         for (int i = threadIdx.x; i < dk; i += NT) {
             const float q = ldg(p.conv_out + size_t(kh) * dk + i);
@@ -466,28 +550,31 @@ __device__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux) 
             sq += q * q;
             sk += k * k;
         }
-        const float tq = block_sum(sq, red);
-        const float tk = block_sum(sk, red);
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) { red[2 * warp] = sq; red[2 * warp + 1] = sk; }
+        csync();
+        float tq = 0.f, tk = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) { tq += red[2 * w]; tk += red[2 * w + 1]; }
         const float iq = rsqrtf(tq + 1e-6f) * rsqrtf(float(dk)), ik = rsqrtf(tk + 1e-6f);
-        const float decay = expf(ldg(p.g + h)), bt = ldg(p.beta + h);
-        const float vj = ldg(p.conv_out + 2 * kd + size_t(h) * dv + j0 + c);
+        const float decay = expf(gh);
         float* S = L.ssm + size_t(h) * dk * dv + j0 + c;
-        float s[DN_MAXR], kr[DN_MAXR];
+        float kr[DN_MAXR];
         float kv = 0.f;
 #pragma unroll
         for (int r = 0; r < DN_MAXR; ++r) {
             const int i = rg + 32 * r;
-            s[r] = 0.f;
             kr[r] = 0.f;
+            s[r] *= decay;
             if (i < dk) {
-                s[r] = ldg(S + size_t(i) * dv) * decay;
                 kr[r] = kn[i] * ik;
                 kv += s[r] * kr[r];
             }
         }
         kv += __shfl_xor_sync(0xffffffffu, kv, 16);
         if (lane < DN_COLS) red1[warp * DN_COLS + lane] = kv;
-        __syncthreads();
+        csync();
         float kvt = 0.f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) kvt += red1[w * DN_COLS + c];
@@ -504,14 +591,14 @@ __device__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux) 
         }
         o += __shfl_xor_sync(0xffffffffu, o, 16);
         if (lane < DN_COLS) red2[warp * DN_COLS + lane] = o;
-        __syncthreads();
+        csync();
         if (threadIdx.x < DN_COLS) {
             float ot = 0.f;
 #pragma unroll
             for (int w = 0; w < NW; ++w) ot += red2[w * DN_COLS + threadIdx.x];
             p.o[size_t(h) * dv + j0 + threadIdx.x] = ot;
         }
-        __syncthreads();
+        csync();
     }
 }
 
@@ -526,7 +613,7 @@ __device__ void head_norm_rope(const float* src, const float* gain, int hd, int 
     }
     const float inv = rsqrtf(block_sum(ss, red) / float(hd) + eps);
     for (int i = threadIdx.x; i < hd; i += NT) dst[i] = dst[i] * inv * __ldg(gain + i);
-    __syncthreads();
+    csync();
     const int half = rot / 2;
     for (int i = threadIdx.x; i < half; i += NT) {
         const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
@@ -537,7 +624,7 @@ __device__ void head_norm_rope(const float* src, const float* gain, int hd, int 
         dst[i] = a * cs - bb * sn;
         dst[i + half] = bb * cs + a * sn;
     }
-    __syncthreads();
+    csync();
 }
 
 // Stage 1 (full attention): item = (q head h, chunk of positions). Each warp runs an online softmax over
@@ -581,7 +668,7 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
                 vn[i] = vb;
                 if (writer) { krow[i] = kbits; vrow[i] = vbits; }
             }
-            __syncthreads();
+            csync();
         }
         float q[MAXC][8], acc[MAXC][8];
 #pragma unroll
@@ -638,7 +725,7 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
 #pragma unroll
                 for (int j = 0; j < 8; ++j) wacc[warp * hd + e8 * 8 + j] = acc[m][j];
         }
-        __syncthreads();
+        csync();
         float M = -FLT_MAX;
         for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w]);
         float Lsum = 0.f;
@@ -650,7 +737,7 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
                 for (int w = 0; w < NW; ++w) ov += wacc[w * hd + e] * __expf(wm[w] - M);
                 p.o[size_t(h) * hd + e] = ov / Lsum * sigm(ldg(gate + e));
             }
-            __syncthreads();
+            csync();
             continue;
         }
         float* part = p.att_part + (size_t(h) * nb + c) * (hd + 2);
@@ -661,9 +748,9 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
         }
         if (threadIdx.x == 0) { part[0] = M; part[1] = Lsum; }
         __threadfence();
-        __syncthreads();
+        csync();
         if (threadIdx.x == 0) s_last = atomicAdd(p.tickets + l * nh + h, 1u) == unsigned(nch - 1);
-        __syncthreads();
+        csync();
         if (s_last) {
             __threadfence();
             const float* hp = p.att_part + size_t(h) * nb * (hd + 2);
@@ -679,16 +766,24 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
             }
             if (threadIdx.x == 0) atomicExch(p.tickets + l * nh + h, 0u);
         }
-        __syncthreads();
+        csync();
     }
 }
 
-// Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, const Slots& sl) {
-    const int nb = gridDim.x, b = blockIdx.x;
+// xs = the out-projection's input: the mixer output, for DeltaNet through the per-head gated RMSNorm.
+// z (the gate) is read in the same round trip as o.
+__device__ void out_prologue(const Params& p, const LayerPtrs& L, float* xs, float* aux) {
     const int in = L.out_in;
+    constexpr int ZR = 8;  // z values a thread keeps in registers (in <= ZR * NT), the rest read later
+    float zr[ZR], nr[ZR];  // z and the norm gain of this thread's elements, with o in one round trip
+#pragma unroll
+    for (int k = 0; k < ZR; ++k) {
+        const int e = threadIdx.x + k * NT;
+        zr[k] = !L.full && e < in ? ldg(p.buf_in + p.cd + e) : 0.f;
+        nr[k] = !L.full && e < in ? __ldg(L.ssm_norm + e % p.dv) : 0.f;
+    }
     for (int e = threadIdx.x; e < in; e += NT) xs[e] = ldg(p.o + e);
-    __syncthreads();
+    csync();
     if (!L.full) {
         const int dv = p.dv;
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -698,16 +793,30 @@ __device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float*
             ss = warp_sum(ss);
             if (lane == 0) aux[h] = rsqrtf(ss / float(dv) + p.eps);
         }
-        __syncthreads();
-        for (int e = threadIdx.x; e < in; e += NT) {
+        csync();
+#pragma unroll
+        for (int k = 0; k < ZR; ++k) {
+            const int e = threadIdx.x + k * NT;
+            if (e < in) xs[e] = nr[k] * (xs[e] * aux[e / dv]) * silu(zr[k]);
+        }
+        for (int e = threadIdx.x + ZR * NT; e < in; e += NT) {
             const float z = ldg(p.buf_in + p.cd + e);
             xs[e] = __ldg(L.ssm_norm + e % dv) * (xs[e] * aux[e / dv]) * silu(z);
         }
-        __syncthreads();
     }
+    csync();
+}
+
+// Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
+// own: this block's rows of the residual (it alone writes them), kept in shared memory.
+__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, const Slots& sl, float* own) {
+    out_prologue(p, L, xs, aux);
     int r0, r1;
-    part_range(p.H, b, nb, &r0, &r1);
-    gemv_rows<false>(L.out_w, in, r0, r1, xs, red, sl, [&](int r, float v) { p.x[r] = ldg(p.x + r) + v; });
+    part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
+    gemv_rows<false>(L.out_w, L.out_in, r0, r1, xs, red, sl, [&](int r, float v) {
+        own[r - r0] += v;
+        p.x[r] = own[r - r0];
+    });
 }
 
 // Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up. ISSUE: stage the loads only.
@@ -756,45 +865,27 @@ __device__ int issue_down(const Params& p, const LayerPtrs& L, const Slots& sl) 
 }
 
 // Stage 4: down-projection + residual.
-__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, const Slots& sl) {
-    const int nb = gridDim.x, b = blockIdx.x;
+__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, const Slots& sl, float* own) {
     for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
-    __syncthreads();
+    csync();
     int r0, r1;
-    part_range(p.H, b, nb, &r0, &r1);
-    gemv_rows<false>(L.down, p.I, r0, r1, xs, red, sl, [&](int r, float v) { p.x[r] = ldg(p.x + r) + v; });
+    part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
+    gemv_rows<false>(L.down, p.I, r0, r1, xs, red, sl, [&](int r, float v) {
+        own[r - r0] += v;
+        p.x[r] = own[r - r0];
+    });
 }
 
-// LM head + greedy argmax (lowest index on ties); the last block to finish writes the token and advances
-// the sequence state.
-__device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
+// The argmax's end: every warp's lane 0 holds its (best, bidx); the block's winner goes to lm_val/lm_idx and
+// the last block to finish (ticket) reduces over blocks, writes the token and advances the sequence state.
+__device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __shared__ float s_val[NW];
     __shared__ int s_idx[NW];
     __shared__ int s_last;
-    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red);
-    int r0, r1;
-    part_range(p.V, b, nb, &r0, &r1);
-    float best = -FLT_MAX;
-    int bidx = 0x7fffffff;
-    const Slots nosl{nullptr, 0, 0};
-    if (p.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
-    for (int w0 = r0; w0 < r1; w0 += LM_WIN) {
-        if (p.prefetch & 2) {
-            const int a = w0 + LM_WIN, e = min(r1, a + LM_WIN);
-            if (a < e) prefetch_range(p.lm_head + size_t(a) * p.H, size_t(e - a) * p.H * sizeof(wtype));
-        }
-        const int w1 = min(r1, w0 + LM_WIN);
-        gemv_rows<false>(p.lm_head, p.H, w0, w1, xs, red, nosl, [&](int r, float v) {
-            if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
-        });
-    }
-    // gemv_rows calls epi on lane 0 of the owning warp (n > NW) or of the part-0 warp (n <= NW).
-    best = __shfl_sync(0xffffffffu, best, 0);
-    bidx = __shfl_sync(0xffffffffu, bidx, 0);
     if (lane == 0) { s_val[warp] = best; s_idx[warp] = bidx; }
-    __syncthreads();
+    csync();
     if (threadIdx.x == 0) {
         float bv = -FLT_MAX;
         int bi = 0x7fffffff;
@@ -805,7 +896,7 @@ __device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
         __threadfence();
         s_last = atomicAdd(p.tickets + p.n_layers * p.nh, 1u) == unsigned(nb - 1);
     }
-    __syncthreads();
+    csync();
     if (s_last && threadIdx.x == 0) {
         __threadfence();
         float bv = -FLT_MAX;
@@ -824,7 +915,44 @@ __device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
         for (int e = 0; e < p.n_eos; ++e)
             if (p.eos[e] == bi) *p.done = 1;
         atomicExch(p.tickets + p.n_layers * p.nh, 0u);
+        if (p.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
         __threadfence();
+    }
+}
+
+// LM head + greedy argmax (lowest index on ties).
+__device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
+    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red);
+    int r0, r1;
+    part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
+    float best = -FLT_MAX;
+    int bidx = 0x7fffffff;
+    const Slots nosl{nullptr, 0, 0};
+    if (p.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
+    for (int w0 = r0; w0 < r1; w0 += LM_WIN) {
+        if (p.prefetch & 2) {
+            const int a = w0 + LM_WIN, e = min(r1, a + LM_WIN);
+            if (a < e) prefetch_range(p.lm_head + size_t(a) * p.H, size_t(e - a) * p.H * sizeof(wtype));
+        }
+        const int w1 = min(r1, w0 + LM_WIN);
+        gemv_rows<false>(p.lm_head, p.H, w0, w1, xs, red, nosl, [&](int r, float v) {
+            if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
+        });
+    }
+    // gemv_rows calls epi on lane 0 of the owning warp (n > NW) or of the part-0 warp (n <= NW).
+    lm_finish(p, pos, best, bidx);
+}
+
+// Stages layer L's conv state and taps for this block's in-projection rows [r0, r1) (DeltaNet rows < cd)
+// into shared memory (16 floats per row: K-1 state values, then K taps) with cp.async; they land while
+// the block works on the stage before. in_epilogue reads them after cp_async_wait_all and a csync.
+__device__ void conv_prefetch(const Params& p, const LayerPtrs& L, int r0, int r1, float* convpre) {
+    if (L.full) return;
+    const int K = p.conv_k, per = 2 * K - 1, n = min(r1, p.cd) - r0;
+    for (int e = threadIdx.x; e < n * per; e += NT) {
+        const int i = e / per, j = e % per, r = r0 + i;
+        const float* src = j < K - 1 ? L.conv_state + size_t(r) * (K - 1) + j : L.conv_w + size_t(r) * K + (j - (K - 1));
+        cp_async4(convpre + i * 16 + j, src);
     }
 }
 
@@ -834,45 +962,468 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     float* xs = reinterpret_cast<float*>(reinterpret_cast<uint4*>(smem4) + size_t(p.nslot) * NT);
     float* red = xs + p.xs_floats;  // 64 floats
     float* aux = red + 64;
+    float* own = aux + p.aux_floats;     // this block's residual rows
+    float* convpre = own + p.own_floats;  // conv windows of this block's in-projection rows [row][16]
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr bool kConvPre = true;  // cp.async
+#else
+    constexpr bool kConvPre = false;
+#endif
     if (*(volatile int*)p.done) return;  // the chain already produced an eos token
     const int pos = *(volatile int*)p.pos;
     const int tok = *(volatile int*)p.tok;
+    const int b = blockIdx.x, nb = gridDim.x;
+    int h0, h1, r0, r1;
+    part_range(p.H, b, nb, &h0, &h1);
+    GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
     const bool pf = p.prefetch & 1;
     const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
     if (pf) prefetch_stage(p, 0, 0, pos);
     if (n_layers > 0) sl.staged = issue_in(p, p.layers[0], sl);
+    const bool conv_pre = kConvPre && (p.early & 2), state_pre = p.early & 1;  // LB_MK_EARLY
+    if (conv_pre && n_layers > 0) {
+        part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
+        conv_prefetch(p, p.layers[0], r0, r1, convpre);
+    }
     for (int l = 0; l < n_layers; ++l) {
         const LayerPtrs& L = p.layers[l];
         if (pf) prefetch_stage(p, l, 1, pos);
-        stage_in(p, L, l, tok, xs, red, sl);
+        // the state of this block's first DeltaNet item: loads in flight through the in-projection
+        float spre[DN_MAXR];
+        if (state_pre && !L.full) deltanet_state_load(p, L, b, spre);
+        const wtype* erow = l == 0 ? p.embed + size_t(tok) * p.H : nullptr;
+        if (erow)  // each block writes its own residual rows (read by others only after the next barrier)
+            for (int i = threadIdx.x; i < h1 - h0; i += NT) {
+                own[i] = gpu::w2f(erow[h0 + i]);
+                p.x[h0 + i] = own[i];
+            }
+        stage_in(p, L, erow, xs, red, sl, conv_pre ? convpre : nullptr);
         sl.staged = issue_out(p, L, sl);  // lands during the barrier and the mixer
-        grid_barrier(p.bar);
+        gb.sync();
         if (pf) prefetch_stage(p, l, 2, pos);
         if (L.full) {
             if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
             else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
         }
-        else stage_deltanet(p, L, aux);
-        grid_barrier(p.bar);
+        else stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
+        gb.sync();
         if (pf) prefetch_stage(p, l, 3, pos);
-        stage_out(p, L, xs, aux, red, sl);
+        stage_out(p, L, xs, aux, red, sl, own);
         sl.staged = stage_gate_up<true>(p, L, xs, red, sl);
-        grid_barrier(p.bar);
+        gb.sync();
         if (pf) prefetch_stage(p, l, 4, pos);
         stage_gate_up<false>(p, L, xs, red, sl);
         sl.staged = issue_down(p, L, sl);
-        grid_barrier(p.bar);
+        gb.sync();
         if (pf) prefetch_stage(p, l + 1, 0, pos);  // the LM head's first window after the last layer
-        stage_down(p, L, xs, red, sl);
+        if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the down stage
+            part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
+            conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
+        }
+        stage_down(p, L, xs, red, sl, own);
         sl.staged = l + 1 < n_layers ? issue_in(p, p.layers[l + 1], sl) : 0;
-        grid_barrier(p.bar);
+        gb.sync();
     }
     stage_lm(p, pos, xs, red);
     if (pf) prefetch_stage(p, 0, 0, pos + 1);  // the next token's first stage, while the tail finishes
 }
 
+// ========================================================================================= v3: weight ring
+//
+// sm_90. Each block streams its share of every weight matrix, in the order the stages use them, through a
+// ring of shared-memory pages filled by TMA bulk copies (cp.async.bulk; each page's arrival is counted on
+// its own mbarrier). Weights do not depend on activations, so the ring runs ahead of the grid barriers:
+// while the block waits at a barrier, runs a prologue or the mixer, the next stages' pages are landing.
+// There is no producer warp (a 17th warp would cap registers at 96 and spill): the warp that releases a
+// page last (a shared counter per slot) refills that slot with the page `n` positions further on. The
+// compute threads dot each page (from shared memory) with the stage's input vector, whose slice each lane
+// keeps in registers for the whole stage. Stage results go to `rowacc` (one float per row and K-part)
+// and the stage's epilogue runs once all its pages are done.
+
+// How a matrix with K columns is cut into pages: S warps share a row (each a contiguous K-part of at most
+// 128 16-byte vectors, 4 per lane), rpp = NW / S rows per page.
+struct RingPlan {
+    int kv, S, rpp;  // (declaration order = initialisation order)
+    __device__ explicit RingPlan(int K) : kv(K / 8), S(K <= 1024 ? 1 : K <= 2048 ? 2 : 4), rpp(NW / S) {}
+};
+
+struct Ring {
+    unsigned char* pages;  // n pages of RING_PAGE bytes
+    uint64_t* full;        // [n] mbarriers: page landed (1 arrival + the transaction bytes)
+    unsigned* released;    // [n] warps done with the slot's current page
+    int n;
+};
+struct RingCursor {  // position in the ring (slot, phase of its mbarrier); every warp walks the same pages
+    int slot = 0;
+    unsigned phase = 0;
+    __device__ void advance(int n) {
+        if (++slot == n) { slot = 0; phase ^= 1u; }
+    }
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done;
+    long long t0 = 0;
+    for (;;) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+        if (done) break;
+        watchdog(&t0);
+    }
+#endif
+}
+// TMA bulk copy global -> shared; completion adds `bytes` transactions to `bar`.
+__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#endif
+}
+
+// The block's page schedule: per layer the in-projection, out-projection, gate, up and down rows of this
+// block (chunks 5 l .. 5 l + 4), then its LM-head rows; each chunk cut into pages of RingPlan(K).rpp rows.
+struct PageIter {
+    int nl, total, ci = -1, row = 0, r1 = 0, K = 8;
+    const wtype* W = nullptr;
+    __device__ PageIter(int n_layers, bool lm) : nl(n_layers), total(5 * n_layers + (lm ? 1 : 0)) {}
+    // The next page's source and size; false once the schedule is done.
+    __device__ bool next(const Params& p, const void** src, unsigned* bytes) {
+        const int nb = gridDim.x, b = blockIdx.x;
+        while (row >= r1) {
+            if (++ci >= total) return false;
+            const int l = ci / 5, k = ci % 5;
+            if (l == nl) {  // the LM head
+                part_range(p.V, b, nb, &row, &r1);
+                W = p.lm_head;
+                K = p.H;
+                continue;
+            }
+            const LayerPtrs& L = p.layers[l];
+            if (k == 0) { part_range(L.in_rows, b, nb, &row, &r1); W = L.in_w; K = p.H; }
+            if (k == 1) { part_range(p.H, b, nb, &row, &r1); W = L.out_w; K = L.out_in; }
+            if (k == 2 || k == 3) {
+                part_range(p.I, b, nb, &row, &r1);
+                if (k == 3) { row += p.I; r1 += p.I; }
+                W = L.gate_up;
+                K = p.H;
+            }
+            if (k == 4) { part_range(p.H, b, nb, &row, &r1); W = L.down; K = p.I; }
+        }
+        const int rpp = RingPlan(K).rpp;
+        *src = W + size_t(row) * K;
+        *bytes = unsigned(min(rpp, r1 - row)) * unsigned(K) * unsigned(sizeof(wtype));
+        row += rpp;
+        return true;
+    }
+};
+
+// Starts the copy of the next scheduled page into `slot` (when there is one).
+__device__ __forceinline__ void ring_fill(const Params& p, const Ring& R, PageIter& it, int slot) {
+    const void* src;
+    unsigned bytes;
+    if (!it.next(p, &src, &bytes)) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads of the slot before the async write
+#endif
+    mbar_arrive_expect_tx(R.full + slot, bytes);
+    bulk_to_smem(R.pages + size_t(slot) * RING_PAGE, src, bytes, R.full + slot);
+}
+
+// This lane's slice of the input vector xs for a K-column matrix (the vectors it dots in every page).
+__device__ __forceinline__ void load_xr(const float* xs, int K, float (&xr)[4][8]) {
+    const RingPlan pl(K);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp / pl.rpp;
+    const int per = (pl.kv + pl.S - 1) / pl.S, v0 = part * per, v1 = min(pl.kv, v0 + per);
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int idx = v0 + lane + 32 * m;
+        const float4 a = idx < v1 ? x4[2 * idx] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 b = idx < v1 ? x4[2 * idx + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+        xr[m][0] = a.x; xr[m][1] = a.y; xr[m][2] = a.z; xr[m][3] = a.w;
+        xr[m][4] = b.x; xr[m][5] = b.y; xr[m][6] = b.z; xr[m][7] = b.w;
+    }
+}
+
+// Consumer: dots rows [r0, r1) of a K-column matrix, page by page, with xr; out(i, part, value) runs on
+// lane 0 of the warp that computed K-part `part` of row r0 + i.
+// ahead: this warp's copy of the schedule R.n pages past c (advanced on lane 0 for every page; the warp
+// that releases a page last uses it to refill the slot).
+template <class Out>
+__device__ void ring_consume(const Params& p, const Ring& R, RingCursor& c, PageIter& ahead, int K, int r0, int r1,
+                             const float (&xr)[4][8], Out out) {
+    const RingPlan pl(K);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rip = warp % pl.rpp, part = warp / pl.rpp;
+    const int per = (pl.kv + pl.S - 1) / pl.S, v0 = part * per, v1 = min(pl.kv, v0 + per);
+    for (int row = r0; row < r1; row += pl.rpp) {
+        const int n = min(pl.rpp, r1 - row);
+        mbar_wait(R.full + c.slot, c.phase);
+        if (rip < n) {
+            const uint4* wr = reinterpret_cast<const uint4*>(R.pages + size_t(c.slot) * RING_PAGE) + size_t(rip) * pl.kv;
+            uint4 w[4];
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                const int idx = v0 + lane + 32 * m;
+                w[m] = idx < v1 ? wr[idx] : make_uint4(0, 0, 0, 0);
+            }
+            float acc = 0.f;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                float f[8];
+                unpack8(w[m], f);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc += f[j] * xr[m][j];
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) out(row - r0 + rip, part, acc);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            if (atomicAdd(R.released + c.slot, 1u) == unsigned(NW - 1)) {
+                R.released[c.slot] = 0;
+                ring_fill(p, R, ahead, c.slot);
+            } else {
+                const void* src;
+                unsigned bytes;
+                ahead.next(p, &src, &bytes);
+            }
+        }
+        c.advance(R.n);
+    }
+}
+
+// After ring_consume into rowacc ([row][part]): epi(i, sum over parts) for i < n, once per row.
+template <class Epi>
+__device__ __forceinline__ void rows_done(const float* rowacc, int S, int n, Epi epi) {
+    csync();
+    for (int i = threadIdx.x; i < n; i += NT) {
+        float v = 0.f;
+        for (int q = 0; q < S; ++q) v += rowacc[i * S + q];
+        epi(i, v);
+    }
+}
+
+// LB_MK_TRACE: thread 0 of blocks 0 and gridDim/2 record clock64() at every stage boundary (16 per layer,
+// then the LM head's start and end) for the tuning record's per-stage breakdown.
+__device__ __forceinline__ void trace(const Params& p, int l, int k) {
+    if (!p.trace || threadIdx.x != 0) return;
+    const int half = gridDim.x / 2;
+    if (blockIdx.x != 0 && int(blockIdx.x) != half) return;
+    p.trace[(blockIdx.x ? 1 : 0) * (p.n_layers * 16 + 2) + l * 16 + k] = clock64();
+}
+
+__global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
+    extern __shared__ float4 smem4[];
+    unsigned char* base = reinterpret_cast<unsigned char*>(smem4);
+    Ring R;
+    R.n = p.ring_slots;
+    R.pages = base;
+    R.full = reinterpret_cast<uint64_t*>(base + size_t(R.n) * RING_PAGE);
+    R.released = reinterpret_cast<unsigned*>(R.full + R.n);
+    float* xs = reinterpret_cast<float*>(R.full + 2 * R.n);  // (released takes n of the n 8-byte words)
+    float* red = xs + p.xs_floats;  // 64 floats
+    float* aux = red + 64;
+    float* own = aux + p.aux_floats;                      // this block's rows of the residual x (it alone writes them)
+    float* convpre = own + p.own_floats;                  // conv windows of this block's in-projection rows [row][16]
+    float* rowacc = convpre + p.convpre_floats;           // per-row stage results [row][K-part]
+    if (*(volatile int*)p.done) return;  // the chain already produced an eos token
+    const int pos = *(volatile int*)p.pos;
+    const int tok = *(volatile int*)p.tok;
+    const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
+    const bool lm = !(p.diag & 2);                        // diagnostics: everything but the LM head
+    const bool work = !(p.diag & 4);                      // diagnostics: barriers only (no layer work)
+    GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R.n; ++i) {
+            mbar_init(R.full + i, 1);
+            R.released[i] = 0;
+        }
+        mbar_init_fence();
+    }
+    csync();
+    PageIter ahead(work ? n_layers : 0, lm);  // lane 0 of each warp: the schedule R.n pages ahead
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R.n; ++i) ring_fill(p, R, ahead, i);
+    } else if (lane == 0) {
+        for (int i = 0; i < R.n; ++i) {
+            const void* src;
+            unsigned bytes;
+            ahead.next(p, &src, &bytes);
+        }
+    }
+    const int nb = gridDim.x, b = blockIdx.x;
+    int h0, h1;  // this block's rows of every H-row matrix (out_proj, down): its residual rows
+    part_range(p.H, b, nb, &h0, &h1);
+    RingCursor c;
+    float xr[4][8];
+    int r0, r1;
+    auto store = [&](int S) {
+        return [=](int i, int q, float v) { rowacc[i * S + q] = v; };
+    };
+    auto residual = [&](int i, float v) {
+        own[i] += v;
+        p.x[h0 + i] = own[i];
+    };
+    for (int l = 0; l < n_layers && !work; ++l)
+        for (int k = 0; k < 5; ++k) gb.sync();
+    if (work && n_layers > 0) {
+        part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
+        conv_prefetch(p, p.layers[0], r0, r1, convpre);
+    }
+    for (int l = 0; l < n_layers && work; ++l) {
+        const LayerPtrs& L = p.layers[l];
+        // the state of this block's first DeltaNet item: loads in flight through the in-projection
+        float spre[DN_MAXR];
+        if (!L.full) deltanet_state_load(p, L, b, spre);
+        trace(p, l, 0);
+        // 0: RMSNorm + in-projection
+        const wtype* erow = l == 0 ? p.embed + size_t(tok) * p.H : nullptr;
+        if (erow)
+            for (int i = threadIdx.x; i < h1 - h0; i += NT) {
+                own[i] = gpu::w2f(erow[h0 + i]);
+                p.x[h0 + i] = own[i];
+            }
+        norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red);
+        load_xr(xs, p.H, xr);
+        trace(p, l, 1);
+        part_range(L.in_rows, b, nb, &r0, &r1);
+        {
+            const int S = RingPlan(p.H).S;
+            ring_consume(p, R, c, ahead, p.H, r0, r1, xr, store(S));
+            trace(p, l, 2);
+            cp_async_wait_all();  // the conv windows (rows_done's csync publishes them)
+            rows_done(rowacc, S, r1 - r0, [&](int i, float v) {
+                in_epilogue(p, L, r0 + i, v, !L.full && r0 + i < p.cd ? convpre + i * 16 : nullptr);
+            });
+        }
+        trace(p, l, 3);
+        gb.sync();
+        trace(p, l, 4);
+        // 1: mixer
+        if (L.full) {
+            if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
+            else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
+        } else {
+            stage_deltanet(p, L, aux, spre);
+        }
+        trace(p, l, 5);
+        gb.sync();
+        trace(p, l, 6);
+        // 2: out-projection + residual
+        out_prologue(p, L, xs, aux);
+        load_xr(xs, L.out_in, xr);
+        trace(p, l, 7);
+        {
+            const int S = RingPlan(L.out_in).S;
+            ring_consume(p, R, c, ahead, L.out_in, h0, h1, xr, store(S));
+            rows_done(rowacc, S, h1 - h0, residual);
+        }
+        trace(p, l, 8);
+        gb.sync();
+        trace(p, l, 9);
+        // 3: RMSNorm + gate and up rows, SiLU(gate) * up
+        norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+        load_xr(xs, p.H, xr);
+        trace(p, l, 10);
+        part_range(p.I, b, nb, &r0, &r1);
+        {
+            const int S = RingPlan(p.H).S, n = r1 - r0;
+            ring_consume(p, R, c, ahead, p.H, r0, r1, xr, store(S));
+            ring_consume(p, R, c, ahead, p.H, p.I + r0, p.I + r1, xr, [=](int i, int q, float v) { rowacc[(n + i) * S + q] = v; });
+            csync();
+            for (int i = threadIdx.x; i < n; i += NT) {
+                float g = 0.f, u = 0.f;
+                for (int q = 0; q < S; ++q) {
+                    g += rowacc[i * S + q];
+                    u += rowacc[(n + i) * S + q];
+                }
+                p.act[r0 + i] = silu(g) * u;
+            }
+        }
+        trace(p, l, 11);
+        gb.sync();
+        trace(p, l, 12);
+        // 4: down-projection + residual; the next layer's conv windows start landing
+        if (l + 1 < n_layers) {
+            part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
+            conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
+        }
+        for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
+        csync();
+        load_xr(xs, p.I, xr);
+        trace(p, l, 13);
+        {
+            const int S = RingPlan(p.I).S;
+            ring_consume(p, R, c, ahead, p.I, h0, h1, xr, store(S));
+            rows_done(rowacc, S, h1 - h0, residual);
+        }
+        trace(p, l, 14);
+        gb.sync();
+        trace(p, l, 15);
+    }
+    // LM head + argmax: every thread keeps a candidate, warps reduce, lm_finish reduces blocks.
+    trace(p, p.n_layers, 0);
+    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red);
+    load_xr(xs, p.H, xr);
+    part_range(p.V, b, nb, &r0, &r1);
+    if (!lm) r1 = r0;
+    float best = -FLT_MAX;
+    int bidx = 0x7fffffff;
+    auto consider = [&](int r, float v) {
+        if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
+    };
+    const RingPlan pl(p.H);
+    if (pl.S == 1) {
+        ring_consume(p, R, c, ahead, p.H, r0, r1, xr, [&](int i, int, float v) { consider(r0 + i, v); });
+    } else {  // K-parts of a row in different warps: sum them page by page
+        for (int w0 = r0; w0 < r1; w0 += pl.rpp) {
+            const int w1 = min(r1, w0 + pl.rpp);
+            ring_consume(p, R, c, ahead, p.H, w0, w1, xr, store(pl.S));
+            rows_done(rowacc, pl.S, w1 - w0, [&](int i, float v) { consider(w0 + i, v); });
+            csync();
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
+        if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
+    }
+    trace(p, p.n_layers, 1);
+    lm_finish(p, pos, best, bidx);
+}
+
 }  // namespace
 
 const void* decode_kernel_ptr() { return (const void*)decode_kernel; }
+const void* decode_kernel_ring_ptr() { return (const void*)decode_kernel_ring; }
 
 }  // namespace lb::mk

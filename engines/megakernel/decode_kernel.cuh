@@ -33,6 +33,8 @@ constexpr int DN_COLS = 16;      // DeltaNet value columns per work item
 constexpr int DN_MAXR = 4;       // DeltaNet key rows per thread (dk <= 32 * DN_MAXR)
 constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (head_dim <= 512)
 constexpr int LM_WIN = 64;       // LM-head rows per prefetch window
+constexpr int RING_PAGE = 32768; // v3 weight ring page (bytes): 16 rows of K <= 1024, 8 of K <= 2048, 4 of K <= 4096
+constexpr int RING_MAX_K = 4096; // widest matrix row (elements) the v3 ring takes
 
 struct LayerPtrs {
     int full;
@@ -71,8 +73,17 @@ struct Params {
     int kv_f16;  // KV element type: 0 bf16, 1 f16
     int prefetch;
     int nslot;      // weight staging slots (16 B) per thread; 0 disables staging
-    int diag;       // diagnostics (timing only, tokens meaningless): bit 0 skip layers, bit 1 skip LM head
+    int diag;       // diagnostics (timing only, tokens meaningless): bit 0 skip layers, bit 1 skip LM head,
+                    // bit 2 barriers only (v3 kernel), bit 3 grid barriers become block-local
     int xs_floats;  // shared-memory vector length (floats)
+    int aux_floats;  // shared-memory scratch of the mixer stages (floats)
+    int ring_slots;  // v3 weight ring: pages of RING_PAGE bytes (0: the v1 kernel)
+    int bar_kind;    // grid barrier implementation (GridBarrier in decode_kernel.cu)
+    int early;       // v1 loads issued a stage early: bit 0 DeltaNet state, bit 1 conv windows (LB_MK_EARLY)
+    int rowacc_floats;  // v3 shared memory: per-row stage results (after convpre)
+    int own_floats;     // shared memory: this block's residual rows
+    int convpre_floats; // shared memory: conv windows of this block's in-projection rows
+    long long* trace;   // LB_MK_TRACE: [2][n_layers * 16 + 2] clock64 stamps, or null
     // sequence state (device)
     int* pos;         // tokens already in the sequence
     int* tok;         // token to process; overwritten with the next one

@@ -83,6 +83,9 @@ int run(int argc, char** argv) {
     options["smem_bytes"] = li.smem_bytes;
     options["prefetch"] = li.prefetch;
     options["staging_slots"] = li.slots;
+    options["ring_pages"] = li.ring_slots;
+    options["grid_barrier"] = li.bar_kind;
+    options["kernel"] = li.ring_slots ? "v3-ring" : "v1";
     if (li.diag) options["diag"] = li.diag;
     options["grid_barriers_per_token"] = li.barriers_per_token;
     options["decode_bytes_ctx1"] = Json(be->decode_bytes(1));

@@ -14,7 +14,8 @@
 
 namespace lb::mk {
 
-const void* decode_kernel_ptr();  // decode_kernel.cu
+const void* decode_kernel_ptr();       // decode_kernel.cu: v1
+const void* decode_kernel_ring_ptr();  // decode_kernel.cu: v3 weight ring
 
 namespace {
 
@@ -146,7 +147,7 @@ public:
         params_.n_eos = n_eos;
         void* args[] = {&params_};
         for (int i = 0; i < n_steps; ++i) {
-            GPU_CHECK(cudaLaunchCooperativeKernel(decode_kernel_ptr(), dim3(unsigned(info_.blocks)), dim3(NT), args,
+            GPU_CHECK(cudaLaunchCooperativeKernel(kernel_, dim3(unsigned(info_.blocks)), dim3(unsigned(info_.threads)), args,
                                                   size_t(info_.smem_bytes), s_));
         }
         GPU_CHECK(cudaGetLastError());
@@ -157,10 +158,26 @@ public:
         GPU_CHECK(cudaStreamSynchronize(s_));
         if (steps < 1 || steps > n_steps) fail("internal", "decode kernel reported " + std::to_string(steps) + " steps for " + std::to_string(n_steps));
         for (int i = 0; i < steps; ++i) out->push_back(toks[size_t(i)]);
+        if (params_.trace) write_trace();
         len_ += steps;
     }
 
     LaunchInfo launch_info() const override { return info_; }
+
+    // The last decode step's stage stamps (LB_MK_TRACE): one line per traced block, cycles from its start.
+    void write_trace() {
+        const size_t per = size_t(cfg_.n_layers * 16 + 2);
+        std::vector<long long> t(2 * per);
+        GPU_CHECK(cudaMemcpy(t.data(), params_.trace, sizeof(long long) * t.size(), cudaMemcpyDeviceToHost));
+        FILE* f = std::fopen(trace_path_.c_str(), "w");
+        if (!f) return;
+        for (int blk = 0; blk < 2; ++blk) {
+            std::fprintf(f, "block %d:", blk ? info_.blocks / 2 : 0);
+            for (size_t i = 0; i < per; ++i) std::fprintf(f, " %lld", t[blk * per + i] - t[blk * per]);
+            std::fprintf(f, "\n");
+        }
+        std::fclose(f);
+    }
 
     void timer_start() override { GPU_CHECK(cudaEventRecord(ev0_, s_)); }
     double timer_stop_ms() override {
@@ -214,28 +231,58 @@ private:
         const Qwen35Config& c = cfg_;
         const int xs = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
         const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
-        const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + NW;
+        const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + 2 * NW;
         const int aux = std::max({att_aux, dn_aux, c.lin_v_heads});
         const int xs_pad = (xs + 3) / 4 * 4;
-        const int base = int(sizeof(float)) * (xs_pad + 64 + aux);
+        // after aux: the block's residual rows and its in-projection rows' conv windows (16 floats each),
+        // sized for one block per SM (more blocks only shrink a block's share)
+        auto per = [&](int rows) { return (rows + sms_ - 1) / sms_; };
+        const int own = per(c.hidden);
+        const int convpre = 16 * per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
+        const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre);
         // Weight staging (cp.async, sm_80+): up to 16 slots of 16 B per thread, as shared memory allows.
         // Off by default until a device run has checked it (docs/megakernel.md, v2): LB_MK_SLOTS=16 turns it on.
         const int nslot_max = cc_ >= 80 ? std::min(16, std::max(0, (smem_optin_ - base - 1024) / (16 * NT))) : 0;
         int nslot = 0;
         if (const char* e = std::getenv("LB_MK_SLOTS")) nslot = std::max(0, std::min(nslot_max, std::atoi(e)));
-        const int smem = base + nslot * 16 * NT;
+        int smem = base + nslot * 16 * NT;
+        int threads = NT;
         const void* fn = decode_kernel_ptr();
+        // v3 weight ring (sm_90, LB_MK_RING=1; measured slower than v1, docs/megakernel.md): as many 32 KB pages as shared
+        // memory allows next to the v1 layout, the per-row results, the block's residual rows and conv
+        // windows (sized for one block per SM); LB_MK_RING_PAGES caps the count.
+        const int widest = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
+        const char* ring_env = std::getenv("LB_MK_RING");
+        const bool ring = cc_ >= 90 && widest <= RING_MAX_K && nslot == 0 && ring_env && ring_env[0] == '1';
+        int ring_slots = 0, rowacc = 0;
+        if (ring) {
+            auto S = [](int K) { return K <= 1024 ? 1 : K <= 2048 ? 2 : 4; };
+            const int out_in = std::max(c.lin_value_dim(), c.n_heads * c.head_dim);
+            rowacc = std::max({per(std::max(c.lin_in_rows(), c.attn_qkv_rows())) * S(c.hidden), per(c.hidden) * S(out_in),
+                               2 * per(c.intermediate) * S(c.hidden), per(c.hidden) * S(c.intermediate), NW});
+            const int rest = base + 4 * rowacc;
+            ring_slots = std::min(8, (smem_optin_ - rest - 1024) / (RING_PAGE + 16));
+            if (const char* e = std::getenv("LB_MK_RING_PAGES")) ring_slots = std::min(ring_slots, std::atoi(e));
+            if (ring_slots >= 2) {
+                smem = ring_slots * (RING_PAGE + 16) + rest;
+                fn = decode_kernel_ring_ptr();
+            } else {
+                ring_slots = 0;
+            }
+        }
         GPU_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int per_sm = 0;
-        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, NT, size_t(smem)));
-        if (per_sm < 1) fail("unsupported", "the decode kernel (" + std::to_string(NT) + " threads, " + std::to_string(smem) +
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, size_t(smem)));
+        if (per_sm < 1) fail("unsupported", "the decode kernel (" + std::to_string(threads) + " threads, " + std::to_string(smem) +
                                                 " B shared memory) does not fit on a multiprocessor of " + prop_name_);
         info_.blocks_per_sm = per_sm;
         info_.sms = sms_;
         info_.blocks = per_sm * sms_;
-        info_.threads = NT;
+        info_.threads = threads;
         info_.smem_bytes = smem;
         info_.slots = nslot;
+        info_.ring_slots = ring_slots;
+        kernel_ = fn;
         info_.barriers_per_token = 5 * c.n_layers;
         const char* env = std::getenv("LB_MK_PREFETCH");
         info_.prefetch = env ? std::atoi(env) : 0;
@@ -306,6 +353,20 @@ private:
         p.nslot = nslot;
         p.diag = info_.diag;
         p.xs_floats = xs_pad;
+        p.aux_floats = aux;
+        p.ring_slots = ring_slots;
+        p.rowacc_floats = rowacc;
+        p.own_floats = own;
+        p.convpre_floats = convpre;
+        const char* early = std::getenv("LB_MK_EARLY");
+        p.early = early ? std::atoi(early) : 3;
+        if (const char* tr = std::getenv("LB_MK_TRACE")) {
+            trace_path_ = tr;
+            p.trace = (long long*)alloc(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));
+        }
+        const char* bk = std::getenv("LB_MK_BARRIER");
+        p.bar_kind = bk ? std::atoi(bk) : 2;  // 2 measured 2x cheaper (docs/megakernel.md, v3)
+        info_.bar_kind = p.bar_kind;
         d_pos_ = (int*)alloc(sizeof(int));
         d_tok_ = (int*)alloc(sizeof(int));
         d_step_ = (int*)alloc(sizeof(int));
@@ -336,8 +397,8 @@ private:
         GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
-        fprintf(stderr, "[megakernel] %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d staging slots, prefetch %d, diag %d\n",
-                info_.blocks, per_sm, sms_, NT, smem, nslot, info_.prefetch, info_.diag);
+        fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, %d staging slots, prefetch %d, diag %d\n",
+                ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, nslot, info_.prefetch, info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
@@ -371,6 +432,8 @@ private:
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_step_ = nullptr, *d_done_ = nullptr, *d_out_ = nullptr, *d_eos_ = nullptr;
     Params params_;
     LaunchInfo info_;
+    const void* kernel_ = nullptr;  // the decode kernel launched (v1 or v3)
+    std::string trace_path_;
 };
 
 }  // namespace

@@ -157,6 +157,7 @@ def timing(exe: Path, env: dict | None, reps: int, ctx_prompt: list[int], p520: 
     tl = [eng.gen(p520, N_GEN + 1) for _ in range(max(2, reps // 2))]
     r["tg128_at_ctx520_tok_s"] = stats([N_GEN / (x["timing"]["decode_ms"] / 1e3) for x in tl])
     r["bytes_per_token_ctx520"] = tl[0].get("bytes_per_token")
+    r["ctx520_output_ids"] = tl[0]["output_ids"]  # compared across variants (prefill + decode paths)
     # pp520: 520-token prompt, 1 token
     for _ in range(3):
         eng.gen(p520, 1)
@@ -171,7 +172,7 @@ def phase_run(build: Path) -> None:
     res: dict = {"gpu": refs["gpu"], "date": refs["date"], "copy_bandwidth": refs["copy_bandwidth"],
                  "weights": "SYNTHETIC (random re-scaled Qwen3.5-0.8B shape, bf16)"}
     mk = build / "lucebench-megakernel"
-    ar = build / "engines" / "lucebench-ar"
+    ar = next((x for x in (build / "lucebench-ar", build / "engines" / "lucebench-ar") if x.exists()), build / "lucebench-ar")
     ps = prompts()
     try:
         # ---- correctness
@@ -223,13 +224,16 @@ def phase_run(build: Path) -> None:
                     "megakernel_l2prefetch": {"LB_MK_PREFETCH": "1"},
                     "diag_lm_head_only": {"LB_MK_DIAG": "1"}, "diag_layers_only": {"LB_MK_DIAG": "2"},
                     "diag_layers_only_staging16": {"LB_MK_DIAG": "2", "LB_MK_SLOTS": "16"}}
+        if os.environ.get("MK_VARIANTS"):  # JSON {name: {env}}: replaces the list above
+            variants = json.loads(os.environ["MK_VARIANTS"])
         for name, env in variants.items():
             t = time.time()
             res["timing"][name] = timing(mk, env, reps, p520, p520)
             log(f"{name}: {json.dumps(res['timing'][name])} ({time.time() - t:.0f} s)")
-        if ar_out is not None:
-            res["timing"]["ar"] = timing(ar, None, reps, p520, p520)
-            log(f"ar: {json.dumps(res['timing']['ar'])}")
+        if ar_out is not None:  # AR_VARIANTS: JSON {name: {env}}, default {"ar": {}}
+            for name, env in json.loads(os.environ.get("AR_VARIANTS", '{"ar": {}}')).items():
+                res["timing"][name] = timing(ar, env or None, reps, p520, p520)
+                log(f"{name}: {json.dumps(res['timing'][name])}")
     finally:
         (OUT / "check_megakernel.json").write_text(json.dumps(res, indent=2, default=str))
 
@@ -243,7 +247,11 @@ def phase_run(build: Path) -> None:
         roof = bw / bpt if bpt else float("nan")
         log(f"| {name} | {tg['median']} [{tg['min']}, {tg['max']}] | {r['tg128_ms_per_token']} | {bpt / 1e9:.4f} GB | "
             f"{100 * tg['median'] / roof:.1f}% | {r['tg128_at_ctx520_tok_s']['median']} | {r['pp520_tok_s']['median']} |")
-    if "ar" in res["timing"]:
+    ref_ids = res["timing"].get("megakernel", {}).get("ctx520_output_ids")
+    if ref_ids:
+        same = {k: r.get("ctx520_output_ids") == ref_ids for k, r in res["timing"].items() if not k.startswith("diag")}
+        log(f"520-token prompt + 128 tokens identical to the default megakernel's: {same}")
+    if "ar" in res["timing"]:  # the default ar variant
         best = max((r["tg128_tok_s"]["median"], k) for k, r in res["timing"].items() if k.startswith("megakernel"))
         log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")
     log(f"agreement vs HF fp32 {c['agree_vs_hf_fp32']:.4f}, vs HF bf16 {c['agree_vs_hf_bf16']:.4f}, "
