@@ -34,43 +34,6 @@ __device__ __forceinline__ void watchdog(long long* t0) {
     else if (now - *t0 > (1ll << 33)) __trap();  // ~4 s at 2 GHz
 }
 
-__device__ __forceinline__ void prefetch_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// Line by line, for ranges of any alignment.
-__device__ __forceinline__ void prefetch_lines(const void* p, size_t bytes) {
-    const uintptr_t a = uintptr_t(p) & ~uintptr_t(127), e = uintptr_t(p) + bytes;
-    for (uintptr_t line = a + uintptr_t(threadIdx.x) * 128; line < e; line += uintptr_t(NT) * 128)
-        prefetch_line((const void*)line);
-}
-
-// The whole block asks L2 for [p, p + bytes). p and bytes are multiples of 16 (rows of K % 8 == 0 weights).
-__device__ __forceinline__ void prefetch_range(const void* p, size_t bytes) {
-    if (bytes == 0) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr size_t CH = 16384;
-    const char* base = (const char*)p;
-    for (size_t off = size_t(threadIdx.x) * CH; off < bytes; off += size_t(NT) * CH) {
-        const unsigned n = unsigned(bytes - off < CH ? bytes - off : CH);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(n) : "memory");
-    }
-#else
-    prefetch_lines(p, bytes);
-#endif
-}
-
-// Per-lane private staging of weight vectors in shared memory (sm_80+): cp.async copies issued before a
-// grid barrier land while the block waits; the same lane reads them back after cp.async.wait_all, so no
-// block-level synchronisation is needed. Slot q of a lane lives at slots[q * NT] (conflict-free).
-struct Slots {
-    uint4* p;    // this lane's slot 0
-    int n;       // slots per lane (0: staging off)
-    int staged;  // slots filled for the stage about to run
-};
-__device__ __forceinline__ void cp_async16(uint4* smem_dst, const void* gsrc) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = unsigned(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gsrc) : "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gsrc) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = unsigned(__cvta_generic_to_shared(smem_dst));
@@ -82,12 +45,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
-// Vectors idx = k0 + lane + 32 j < k1 a lane handles.
-__device__ __forceinline__ int lane_nvec(int k0, int k1) {
-    const int n = k1 - k0 - int(threadIdx.x & 31);
-    return n > 0 ? (n + 31) / 32 : 0;
-}
-
 __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
 #if defined(LB_GPU_FP16)
     const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -211,24 +168,17 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 // ----------------------------------------------------------------------------------------- GEMV pieces
 
 // acc[r] += W_r[k] . x[k] over the 16-byte vectors [k0, k1) of R rows; each lane keeps 4 * R loads in flight.
-// Load number q = qbase + j * R + r of this lane (j: the lane's j-th vector) comes from its staging slot
-// q when q < staged, else from global memory.
 template <int R>
-__device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k1, const float* xs, float* acc,
-                                         const Slots& sl, int qbase) {
+__device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k1, const float* xs, float* acc) {
     const int lane = threadIdx.x & 31;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
-    int j0 = 0;
-    for (int i = k0 + lane; i < k1; i += 32 * 4, j0 += 4) {
+    for (int i = k0 + lane; i < k1; i += 32 * 4) {
         uint4 w[R][4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int idx = i + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int q = qbase + (j0 + u) * R + r;
-                w[r][u] = idx < k1 ? (q < sl.staged ? sl.p[q * NT] : ldw(rows[r] + idx)) : make_uint4(0, 0, 0, 0);
-            }
+            for (int r = 0; r < R; ++r) w[r][u] = idx < k1 ? ldw(rows[r] + idx) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -246,59 +196,24 @@ __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k
         }
     }
 }
-// The issuing twin of dot_rows: stages this lane's loads q < sl.n; returns the slots filled so far.
-template <int R>
-__device__ __forceinline__ int issue_rows(const uint4* const* rows, int k0, int k1, const Slots& sl, int qbase, int staged) {
-    const int lane = threadIdx.x & 31;
-    for (int j = 0;; ++j) {
-        const int idx = k0 + lane + 32 * j;
-        if (idx >= k1) break;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int q = qbase + j * R + r;
-            if (q >= sl.n) return staged;
-            cp_async16(sl.p + size_t(q) * NT, rows[r] + idx);
-            staged = q + 1;
-        }
-    }
-    return staged;
-}
 
 // Rows [r0, r1) of W [*, K] times xs. Many rows: each warp takes two rows at a time. Few rows (<= NW):
 // each row's K is split over S warps (S a power of two) and the parts are summed in shared memory.
 // epi(row, value) runs once per row on one lane. Every thread of the block must call this.
-// ISSUE: only stage (cp.async) this lane's first sl.n loads of the same walk; returns the slots filled.
-template <bool ISSUE, class Epi>
-__device__ __forceinline__ int gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red,
-                                         const Slots& sl, Epi epi) {
+template <class Epi>
+__device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = r1 - r0, kv = K / 8;
-    int staged = 0;
-    if (!ISSUE && sl.staged > 0) cp_async_wait_all();
     if (n > NW) {
-        const int nvec = lane_nvec(0, kv);
-        int tl = 0;
-        for (int t = warp; 2 * t < n; t += NW, ++tl) {
+        for (int t = warp; 2 * t < n; t += NW) {
             const int ra = r0 + 2 * t, rb = ra + 1;
-            const int qbase = tl * nvec * 2;
-            if (ISSUE) {
-                if (qbase >= sl.n) break;
-                if (rb < r1) {
-                    const uint4* rows[2] = {(const uint4*)(W + size_t(ra) * K), (const uint4*)(W + size_t(rb) * K)};
-                    staged = issue_rows<2>(rows, 0, kv, sl, qbase, staged);
-                } else {
-                    const uint4* rows[1] = {(const uint4*)(W + size_t(ra) * K)};
-                    staged = issue_rows<1>(rows, 0, kv, sl, qbase, staged);
-                }
-                continue;
-            }
             float acc[2] = {0.f, 0.f};
             if (rb < r1) {
                 const uint4* rows[2] = {(const uint4*)(W + size_t(ra) * K), (const uint4*)(W + size_t(rb) * K)};
-                dot_rows<2>(rows, 0, kv, xs, acc, sl, qbase);
+                dot_rows<2>(rows, 0, kv, xs, acc);
             } else {
                 const uint4* rows[1] = {(const uint4*)(W + size_t(ra) * K)};
-                dot_rows<1>(rows, 0, kv, xs, acc, sl, qbase);
+                dot_rows<1>(rows, 0, kv, xs, acc);
             }
             acc[0] = warp_sum(acc[0]);
             acc[1] = warp_sum(acc[1]);
@@ -307,30 +222,20 @@ __device__ __forceinline__ int gemv_rows(const wtype* W, int K, int r0, int r1, 
                 if (rb < r1) epi(rb, acc[1]);
             }
         }
-        return staged;
+        return;
     }
-    if (n <= 0) return staged;
+    if (n <= 0) return;
     int S = 1;
     while (S < NW && n * S * 2 <= NW) S *= 2;
     const int part = warp % S, rl = warp / S, rpp = NW / S;
     const int per = (kv + S - 1) / S;
     const int k0 = min(kv, part * per), k1 = min(kv, k0 + per);
-    const int nvec = lane_nvec(k0, k1);
-    int pass = 0;
-    for (int base = r0; base < r1; base += rpp, ++pass) {
+    for (int base = r0; base < r1; base += rpp) {
         const int row = base + rl;
-        const int qbase = pass * nvec;
-        if (ISSUE) {
-            if (row < r1 && qbase < sl.n) {
-                const uint4* rows[1] = {(const uint4*)(W + size_t(row) * K)};
-                staged = issue_rows<1>(rows, k0, k1, sl, qbase, staged);
-            }
-            continue;
-        }
         float acc = 0.f;
         if (row < r1) {
             const uint4* rows[1] = {(const uint4*)(W + size_t(row) * K)};
-            dot_rows<1>(rows, k0, k1, xs, &acc, sl, qbase);
+            dot_rows<1>(rows, k0, k1, xs, &acc);
         }
         acc = warp_sum(acc);
         if (S == 1) {
@@ -346,11 +251,7 @@ __device__ __forceinline__ int gemv_rows(const wtype* W, int K, int r0, int r1, 
             csync();
         }
     }
-    return staged;
 }
-struct NoEpi {
-    __device__ void operator()(int, float) const {}
-};
 
 // xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row. The gains
 // are requested together with v (one round trip, not two: under the weight stream each costs ~1-2 us).
@@ -377,74 +278,6 @@ __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow,
     }
     for (int i = threadIdx.x + NR * NT; i < H; i += NT) xs[i] = xs[i] * inv * __ldg(gain + i);
     csync();
-}
-
-// ----------------------------------------------------------------------------------------- prefetch plan
-
-// Asks L2 for this block's share of stage `s` of layer `l` (s == 5: the LM head's first window).
-__device__ void prefetch_stage(const Params& p, int l, int s, int pos) {
-    const int nb = gridDim.x, b = blockIdx.x;
-    if (l >= p.n_layers) { s = 5; }
-    int r0, r1;
-    if (s == 5) {
-        part_range(p.V, b, nb, &r0, &r1);
-        const int e = min(r1, r0 + LM_WIN);
-        prefetch_range(p.lm_head + size_t(r0) * p.H, size_t(e - r0) * p.H * sizeof(wtype));
-        return;
-    }
-    const LayerPtrs& L = p.layers[l];
-    switch (s) {
-        case 0:
-            part_range(L.in_rows, b, nb, &r0, &r1);
-            prefetch_range(L.in_w + size_t(r0) * p.H, size_t(r1 - r0) * p.H * sizeof(wtype));
-            if (!L.full) {
-                const int c0 = min(r0, p.cd), c1 = min(r1, p.cd);
-                if (c1 > c0) {
-                    prefetch_lines(L.conv_state + size_t(c0) * (p.conv_k - 1), size_t(c1 - c0) * (p.conv_k - 1) * 4);
-                    prefetch_lines(L.conv_w + size_t(c0) * p.conv_k, size_t(c1 - c0) * p.conv_k * 4);
-                }
-            }
-            break;
-        case 1:
-            if (!L.full) {
-                const int per_head = p.dv / DN_COLS, items = p.hv * per_head;
-                for (int it = b; it < items; it += nb) {
-                    const int h = it / per_head, j0 = (it % per_head) * DN_COLS;
-                    for (int i = threadIdx.x; i < p.dk; i += NT)
-                        prefetch_line(L.ssm + (size_t(h) * p.dk + i) * p.dv + j0);
-                }
-            } else {
-                const int ctx = pos + 1;
-                int nch = max(1, min((ctx + 15) / 16, nb / p.nh));
-                const int cs = (ctx + nch - 1) / nch;
-                nch = (ctx + cs - 1) / cs;
-                const size_t row = size_t(p.hd) * 2;
-                const int lines = int((row + 127) / 128);
-                for (int it = b; it < p.nh * nch; it += nb) {
-                    const int h = it / nch, c = it % nch, kvh = h / (p.nh / p.nkv);
-                    const int s0 = c * cs, s1 = min(ctx, s0 + cs);
-                    for (int e = threadIdx.x; e < (s1 - s0) * lines; e += NT) {
-                        const size_t off = (size_t(s0 + e / lines) * p.nkv + kvh) * row + size_t(e % lines) * 128;
-                        prefetch_line((const char*)L.kc + off);
-                        prefetch_line((const char*)L.vc + off);
-                    }
-                }
-            }
-            break;
-        case 2:
-            part_range(p.H, b, nb, &r0, &r1);
-            prefetch_range(L.out_w + size_t(r0) * L.out_in, size_t(r1 - r0) * L.out_in * sizeof(wtype));
-            break;
-        case 3:
-            part_range(p.I, b, nb, &r0, &r1);
-            prefetch_range(L.gate_up + size_t(r0) * p.H, size_t(r1 - r0) * p.H * sizeof(wtype));
-            prefetch_range(L.gate_up + size_t(p.I + r0) * p.H, size_t(r1 - r0) * p.H * sizeof(wtype));
-            break;
-        case 4:
-            part_range(p.H, b, nb, &r0, &r1);
-            prefetch_range(L.down + size_t(r0) * p.I, size_t(r1 - r0) * p.I * sizeof(wtype));
-            break;
-    }
 }
 
 // ----------------------------------------------------------------------------------------- stages
@@ -488,7 +321,7 @@ __device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L,
 
 // Stage 0: RMSNorm + in-projection + in_epilogue. erow: layer 0's embedding row (else null); convpre: the
 // rows' conv windows staged by conv_prefetch (sm_80+), else null.
-__device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow, float* xs, float* red, const Slots& sl,
+__device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow, float* xs, float* red,
                          const float* convpre) {
     norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red);
     int r0, r1;
@@ -497,7 +330,7 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow,
         cp_async_wait_all();
         csync();
     }
-    gemv_rows<false>(L.in_w, p.H, r0, r1, xs, red, sl, [&](int r, float v) {
+    gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
     });
 }
@@ -809,68 +642,39 @@ __device__ void out_prologue(const Params& p, const LayerPtrs& L, float* xs, flo
 
 // Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
 // own: this block's rows of the residual (it alone writes them), kept in shared memory.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, const Slots& sl, float* own) {
+__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, float* own) {
     out_prologue(p, L, xs, aux);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
-    gemv_rows<false>(L.out_w, L.out_in, r0, r1, xs, red, sl, [&](int r, float v) {
+    gemv_rows(L.out_w, L.out_in, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
     });
 }
 
-// Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up. ISSUE: stage the loads only.
-template <bool ISSUE>
-__device__ int stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red, const Slots& sl) {
-    const int nb = gridDim.x, b = blockIdx.x;
-    if (!ISSUE) norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
-    if (!ISSUE && sl.staged > 0) cp_async_wait_all();
+// Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up.
+__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red) {
+    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
     int r0, r1;
-    part_range(p.I, b, nb, &r0, &r1);
+    part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kv = p.H / 8;
-    const int nvec = lane_nvec(0, kv);
-    int staged = 0, tl = 0;
-    for (int r = r0 + warp; r < r1; r += NW, ++tl) {
+    for (int r = r0 + warp; r < r1; r += NW) {
         const uint4* rows[2] = {(const uint4*)(L.gate_up + size_t(r) * p.H), (const uint4*)(L.gate_up + size_t(p.I + r) * p.H)};
-        const int qbase = tl * nvec * 2;
-        if (ISSUE) {
-            if (qbase >= sl.n) break;
-            staged = issue_rows<2>(rows, 0, kv, sl, qbase, staged);
-            continue;
-        }
         float acc[2] = {0.f, 0.f};
-        dot_rows<2>(rows, 0, kv, xs, acc, sl, qbase);
+        dot_rows<2>(rows, 0, kv, xs, acc);
         acc[0] = warp_sum(acc[0]);
         acc[1] = warp_sum(acc[1]);
         if (lane == 0) p.act[r] = silu(acc[0]) * acc[1];
     }
-    return staged;
-}
-
-// Stagers for the GEMV stages: the same walk as the compute, cp.async only.
-__device__ int issue_in(const Params& p, const LayerPtrs& L, const Slots& sl) {
-    int r0, r1;
-    part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
-    return gemv_rows<true>(L.in_w, p.H, r0, r1, nullptr, nullptr, sl, NoEpi{});
-}
-__device__ int issue_out(const Params& p, const LayerPtrs& L, const Slots& sl) {
-    int r0, r1;
-    part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
-    return gemv_rows<true>(L.out_w, L.out_in, r0, r1, nullptr, nullptr, sl, NoEpi{});
-}
-__device__ int issue_down(const Params& p, const LayerPtrs& L, const Slots& sl) {
-    int r0, r1;
-    part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
-    return gemv_rows<true>(L.down, p.I, r0, r1, nullptr, nullptr, sl, NoEpi{});
 }
 
 // Stage 4: down-projection + residual.
-__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, const Slots& sl, float* own) {
+__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, float* own) {
     for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
     csync();
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
-    gemv_rows<false>(L.down, p.I, r0, r1, xs, red, sl, [&](int r, float v) {
+    gemv_rows(L.down, p.I, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
     });
@@ -927,18 +731,10 @@ __device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
     part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
     float best = -FLT_MAX;
     int bidx = 0x7fffffff;
-    const Slots nosl{nullptr, 0, 0};
     if (p.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
-    for (int w0 = r0; w0 < r1; w0 += LM_WIN) {
-        if (p.prefetch & 2) {
-            const int a = w0 + LM_WIN, e = min(r1, a + LM_WIN);
-            if (a < e) prefetch_range(p.lm_head + size_t(a) * p.H, size_t(e - a) * p.H * sizeof(wtype));
-        }
-        const int w1 = min(r1, w0 + LM_WIN);
-        gemv_rows<false>(p.lm_head, p.H, w0, w1, xs, red, nosl, [&](int r, float v) {
-            if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
-        });
-    }
+    gemv_rows(p.lm_head, p.H, r0, r1, xs, red, [&](int r, float v) {
+        if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
+    });
     // gemv_rows calls epi on lane 0 of the owning warp (n > NW) or of the part-0 warp (n <= NW).
     lm_finish(p, pos, best, bidx);
 }
@@ -958,8 +754,7 @@ __device__ void conv_prefetch(const Params& p, const LayerPtrs& L, int r0, int r
 
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     extern __shared__ float4 smem4[];
-    Slots sl{reinterpret_cast<uint4*>(smem4) + threadIdx.x, p.nslot, 0};
-    float* xs = reinterpret_cast<float*>(reinterpret_cast<uint4*>(smem4) + size_t(p.nslot) * NT);
+    float* xs = reinterpret_cast<float*>(smem4);
     float* red = xs + p.xs_floats;  // 64 floats
     float* aux = red + 64;
     float* own = aux + p.aux_floats;     // this block's residual rows
@@ -976,10 +771,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     int h0, h1, r0, r1;
     part_range(p.H, b, nb, &h0, &h1);
     GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
-    const bool pf = p.prefetch & 1;
     const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
-    if (pf) prefetch_stage(p, 0, 0, pos);
-    if (n_layers > 0) sl.staged = issue_in(p, p.layers[0], sl);
     const bool conv_pre = kConvPre && (p.early & 2), state_pre = p.early & 1;  // LB_MK_EARLY
     if (conv_pre && n_layers > 0) {
         part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
@@ -987,7 +779,6 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     }
     for (int l = 0; l < n_layers; ++l) {
         const LayerPtrs& L = p.layers[l];
-        if (pf) prefetch_stage(p, l, 1, pos);
         // the state of this block's first DeltaNet item: loads in flight through the in-projection
         float spre[DN_MAXR];
         if (state_pre && !L.full) deltanet_state_load(p, L, b, spre);
@@ -997,35 +788,27 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
                 own[i] = gpu::w2f(erow[h0 + i]);
                 p.x[h0 + i] = own[i];
             }
-        stage_in(p, L, erow, xs, red, sl, conv_pre ? convpre : nullptr);
-        sl.staged = issue_out(p, L, sl);  // lands during the barrier and the mixer
+        stage_in(p, L, erow, xs, red, conv_pre ? convpre : nullptr);
         gb.sync();
-        if (pf) prefetch_stage(p, l, 2, pos);
         if (L.full) {
             if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
             else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
+        } else {
+            stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         }
-        else stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         gb.sync();
-        if (pf) prefetch_stage(p, l, 3, pos);
-        stage_out(p, L, xs, aux, red, sl, own);
-        sl.staged = stage_gate_up<true>(p, L, xs, red, sl);
+        stage_out(p, L, xs, aux, red, own);
         gb.sync();
-        if (pf) prefetch_stage(p, l, 4, pos);
-        stage_gate_up<false>(p, L, xs, red, sl);
-        sl.staged = issue_down(p, L, sl);
+        stage_gate_up(p, L, xs, red);
         gb.sync();
-        if (pf) prefetch_stage(p, l + 1, 0, pos);  // the LM head's first window after the last layer
         if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the down stage
             part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
             conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
         }
-        stage_down(p, L, xs, red, sl, own);
-        sl.staged = l + 1 < n_layers ? issue_in(p, p.layers[l + 1], sl) : 0;
+        stage_down(p, L, xs, red, own);
         gb.sync();
     }
     stage_lm(p, pos, xs, red);
-    if (pf) prefetch_stage(p, 0, 0, pos + 1);  // the next token's first stage, while the tail finishes
 }
 
 // ========================================================================================= v3: weight ring

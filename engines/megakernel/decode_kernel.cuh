@@ -32,7 +32,6 @@ constexpr int NW = NT / 32;      // warps per block
 constexpr int DN_COLS = 16;      // DeltaNet value columns per work item
 constexpr int DN_MAXR = 4;       // DeltaNet key rows per thread (dk <= 32 * DN_MAXR)
 constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (head_dim <= 512)
-constexpr int LM_WIN = 64;       // LM-head rows per prefetch window
 constexpr int RING_PAGE = 32768; // v3 weight ring page (bytes): 16 rows of K <= 1024, 8 of K <= 2048, 4 of K <= 4096
 constexpr int RING_MAX_K = 4096; // widest matrix row (elements) the v3 ring takes
 
@@ -71,8 +70,6 @@ struct Params {
     int nh, nkv, hd, rot;
     float theta, eps;
     int kv_f16;  // KV element type: 0 bf16, 1 f16
-    int prefetch;
-    int nslot;      // weight staging slots (16 B) per thread; 0 disables staging
     int diag;       // diagnostics (timing only, tokens meaningless): bit 0 skip layers, bit 1 skip LM head,
                     // bit 2 barriers only (v3 kernel), bit 3 grid barriers become block-local
     int xs_floats;  // shared-memory vector length (floats)

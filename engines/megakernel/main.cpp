@@ -81,8 +81,6 @@ int run(int argc, char** argv) {
     options["blocks_per_sm"] = li.blocks_per_sm;
     options["threads_per_block"] = li.threads;
     options["smem_bytes"] = li.smem_bytes;
-    options["prefetch"] = li.prefetch;
-    options["staging_slots"] = li.slots;
     options["ring_pages"] = li.ring_slots;
     options["grid_barrier"] = li.bar_kind;
     options["kernel"] = li.ring_slots ? "v3-ring" : "v1";

@@ -21,8 +21,6 @@ struct LaunchInfo {
     int sms = 0;
     int threads = 0;           // per block
     int smem_bytes = 0;        // dynamic shared memory per block
-    int prefetch = 0;          // LB_MK_PREFETCH bit 0: L2 prefetch of the next stage; bit 1: LM-head windows
-    int slots = 0;             // 16-byte weight staging slots per thread (cp.async into shared memory)
     int ring_slots = 0;        // LB_MK_RING=1 (sm_90): v3 weight-ring pages (0: the v1 kernel, the default)
     int bar_kind = 1;          // LB_MK_BARRIER: grid barrier implementation (decode_kernel.cu)
     int diag = 0;              // LB_MK_DIAG: timing diagnostics (Params::diag)

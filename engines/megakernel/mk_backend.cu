@@ -240,20 +240,15 @@ private:
         const int own = per(c.hidden);
         const int convpre = 16 * per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
         const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre);
-        // Weight staging (cp.async, sm_80+): up to 16 slots of 16 B per thread, as shared memory allows.
-        // Off by default until a device run has checked it (docs/megakernel.md, v2): LB_MK_SLOTS=16 turns it on.
-        const int nslot_max = cc_ >= 80 ? std::min(16, std::max(0, (smem_optin_ - base - 1024) / (16 * NT))) : 0;
-        int nslot = 0;
-        if (const char* e = std::getenv("LB_MK_SLOTS")) nslot = std::max(0, std::min(nslot_max, std::atoi(e)));
-        int smem = base + nslot * 16 * NT;
-        int threads = NT;
+        int smem = base;
+        const int threads = NT;
         const void* fn = decode_kernel_ptr();
         // v3 weight ring (sm_90, LB_MK_RING=1; measured slower than v1, docs/megakernel.md): as many 32 KB pages as shared
         // memory allows next to the v1 layout, the per-row results, the block's residual rows and conv
         // windows (sized for one block per SM); LB_MK_RING_PAGES caps the count.
         const int widest = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
         const char* ring_env = std::getenv("LB_MK_RING");
-        const bool ring = cc_ >= 90 && widest <= RING_MAX_K && nslot == 0 && ring_env && ring_env[0] == '1';
+        const bool ring = cc_ >= 90 && widest <= RING_MAX_K && ring_env && ring_env[0] == '1';
         int ring_slots = 0, rowacc = 0;
         if (ring) {
             auto S = [](int K) { return K <= 1024 ? 1 : K <= 2048 ? 2 : 4; };
@@ -280,12 +275,9 @@ private:
         info_.blocks = per_sm * sms_;
         info_.threads = threads;
         info_.smem_bytes = smem;
-        info_.slots = nslot;
         info_.ring_slots = ring_slots;
         kernel_ = fn;
         info_.barriers_per_token = 5 * c.n_layers;
-        const char* env = std::getenv("LB_MK_PREFETCH");
-        info_.prefetch = env ? std::atoi(env) : 0;
         const char* dg = std::getenv("LB_MK_DIAG");
         info_.diag = dg ? std::atoi(dg) : 0;
         const int nb = info_.blocks;
@@ -349,8 +341,6 @@ private:
         p.theta = c.rope_theta;
         p.eps = c.eps;
         p.kv_f16 = kt_ == DType::F16;
-        p.prefetch = info_.prefetch;
-        p.nslot = nslot;
         p.diag = info_.diag;
         p.xs_floats = xs_pad;
         p.aux_floats = aux;
@@ -397,8 +387,8 @@ private:
         GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
-        fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, %d staging slots, prefetch %d, diag %d\n",
-                ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, nslot, info_.prefetch, info_.diag);
+        fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, barrier %d, diag %d\n",
+                ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)

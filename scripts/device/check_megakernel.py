@@ -5,8 +5,10 @@ Two phases, so that the CPU-heavy build can overlap the GPU-side reference (see 
                 weights), runs transformers' greedy references (fp32 on the bf16-rounded weights, and bf16)
                 for 8 prompts x 128 tokens, measures the device copy bandwidth; writes /tmp/mk_refs.json
   run BUILD     correctness of lucebench-megakernel against those references and against lucebench-ar,
-                determinism (same tokens twice, and with prefetch off), then tg128 / pp520 timings with
-                repetitions after warm-up (median, min, max) for the megakernel (prefetch modes) and ar.
+                determinism (same tokens twice, and from the v3 ring kernel), then tg128 / pp520 timings
+                with repetitions after warm-up (median, min, max) for the megakernel variants and ar
+                (MK_VARIANTS / AR_VARIANTS: JSON {name: {env}}), plus whether each variant's tokens on a
+                520-token prompt equal the default's.
 Prints a short table; writes $OUT/check_megakernel.json.
 """
 
@@ -184,8 +186,8 @@ def phase_run(build: Path) -> None:
         log(f"megakernel 8 x {N_GEN} in {time.time() - t:.1f} s")
         mk_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
         eng.close()
-        eng = Engine(mk, "--max-ctx", "1024", env={"LB_MK_SLOTS": "16", "LB_MK_PREFETCH": "3"})
-        mk_nopf = [eng.gen(p, N_GEN)["output_ids"] for p in ps[:3]]
+        eng = Engine(mk, "--max-ctx", "1024", env={"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
+        mk_ring = [eng.gen(p, N_GEN)["output_ids"] for p in ps[:3]]
         eng.close()
         ar_out = None
         if ar.exists():
@@ -203,7 +205,7 @@ def phase_run(build: Path) -> None:
             "agree_hf_bf16_vs_hf_fp32": agree(refs["hf_bf16"], refs["hf_fp32"]),
             "first_mismatch_vs_hf_fp32": first_mismatch(mk_out, refs["hf_fp32"]),
             "deterministic_repeat": mk_out == mk_again,
-            "staging_on_prefetch_on_same_tokens": mk_out[:3] == mk_nopf,
+            "ring_kernel_same_tokens": mk_out[:3] == mk_ring,
         }
         if ar_out is not None:
             c["agree_vs_ar"] = agree(mk_out, ar_out)
@@ -220,10 +222,10 @@ def phase_run(build: Path) -> None:
         reps = int(os.environ.get("MK_REPS", "7"))
         res["timing"] = {}
         # variants: name -> environment (LB_MK_DIAG runs time parts of the step; their tokens are meaningless)
-        variants = {"megakernel": {}, "megakernel_staging16": {"LB_MK_SLOTS": "16"},
-                    "megakernel_l2prefetch": {"LB_MK_PREFETCH": "1"},
+        variants = {"megakernel": {}, "megakernel_ring": {"LB_MK_RING": "1"},
+                    "megakernel_generation_barrier": {"LB_MK_BARRIER": "1"},
                     "diag_lm_head_only": {"LB_MK_DIAG": "1"}, "diag_layers_only": {"LB_MK_DIAG": "2"},
-                    "diag_layers_only_staging16": {"LB_MK_DIAG": "2", "LB_MK_SLOTS": "16"}}
+                    "diag_barriers_only": {"LB_MK_DIAG": "6", "LB_MK_RING": "1"}}
         if os.environ.get("MK_VARIANTS"):  # JSON {name: {env}}: replaces the list above
             variants = json.loads(os.environ["MK_VARIANTS"])
         for name, env in variants.items():
@@ -256,7 +258,7 @@ def phase_run(build: Path) -> None:
         log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")
     log(f"agreement vs HF fp32 {c['agree_vs_hf_fp32']:.4f}, vs HF bf16 {c['agree_vs_hf_bf16']:.4f}, "
         f"vs ar {c.get('agree_vs_ar', float('nan')):.4f}; deterministic {c['deterministic_repeat']}, "
-        f"staging-on/prefetch-on identical {c['staging_on_prefetch_on_same_tokens']}")
+        f"v3 ring kernel identical {c['ring_kernel_same_tokens']}")
 
 
 if __name__ == "__main__":
