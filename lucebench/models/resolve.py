@@ -130,6 +130,17 @@ def synth_cache_key(shape: Any, seed: int, dtype: str, layout: str) -> str:
     return f"synth-{safe}-s{seed}-{dtype}-{layout}-{digest}"
 
 
+def _synth_is_current(provenance: Path) -> bool:
+    """Whether a cached synthetic checkpoint exists and was written under the current scale rule (the cache
+    key already hashes the rule; this also catches a folder copied or renamed into place by hand)."""
+    from lucebench.models.weights import SCALE_RULE
+
+    try:
+        return json.loads(provenance.read_text(encoding="utf-8")).get("scale_rule") == SCALE_RULE
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
 def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
     from lucebench.models.shapes import get_shape, shape_from_config
     from lucebench.models.synth import PROVENANCE_FILE, synthesize_atomic
@@ -151,7 +162,7 @@ def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
     dtype = str(s.get("dtype", "bf16"))
     layout = str(s.get("layout", "text"))
     out = models_cache_dir() / synth_cache_key(shape, seed, dtype, layout)
-    if not (out / PROVENANCE_FILE).is_file():
+    if not _synth_is_current(out / PROVENANCE_FILE):
         if console is not None:
             console.print(f"writing synthetic model {shape.name} (seed {seed}, {dtype}) to {out}")
         synthesize_atomic(shape, out, seed=seed, dtype=dtype, layout=layout)

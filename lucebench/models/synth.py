@@ -59,6 +59,8 @@ def tensor_values(spec: TensorSpec, seed: int) -> Iterator[np.ndarray]:
         if spec.init == "normal":
             x = rng.standard_normal(n, dtype=np.float32)
             x *= np.float32(spec.std)
+            if spec.mean:
+                x += np.float32(spec.mean)
         elif spec.init == "norm_zero":
             x = rng.standard_normal(n, dtype=np.float32) * np.float32(spec.std)
         elif spec.init == "norm_one":

@@ -53,6 +53,30 @@ def test_synth_spec_is_made_once_then_reused(cache):
     assert not list((cache / "models").glob(".*tmp*"))  # no half-written folders left behind
 
 
+def test_synth_cache_never_reuses_a_checkpoint_of_another_scale_rule(cache, monkeypatch):
+    from lucebench.models import weights
+    from lucebench.models.shapes import get_shape
+
+    v1 = "lucebench/v1: fan-in normal for matrices, 1/hidden embeddings, norms neutral+N(0,0.1), mamba2 A/dt"
+    assert weights.SCALE_RULE.startswith("lucebench/v2:")
+    key = R.synth_cache_key(get_shape("tiny"), 0, "fp32", "text")
+    with monkeypatch.context() as m:
+        m.setattr(weights, "SCALE_RULE", v1)
+        assert R.synth_cache_key(get_shape("tiny"), 0, "fp32", "text") != key
+    # A folder at the current key whose provenance names another rule (copied in by hand) is rewritten.
+    spec = {"synth": {"shape": "tiny", "seed": 0, "dtype": "fp32"}}
+    first = R.resolve_model(spec)
+    prov_file = first.path / PROVENANCE_FILE
+    prov = json.loads(prov_file.read_text())
+    assert prov["scale_rule"] == weights.SCALE_RULE
+    prov_file.write_text(json.dumps({**prov, "scale_rule": v1}))
+    (first.path / "model.safetensors").write_bytes(b"stale")
+    again = R.resolve_model(spec)
+    assert again.path == first.path
+    assert json.loads(prov_file.read_text())["scale_rule"] == weights.SCALE_RULE
+    assert (again.path / "model.safetensors").read_bytes() != b"stale"
+
+
 def test_synth_spec_from_a_config_file(cache, tmp_path):
     from lucebench.models.shapes import get_shape
 
