@@ -1,7 +1,7 @@
 """Random-weight Qwen3.5 checkpoints built with transformers itself, for checking engines against it.
 
-Weights are re-scaled (matrices ~ N(0, 1/fan_in), norm weights ~ N(0, 0.1), A_log and dt_bias varied)
-so that greedy decoding wanders over the vocabulary: transformers' default 0.02 init makes every model
+Weights are re-scaled (matrices ~ N(0, 1/fan_in), norm weights ~ N(0, 0.1), the final norm's gain of
+mixed sign, A_log and dt_bias varied) so that greedy decoding wanders over the vocabulary: transformers' default 0.02 init makes every model
 repeat one token, which would hide most bugs.
 """
 
@@ -45,6 +45,11 @@ def rescale_(model: torch.nn.Module, seed: int) -> None:
             p.copy_(torch.empty(p.shape).uniform_(-2.0, 1.5, generator=gen))
         elif name.endswith("dt_bias"):
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        elif name == "model.norm.weight":
+            # Final norm gain (1 + w) of mixed sign, N(0, 1) (lucebench's synth rule v2): with N(0, 1)
+            # embeddings and a near-one gain a tied model scores its own input token highest and repeats
+            # it for ever, which any engine reproduces without exercising its layers (docs/models.md).
+            p.copy_(torch.randn(p.shape, generator=gen) - 1.0)
         elif "norm" in name:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1 + (1.0 if name.endswith("linear_attn.norm.weight") else 0.0))
 

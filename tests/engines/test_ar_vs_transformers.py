@@ -47,7 +47,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def check_against_reference(engine_proc, model, vocab: int, seed: int) -> None:
-    matched = total = 0
+    matched = total = repeats = 0
     seen: set[int] = set()
     for i, prompt in enumerate(prompts(vocab, seed)):
         want, want_logits = synth.reference(model, prompt, N_GEN)
@@ -58,9 +58,11 @@ def check_against_reference(engine_proc, model, vocab: int, seed: int) -> None:
         matched += sum(a == b for a, b in zip(got, want))
         total += N_GEN
         seen.update(want)
+        repeats += sum(a == b for a, b in zip(want, [prompt[-1], *want[:-1]]))  # output = its input token
         err = rel_err(torch.tensor(res["last_logits"]), want_logits)
         assert err < 1e-4, f"prompt {i}: last-logit relative error {err:.2e}"
     assert len(seen) > 4, "the test model repeats itself: weights are not varied enough"
+    assert repeats / total < 0.5, f"the test model echoes its input token at {repeats}/{total} steps"
     assert matched / total >= 0.99, f"greedy tokens agree on {matched}/{total} positions"
 
 
