@@ -2,15 +2,41 @@
 // the core's CPU backend (core/cpu/), the same math the multi-kernel CUDA backend runs one kernel at a time.
 #include "decode_kernel.cuh"
 
+#if defined(__HIPCC__)
+// HIP (AMD, wave32 targets; compiled in CI, never run): the same kernel without PTX. Data other blocks
+// wrote in this launch is read with volatile loads (past the non-coherent L1), the barrier uses clang's
+// atomics, and the sm_80/sm_90 paths (cp.async, the v3 ring) are left out.
+#define LB_MK_HIP 1
+#if defined(__HIP_DEVICE_COMPILE__)
+static_assert(LB_WARP == 32, "the megakernel assumes 32-lane warps: build it for a wave32 (gfx10+) target");
+#endif
+#endif
+
 namespace lb::mk {
 namespace {
 
 // ----------------------------------------------------------------------------------------- memory helpers
 // Barrier of the NT compute threads (named barrier 1). The ring kernel's producer warp never joins it, so
 // every block-level synchronisation of the stages goes through here, never through __syncthreads.
+#if defined(LB_MK_HIP)
+__device__ __forceinline__ void csync() { __syncthreads(); }  // the v1 kernel's blocks are all compute threads
+#else
 __device__ __forceinline__ void csync() { asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory"); }
+#endif
 
 
+#if defined(LB_MK_HIP)
+__device__ __forceinline__ uint4 ldw(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+template <class T>
+__device__ __forceinline__ T ldcg(const T* p) { return *reinterpret_cast<const volatile T*>(p); }
+__device__ __forceinline__ float ldg(const float* p) { return ldcg(p); }
+__device__ __forceinline__ uint4 ldg4(const void* p) {
+    const volatile unsigned* w = reinterpret_cast<const volatile unsigned*>(p);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+#define LB_MK_TRAP() __builtin_trap()
+#else
 __device__ __forceinline__ uint4 ldw(const void* p) {  // weights: 16 B, read-only path, no L1 allocation
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -18,6 +44,8 @@ __device__ __forceinline__ uint4 ldw(const void* p) {  // weights: 16 B, read-on
         : "l"(p));
     return r;
 }
+template <class T>
+__device__ __forceinline__ T ldcg(const T* p) { return __ldcg(p); }
 __device__ __forceinline__ float ldg(const float* p) { return __ldcg(p); }       // written by other blocks
 __device__ __forceinline__ uint4 ldg4(const void* p) { return __ldcg((const uint4*)p); }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
@@ -26,12 +54,15 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
+#define LB_MK_TRAP() __trap()
+#endif
+
 // A wait that lasts seconds (a token takes about a millisecond) is a hang: trap, so that the launch fails
 // with an error the engine reports instead of blocking forever.
 __device__ __forceinline__ void watchdog(long long* t0) {
     const long long now = clock64();
     if (*t0 == 0) *t0 = now;
-    else if (now - *t0 > (1ll << 33)) __trap();  // ~4 s at 2 GHz
+    else if (now - *t0 > (1ll << 33)) LB_MK_TRAP();  // ~4 s at 2 GHz
 }
 
 __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gsrc) {
@@ -139,7 +170,11 @@ struct GridBarrier {
             long long t0 = 0;
             if (kind == 2) {
                 const unsigned target = (++passed) * gridDim.x;
+#if defined(LB_MK_HIP)
+                __atomic_fetch_add(bar, 1u, __ATOMIC_RELEASE);
+#else
                 asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+#endif
                 while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
             } else {
                 unsigned* count = bar;
@@ -299,7 +334,7 @@ __device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L,
 #pragma unroll
         for (int j = 0; j < 7; ++j)
             if (j < K - 1) {
-                win[j] = pre ? pre[j] : __ldcg(st + j);
+                win[j] = pre ? pre[j] : ldcg(st + j);
                 acc += (pre ? pre[K - 1 + j] : __ldg(w + j)) * win[j];
             }
 #pragma unroll
@@ -348,7 +383,7 @@ __device__ __forceinline__ void deltanet_state_load(const Params& p, const Layer
 #pragma unroll
     for (int r = 0; r < DN_MAXR; ++r) {
         const int i = rg + 32 * r;
-        s[r] = i < p.dk && it < p.hv * per_head ? __ldcg(S + size_t(i) * p.dv) : 0.f;
+        s[r] = i < p.dk && it < p.hv * per_head ? ldcg(S + size_t(i) * p.dv) : 0.f;
     }
 }
 __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux, const float* pre) {
@@ -707,7 +742,7 @@ __device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
         int bi = 0x7fffffff;
         for (int k = 0; k < nb; ++k) {
             const float v = ldg(p.lm_val + k);
-            const int i = __ldcg(p.lm_idx + k);
+            const int i = ldcg(p.lm_idx + k);
             if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
         }
         if (bi == 0x7fffffff) bi = 0;  // all NaN: keep a valid id
@@ -811,6 +846,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     stage_lm(p, pos, xs, red);
 }
 
+#if !defined(LB_MK_HIP)
 // ========================================================================================= v3: weight ring
 //
 // sm_90. Each block streams its share of every weight matrix, in the order the stages use them, through a
@@ -1204,9 +1240,15 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
     lm_finish(p, pos, best, bidx);
 }
 
+#endif  // !LB_MK_HIP (the v3 ring)
+
 }  // namespace
 
 const void* decode_kernel_ptr() { return (const void*)decode_kernel; }
+#if defined(LB_MK_HIP)
+const void* decode_kernel_ring_ptr() { return nullptr; }
+#else
 const void* decode_kernel_ring_ptr() { return (const void*)decode_kernel_ring; }
+#endif
 
 }  // namespace lb::mk

@@ -11,7 +11,7 @@
 #include "core/engine_main.h"
 #include "core/tensor_source.h"
 
-#if defined(LB_HAVE_GPU) && !defined(LB_USE_HIP) && !defined(__HIPCC__)
+#if defined(LB_HAVE_GPU) && !defined(LB_MK_NO_KERNEL)  // cuda, or hip on wave32 targets (compile-checked only)
 #define LB_MEGAKERNEL 1
 #include "megakernel/megakernel.h"
 #endif
@@ -55,12 +55,14 @@ int run(int argc, char** argv) {
     }
     const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
 #if !defined(LB_MEGAKERNEL)
-    emit_error("", "unsupported", "the megakernel engine is CUDA only: this binary was built for the " +
-                                      std::string(LB_DEFAULT_BACKEND) + " backend (rebuild with --backend cuda)");
+    emit_error("", "unsupported", "this build has no megakernel: it was built for the " + std::string(LB_DEFAULT_BACKEND) +
+                                      " backend" + (std::string(LB_DEFAULT_BACKEND) == "hip" ? " with 64-lane wavefronts" : "") +
+                                      " (the kernel needs cuda, or hip on a wave32 gfx10+ target)");
     return 1;
 #else
-    if (backend != "cuda") {
-        emit_error("", "unsupported", "the megakernel engine runs on the cuda backend only (asked for " + backend + ")");
+    if (backend != LB_DEFAULT_BACKEND) {
+        emit_error("", "unsupported", "this megakernel binary was built for the " + std::string(LB_DEFAULT_BACKEND) +
+                                          " backend (asked for " + backend + ")");
         return 1;
     }
     std::unique_ptr<mk::MegaBackend> be;
