@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from engine_client import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engines"))
 import qwen35_synth as synth  # noqa: E402
@@ -62,30 +63,6 @@ def build(arch: str) -> Path:
         subprocess.run(cmd, check=True)
     results["build_seconds"] = round(time.time() - t, 1)
     return exe
-
-
-class Engine:
-    def __init__(self, exe: Path, model: Path, *extra: str, env: dict | None = None):
-        self.p = subprocess.Popen([str(exe), "--model", str(model), *extra], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
-                                  env={**os.environ, **(env or {})})
-        line = self.p.stdout.readline()
-        self.ready = json.loads(line)
-        if self.ready.get("type") != "ready":
-            raise RuntimeError(f"engine failed: {line}")
-
-    def gen(self, prompt: list[int], n: int, **kw) -> dict:
-        self.p.stdin.write(json.dumps({"type": "generate", "id": "x", "prompt_ids": prompt, "n_gen": n, **kw}) + "\n")
-        self.p.stdin.flush()
-        r = json.loads(self.p.stdout.readline())
-        if r.get("type") == "error":
-            raise RuntimeError(f"engine error: {r}")
-        return r
-
-    def close(self) -> None:
-        self.p.stdin.write('{"type": "shutdown"}\n')
-        self.p.stdin.flush()
-        self.p.wait(60)
 
 
 @torch.no_grad()

@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from engine_client import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engines"))
 
@@ -60,23 +60,14 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def copy_bandwidth() -> dict:
-    """Device-to-device copy of 2 GiB, bytes read + written over the median time of 20 copies."""
-    n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    times = []
-    for _ in range(20):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3)
-    med = statistics.median(times)
-    return {"bytes": 2 * n, "median_s": med, "read_plus_write_B_per_s": 2 * n / med,
-            "min_s": min(times), "max_s": max(times)}
+    """Device-to-device copy of 2 GiB: bytes read + written over the median time of 20 copies
+    (lucebench.measure.bandwidth, the harness's own roofline measurement)."""
+    from lucebench.measure.bandwidth import measure_copy_bandwidth
+
+    bw = measure_copy_bandwidth(0, size_bytes=2 << 30, repeats=20)
+    if bw is None:
+        raise RuntimeError("no CUDA device for the copy-bandwidth measurement")
+    return {"bytes": 2 * (2 << 30), "read_plus_write_B_per_s": bw}
 
 
 def phase_synth() -> None:
@@ -99,32 +90,6 @@ def phase_synth() -> None:
     res["hf_bf16"] = [hf_greedy(model, p, N_GEN) for p in prompts()]
     log(f"hf bf16 references in {time.time() - t:.0f} s")
     REFS.write_text(json.dumps(res))
-
-
-class Engine:
-    def __init__(self, exe: Path, *extra: str, env: dict | None = None):
-        self.p = subprocess.Popen([str(exe), "--model", str(CKPT), *extra], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
-                                  env={**os.environ, **(env or {})})
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{exe} exited with {self.p.wait()} before ready")
-        self.ready = json.loads(line)
-        if self.ready.get("type") != "ready":
-            raise RuntimeError(f"{exe}: {self.ready}")
-
-    def gen(self, prompt: list[int], n: int, **kw) -> dict:
-        self.p.stdin.write(json.dumps({"type": "generate", "id": "x", "prompt_ids": prompt, "n_gen": n, **kw}) + "\n")
-        self.p.stdin.flush()
-        r = json.loads(self.p.stdout.readline())
-        if r.get("type") != "result":
-            raise RuntimeError(str(r))
-        return r
-
-    def close(self) -> None:
-        self.p.stdin.write('{"type": "shutdown"}\n')
-        self.p.stdin.flush()
-        self.p.wait(60)
 
 
 @torch.no_grad()
@@ -178,7 +143,7 @@ def stats(xs: list[float]) -> dict:
 
 
 def timing(exe: Path, env: dict | None, reps: int, ctx_prompt: list[int], p520: list[int]) -> dict:
-    eng = Engine(exe, "--max-ctx", "4096", env=env)
+    eng = Engine(exe, CKPT, "--max-ctx", "4096", env=env)
     r: dict = {"ready_options": eng.ready["engine"].get("options", {})}
     # tg128: 1-token prompt, 128 decode steps (n_gen 129), as suites/tg128.yaml
     for _ in range(2):
@@ -210,7 +175,7 @@ def phase_run(build: Path) -> None:
     ps = prompts()
     try:
         # ---- correctness
-        eng = Engine(mk, "--max-ctx", "1024")
+        eng = Engine(mk, CKPT, "--max-ctx", "1024")
         res["ready"] = eng.ready
         log(json.dumps(eng.ready))
         t = time.time()
@@ -218,13 +183,13 @@ def phase_run(build: Path) -> None:
         log(f"megakernel 8 x {N_GEN} in {time.time() - t:.1f} s")
         mk_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
         eng.close()
-        eng = Engine(mk, "--max-ctx", "1024", env={"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
+        eng = Engine(mk, CKPT, "--max-ctx", "1024", env={"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
         mk_ring = [eng.gen(p, N_GEN)["output_ids"] for p in ps[:3]]
         eng.close()
         ar_out = None
         if ar.exists():
             try:  # the ar engine is compared when it loads; its failure must not stop this check
-                eng = Engine(ar, "--max-ctx", "1024")
+                eng = Engine(ar, CKPT, "--max-ctx", "1024")
                 ar_out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
                 eng.close()
             except Exception as e:  # noqa: BLE001
