@@ -80,6 +80,16 @@ Json ready_line(const std::string& engine_name, const std::string& backend, Json
     return ready;
 }
 
+bool parse_flags_or_report(int argc, char** argv, EngineOptions* opt) {
+    try {
+        *opt = parse_engine_flags(argc, argv);
+        return true;
+    } catch (const EngineError& e) {
+        emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
+        return false;
+    }
+}
+
 bool load_or_report(const std::function<void()>& load) {
     try {
         load();

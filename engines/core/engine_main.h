@@ -68,6 +68,10 @@ Json ready_line(const std::string& engine, const std::string& backend, Json opti
 // {"kv_k", "kv_v", "compute_dtype"}: the options every Qwen3.5 engine reports.
 Json kv_options(const EngineOptions& opt, const std::string& compute_dtype);
 
+// The common flags (parse_engine_flags); a bad flag becomes one protocol error line (load or unsupported).
+// False on failure: the engine then exits with status 2.
+bool parse_flags_or_report(int argc, char** argv, EngineOptions* opt);
+
 // Runs `load`; an exception becomes one protocol error line (load, unsupported or oom). False on failure.
 bool load_or_report(const std::function<void()>& load);
 

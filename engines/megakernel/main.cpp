@@ -47,12 +47,7 @@ private:
 
 int run(int argc, char** argv) {
     EngineOptions opt;
-    try {
-        opt = parse_engine_flags(argc, argv);
-    } catch (const EngineError& e) {
-        emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
-        return 2;
-    }
+    if (!parse_flags_or_report(argc, argv, &opt)) return 2;
     const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
 #if !defined(LB_MEGAKERNEL)
     emit_error("", "unsupported", "this build has no megakernel: it was built for the " + std::string(LB_DEFAULT_BACKEND) +
