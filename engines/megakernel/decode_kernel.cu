@@ -128,6 +128,64 @@ __device__ __forceinline__ unsigned short kv_round(float v, int kv_f16, float* b
     return r;
 }
 
+// ----------------------------------------------------------------------------------------- TMA and mbarriers (sm_90)
+#if !defined(LB_MK_HIP)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done;
+    long long t0 = 0;
+    for (;;) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+        if (done) break;
+        watchdog(&t0);
+    }
+#endif
+}
+// TMA bulk copy global -> shared; completion adds `bytes` transactions to `bar`.
+__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#endif
+}
+
+#endif  // !LB_MK_HIP
+
+// LB_MK_TRACE: thread 0 of blocks 0 and gridDim/2 record clock64() at every stage boundary (16 per layer,
+// then the LM head's start and end) for the tuning record's per-stage breakdown.
+__device__ __forceinline__ void trace(const Params& p, int l, int k) {
+    if (!p.trace || threadIdx.x != 0) return;
+    const int half = gridDim.x / 2;
+    if (blockIdx.x != 0 && int(blockIdx.x) != half) return;
+    p.trace[(blockIdx.x ? 1 : 0) * (p.n_layers * 16 + 2) + l * 16 + k] = clock64();
+}
+
 // ----------------------------------------------------------------------------------------- reductions
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -164,34 +222,48 @@ struct GridBarrier {
     unsigned passed = 0;
     __device__ GridBarrier(unsigned* b, int k, bool o) : bar(b), kind(k), off(o) {}
     __device__ __forceinline__ void sync() {
+        arrive();
+        wait();
+    }
+    // Split form (kind 2): arrive() publishes this block's writes and counts it in; the block may then start
+    // work that does not depend on other blocks (LB_MK_STAGE issues weight copies) before wait(). Kind 1
+    // does the whole barrier in arrive().
+    __device__ __forceinline__ void arrive() {
         csync();
-        if (off) return;
-        if (threadIdx.x == 0) {
-            long long t0 = 0;
-            if (kind == 2) {
-                const unsigned target = (++passed) * gridDim.x;
+        if (off || threadIdx.x != 0) return;
+        if (kind == 2) {
+            ++passed;
 #if defined(LB_MK_HIP)
-                __atomic_fetch_add(bar, 1u, __ATOMIC_RELEASE);
+            __atomic_fetch_add(bar, 1u, __ATOMIC_RELEASE);
 #else
-                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
 #endif
-                while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
-            } else {
-                unsigned* count = bar;
-                unsigned* gen = bar + 1;
-                const unsigned g = ld_acquire(gen);
-                __threadfence();
-                if (atomicAdd(count, 1u) == gridDim.x - 1) {
-                    atomicExch(count, 0u);
-                    __threadfence();
-                    atomicAdd(gen, 1u);
-                } else {
-                    while (ld_acquire(gen) == g) watchdog(&t0);
-                }
-                __threadfence();
-            }
+        } else {
+            generation_barrier();
+        }
+    }
+    __device__ __forceinline__ void wait() {
+        if (!off && kind == 2 && threadIdx.x == 0) {
+            long long t0 = 0;
+            const unsigned target = passed * gridDim.x;
+            while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
         }
         csync();
+    }
+    __device__ __forceinline__ void generation_barrier() {  // thread 0
+        long long t0 = 0;
+        unsigned* count = bar;
+        unsigned* gen = bar + 1;
+        const unsigned g = ld_acquire(gen);
+        __threadfence();
+        if (atomicAdd(count, 1u) == gridDim.x - 1) {
+            atomicExch(count, 0u);
+            __threadfence();
+            atomicAdd(gen, 1u);
+        } else {
+            while (ld_acquire(gen) == g) watchdog(&t0);
+        }
+        __threadfence();
     }
 };
 
@@ -202,8 +274,16 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 
 // ----------------------------------------------------------------------------------------- GEMV pieces
 
+// 16 bytes of weights staged in shared memory (LB_MK_STAGE): conflict-free when a warp reads 512 contiguous
+// bytes. A plain load, so that it stays after the mbarrier wait (an asm with a "memory" clobber).
+__device__ __forceinline__ uint4 ldw_smem(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+// Weights from global memory (streaming) or from the block's staged copy in shared memory.
+template <bool SM>
+__device__ __forceinline__ uint4 ldw_any(const void* p) { return SM ? ldw_smem(p) : ldw(p); }
+
 // acc[r] += W_r[k] . x[k] over the 16-byte vectors [k0, k1) of R rows; each lane keeps 4 * R loads in flight.
-template <int R>
+// SM: the rows are in shared memory (staged), else global.
+template <int R, bool SM = false>
 __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k1, const float* xs, float* acc) {
     const int lane = threadIdx.x & 31;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
@@ -213,7 +293,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k
         for (int u = 0; u < 4; ++u) {
             const int idx = i + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; ++r) w[r][u] = idx < k1 ? ldw(rows[r] + idx) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) w[r][u] = idx < k1 ? ldw_any<SM>(rows[r] + idx) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -232,11 +312,9 @@ __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k
     }
 }
 
-// Rows [r0, r1) of W [*, K] times xs. Many rows: each warp takes two rows at a time. Few rows (<= NW):
-// each row's K is split over S warps (S a power of two) and the parts are summed in shared memory.
-// epi(row, value) runs once per row on one lane. Every thread of the block must call this.
-template <class Epi>
-__device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi) {
+// gemv_rows' body; SM: W's rows are read from shared memory.
+template <bool SM, class Epi>
+__device__ __forceinline__ void gemv_rows_impl(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = r1 - r0, kv = K / 8;
     if (n > NW) {
@@ -245,10 +323,10 @@ __device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1,
             float acc[2] = {0.f, 0.f};
             if (rb < r1) {
                 const uint4* rows[2] = {(const uint4*)(W + size_t(ra) * K), (const uint4*)(W + size_t(rb) * K)};
-                dot_rows<2>(rows, 0, kv, xs, acc);
+                dot_rows<2, SM>(rows, 0, kv, xs, acc);
             } else {
                 const uint4* rows[1] = {(const uint4*)(W + size_t(ra) * K)};
-                dot_rows<1>(rows, 0, kv, xs, acc);
+                dot_rows<1, SM>(rows, 0, kv, xs, acc);
             }
             acc[0] = warp_sum(acc[0]);
             acc[1] = warp_sum(acc[1]);
@@ -270,7 +348,7 @@ __device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1,
         float acc = 0.f;
         if (row < r1) {
             const uint4* rows[1] = {(const uint4*)(W + size_t(row) * K)};
-            dot_rows<1>(rows, k0, k1, xs, &acc);
+            dot_rows<1, SM>(rows, k0, k1, xs, &acc);
         }
         acc = warp_sum(acc);
         if (S == 1) {
@@ -288,10 +366,33 @@ __device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1,
     }
 }
 
+// Rows [r0, r1) of W [*, K] times xs. Many rows: each warp takes two rows at a time. Few rows (<= NW):
+// each row's K is split over S warps (S a power of two) and the parts are summed in shared memory.
+// epi(row, value) runs once per row on one lane. Every thread of the block must call this.
+// Ws (staged, optional): rows [r0, r1) of W copied to shared memory; read instead of W.
+template <class Epi>
+__device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi,
+                                          const wtype* Ws = nullptr) {
+    if (Ws) gemv_rows_impl<true>(Ws - size_t(r0) * K, K, r0, r1, xs, red, epi);  // row r at Ws + (r - r0) K
+    else gemv_rows_impl<false>(W, K, r0, r1, xs, red, epi);
+}
+
+// The fused MLP (LB_MK_FUSE) adds the down-projection into the residual through 64-bit integer atomics on
+// fixed-point values: integer addition is associative, so the sum does not depend on the order in which
+// blocks arrive, and greedy runs stay repeatable. 2^-32 resolution, |v| < 2^31.
+constexpr float FIX_SCALE = 4294967296.f, FIX_INV = 1.f / 4294967296.f;
+__device__ __forceinline__ unsigned long long to_fix(float v) {
+    return (unsigned long long)__float2ll_rn(fminf(fmaxf(v, -2.1e9f), 2.1e9f) * FIX_SCALE);
+}
+__device__ __forceinline__ float from_fix(unsigned long long v) { return __ll2float_rn((long long)v) * FIX_INV; }
+
 // xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row. The gains
 // are requested together with v (one round trip, not two: under the weight stream each costs ~1-2 us).
+// acc (LB_MK_FUSE): the previous MLP's output, still in fixed point, is added to v; `own` then receives
+// v for this block's residual rows [h0, h1).
 __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow, int H, const float* gain, float eps,
-                                             float* xs, float* red) {
+                                             float* xs, float* red, const unsigned long long* acc = nullptr,
+                                             float* own = nullptr, int h0 = 0, int h1 = 0) {
     constexpr int NR = 8;  // gains a thread keeps in registers (H <= NR * NT); the rest are read late
     float gr[NR];
 #pragma unroll
@@ -301,7 +402,11 @@ __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow,
     }
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += NT) {
-        const float v = erow ? gpu::w2f(erow[i]) : ldg(xg + i);
+        float v = erow ? gpu::w2f(erow[i]) : ldg(xg + i);
+        if (acc) {
+            v += from_fix(ldcg(acc + i));
+            if (own && i >= h0 && i < h1) own[i - h0] = v;
+        }
         xs[i] = v;
         ss += v * v;
     }
@@ -314,6 +419,83 @@ __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow,
     for (int i = threadIdx.x + NR * NT; i < H; i += NT) xs[i] = xs[i] * inv * __ldg(gain + i);
     csync();
 }
+
+// ----------------------------------------------------------------------------------------- weight staging
+// LB_MK_STAGE (Params::stage_*): a block's rows of the next stages' matrices land in shared memory while it
+// waits at grid barriers. Each weight kind of a layer is copied once, so its mbarrier completes phase l % 2
+// for layer l.
+#if !defined(LB_MK_HIP)
+struct Stager {
+    unsigned char* base = nullptr;  // the staging area; null: off
+    uint64_t* bars = nullptr;       // [4] one mbarrier per weight kind
+    const int* off = nullptr;       // Params::stage_off
+    __device__ Stager(const Params& p, unsigned char* smem) {
+        if (!p.stage_base) return;
+        base = smem + p.stage_base;
+        bars = reinterpret_cast<uint64_t*>(base + p.stage_bytes);
+        off = p.stage_off;
+        if (threadIdx.x == 0) {
+            for (int k = 0; k < 4; ++k) mbar_init(bars + k, 1);
+            mbar_init_fence();
+        }
+        csync();
+    }
+    __device__ bool on() const { return base != nullptr; }
+    // Thread 0 starts copying this block's rows of layer l's `kind` matrix (or matrices: gate and up).
+    // The region's previous occupant must be finished: callers issue right after a grid-barrier arrival.
+    __device__ void issue(const Params& p, int kind, int l) const {
+        if (!base || l >= p.n_layers || threadIdx.x != 0) return;
+        const LayerPtrs& L = p.layers[l];
+        const int b = blockIdx.x, nb = gridDim.x;
+        const size_t w = sizeof(wtype);
+        int r0, r1;
+        const void* src[2] = {nullptr, nullptr};
+        unsigned bytes[2] = {0u, 0u};
+        if (kind == W_IN) {
+            part_range(L.in_rows, b, nb, &r0, &r1);
+            src[0] = L.in_w + size_t(r0) * p.H;
+            bytes[0] = unsigned(size_t(r1 - r0) * p.H * w);
+        } else if (kind == W_OUT) {
+            part_range(p.H, b, nb, &r0, &r1);
+            src[0] = L.out_w + size_t(r0) * L.out_in;
+            bytes[0] = unsigned(size_t(r1 - r0) * L.out_in * w);
+        } else if (kind == W_GU) {
+            part_range(p.I, b, nb, &r0, &r1);
+            src[0] = L.gate_up + size_t(r0) * p.H;
+            src[1] = L.gate_up + size_t(p.I + r0) * p.H;
+            bytes[0] = bytes[1] = unsigned(size_t(r1 - r0) * p.H * w);
+        } else if (p.fuse) {  // W_DN, transposed: the block's slice of the intermediate
+            part_range(p.I, b, nb, &r0, &r1);
+            src[0] = L.down_t + size_t(r0) * p.H;
+            bytes[0] = unsigned(size_t(r1 - r0) * p.H * w);
+        } else {  // W_DN: the block's residual rows
+            part_range(p.H, b, nb, &r0, &r1);
+            src[0] = L.down + size_t(r0) * p.I;
+            bytes[0] = unsigned(size_t(r1 - r0) * p.I * w);
+        }
+        unsigned char* dst = base + off[kind];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads of the region before the async write
+#endif
+        mbar_arrive_expect_tx(bars + kind, bytes[0] + bytes[1]);
+        if (bytes[0]) bulk_to_smem(dst, src[0], bytes[0], bars + kind);
+        if (bytes[1]) bulk_to_smem(dst + bytes[0], src[1], bytes[1], bars + kind);
+    }
+    // Every thread: waits until layer l's copy of `kind` has landed; its first row. Null when off.
+    __device__ const wtype* wait(int kind, int l) const {
+        if (!base) return nullptr;
+        mbar_wait(bars + kind, unsigned(l & 1));
+        return reinterpret_cast<const wtype*>(base + off[kind]);
+    }
+};
+#else
+struct Stager {  // HIP: no TMA; weights always stream from global memory
+    __device__ Stager(const Params&, unsigned char*) {}
+    __device__ bool on() const { return false; }
+    __device__ void issue(const Params&, int, int) const {}
+    __device__ const wtype* wait(int, int) const { return nullptr; }
+};
+#endif
 
 // ----------------------------------------------------------------------------------------- stages
 
@@ -356,9 +538,13 @@ __device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L,
 
 // Stage 0: RMSNorm + in-projection + in_epilogue. erow: layer 0's embedding row (else null); convpre: the
 // rows' conv windows staged by conv_prefetch (sm_80+), else null.
+// st/l: layer l's rows come from the staging area when it is on; acc/own/h0/h1: see norm_to_smem.
 __device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow, float* xs, float* red,
-                         const float* convpre) {
-    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red);
+                         const float* convpre, const Stager& st, int l, const unsigned long long* acc, float* own,
+                         int h0, int h1) {
+    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red, acc, own, h0, h1);
+    trace(p, l, 1);
+    const wtype* Ws = st.wait(W_IN, l);
     int r0, r1;
     part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
     if (convpre) {
@@ -367,7 +553,7 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow,
     }
     gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
-    });
+    }, Ws);
 }
 
 // Stage 1 (DeltaNet): item = (value head h, columns [j0, j0 + 16)). Columns of the state are independent:
@@ -677,42 +863,114 @@ __device__ void out_prologue(const Params& p, const LayerPtrs& L, float* xs, flo
 
 // Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
 // own: this block's rows of the residual (it alone writes them), kept in shared memory.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, float* own) {
+// zero (LB_MK_FUSE): the MLP accumulator every block has read by now; the block clears its rows of it.
+__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, float* own,
+                          const Stager& st, int l, unsigned long long* zero) {
     out_prologue(p, L, xs, aux);
+    trace(p, l, 6);
+    const wtype* Ws = st.wait(W_OUT, l);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
+    if (zero)
+        for (int i = r0 + threadIdx.x; i < r1; i += NT) zero[i] = 0ull;
     gemv_rows(L.out_w, L.out_in, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
-    });
+    }, Ws);
 }
 
-// Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up.
-__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red) {
-    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
-    int r0, r1;
-    part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kv = p.H / 8;
+// SiLU(gate_r . xs) * (up_r . xs) for rows [r0, r1) of the intermediate, out(r, value) on lane 0. Ws: the
+// block's staged gate rows then up rows (shared memory), or null (read L.gate_up).
+template <bool SM, class Out>
+__device__ __forceinline__ void gate_up_rows(const Params& p, const LayerPtrs& L, int r0, int r1, const float* xs,
+                                             const wtype* Ws, Out out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kv = p.H / 8, n = r1 - r0;
     for (int r = r0 + warp; r < r1; r += NW) {
-        const uint4* rows[2] = {(const uint4*)(L.gate_up + size_t(r) * p.H), (const uint4*)(L.gate_up + size_t(p.I + r) * p.H)};
+        const uint4* rows[2];
+        if (SM) {
+            rows[0] = (const uint4*)(Ws + size_t(r - r0) * p.H);
+            rows[1] = (const uint4*)(Ws + size_t(n + r - r0) * p.H);
+        } else {
+            rows[0] = (const uint4*)(L.gate_up + size_t(r) * p.H);
+            rows[1] = (const uint4*)(L.gate_up + size_t(p.I + r) * p.H);
+        }
         float acc[2] = {0.f, 0.f};
-        dot_rows<2>(rows, 0, kv, xs, acc);
+        dot_rows<2, SM>(rows, 0, kv, xs, acc);
         acc[0] = warp_sum(acc[0]);
         acc[1] = warp_sum(acc[1]);
-        if (lane == 0) p.act[r] = silu(acc[0]) * acc[1];
+        if (lane == 0) out(r, silu(acc[0]) * acc[1]);
     }
 }
 
+// Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up.
+__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red, const Stager& st, int l) {
+    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+    trace(p, l, 9);
+    const wtype* Ws = st.wait(W_GU, l);
+    int r0, r1;
+    part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
+    auto out = [&](int r, float v) { p.act[r] = v; };
+    if (Ws) gate_up_rows<true>(p, L, r0, r1, xs, Ws, out);
+    else gate_up_rows<false>(p, L, r0, r1, xs, Ws, out);
+}
+
 // Stage 4: down-projection + residual.
-__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, float* own) {
+__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, float* own, const Stager& st, int l) {
     for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
     csync();
+    trace(p, l, 12);
+    const wtype* Ws = st.wait(W_DN, l);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
     gemv_rows(L.down, p.I, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
-    });
+    }, Ws);
+}
+
+// Stages 3 + 4 fused (LB_MK_FUSE): no grid barrier between gate/up and down. This block's slice [r0, r1) of
+// the intermediate (act = SiLU(gate) * up, kept in shared memory) times the matching rows of the transposed
+// down-projection (down_t [I, H]) is its share of every one of the H outputs; the shares meet in `acc`
+// (64-bit fixed point, see to_fix), which the next stage's prologue adds to the residual.
+// st/l: the gate/up and down_t rows come from the staging area when it is on.
+__device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, float* xs, float* red, float* actv,
+                                unsigned long long* acc, const Stager& st, int l) {
+    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+    trace(p, l, 9);
+    const wtype* gu = st.wait(W_GU, l);
+    int r0, r1;
+    part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
+    const int n = r1 - r0, H = p.H;
+    auto out = [&](int r, float v) { actv[r - r0] = v; };
+    if (gu) gate_up_rows<true>(p, L, r0, r1, xs, gu, out);
+    else gate_up_rows<false>(p, L, r0, r1, xs, gu, out);
+    csync();  // actv complete; xs free for the partial sums below
+    const wtype* dn = gu ? st.wait(W_DN, l) : L.down_t + size_t(r0) * H;
+    // thread (g, c) sums the 8 outputs [8c, 8c + 8) over rows j = g, g + G, ...; the G groups meet in xs
+    const int H8 = H / 8, G = max(1, NT / H8);
+    float* part = xs;  // [G][H] (the host checks that xs, red and aux hold it)
+    for (int t = threadIdx.x; t < G * H8; t += NT) {
+        const int g = t / H8, c = t % H8;
+        float a8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int j = g; j < n; j += G) {
+            const wtype* row = dn + size_t(j) * H + 8 * c;
+            const uint4 w = gu ? ldw_smem(row) : ldw(row);  // staged (shared memory) or global
+            float f[8];
+            unpack8(w, f);
+            const float av = actv[j];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a8[k] += av * f[k];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) part[g * H + 8 * c + k] = a8[k];
+    }
+    csync();
+    for (int i = threadIdx.x; i < H; i += NT) {
+        float v = 0.f;
+        for (int g = 0; g < G; ++g) v += part[g * H + i];
+        atomicAdd(acc + i, to_fix(v));  // no return value used: a reduction (RED) at L2
+    }
 }
 
 // The argmax's end: every warp's lane 0 holds its (best, bidx); the block's winner goes to lm_val/lm_idx and
@@ -760,8 +1018,8 @@ __device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
 }
 
 // LM head + greedy argmax (lowest index on ties).
-__device__ void stage_lm(const Params& p, int pos, float* xs, float* red) {
-    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red);
+__device__ void stage_lm(const Params& p, int pos, float* xs, float* red, const unsigned long long* acc) {
+    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red, acc);
     int r0, r1;
     part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
     float best = -FLT_MAX;
@@ -792,8 +1050,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     float* xs = reinterpret_cast<float*>(smem4);
     float* red = xs + p.xs_floats;  // 64 floats
     float* aux = red + 64;
-    float* own = aux + p.aux_floats;     // this block's residual rows
+    float* own = aux + p.aux_floats;      // this block's residual rows
     float* convpre = own + p.own_floats;  // conv windows of this block's in-projection rows [row][16]
+    float* actv = convpre + p.convpre_floats;  // LB_MK_FUSE: this block's slice of the MLP activation
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr bool kConvPre = true;  // cp.async
 #else
@@ -802,48 +1061,91 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     if (*(volatile int*)p.done) return;  // the chain already produced an eos token
     const int pos = *(volatile int*)p.pos;
     const int tok = *(volatile int*)p.tok;
-    const int b = blockIdx.x, nb = gridDim.x;
+    const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;
-    part_range(p.H, b, nb, &h0, &h1);
+    part_range(H, b, nb, &h0, &h1);
     GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
     const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
     const bool conv_pre = kConvPre && (p.early & 2), state_pre = p.early & 1;  // LB_MK_EARLY
+    // LB_MK_STAGE: layer 0's in- and out-projection rows start landing now (the host turns staging off
+    // for the LM-head-only diagnostic, so every copy issued is consumed before the kernel ends)
+    const Stager st(p, reinterpret_cast<unsigned char*>(smem4));
+    st.issue(p, W_IN, 0);
+    st.issue(p, W_OUT, 0);
     if (conv_pre && n_layers > 0) {
         part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
         conv_prefetch(p, p.layers[0], r0, r1, convpre);
     }
     for (int l = 0; l < n_layers; ++l) {
         const LayerPtrs& L = p.layers[l];
+        trace(p, l, 0);
         // the state of this block's first DeltaNet item: loads in flight through the in-projection
         float spre[DN_MAXR];
         if (state_pre && !L.full) deltanet_state_load(p, L, b, spre);
-        const wtype* erow = l == 0 ? p.embed + size_t(tok) * p.H : nullptr;
+        const wtype* erow = l == 0 ? p.embed + size_t(tok) * H : nullptr;
         if (erow)  // each block writes its own residual rows (read by others only after the next barrier)
             for (int i = threadIdx.x; i < h1 - h0; i += NT) {
                 own[i] = gpu::w2f(erow[h0 + i]);
                 p.x[h0 + i] = own[i];
             }
-        stage_in(p, L, erow, xs, red, conv_pre ? convpre : nullptr);
-        gb.sync();
+        // LB_MK_FUSE: the previous layer's MLP output is still in its fixed-point accumulator
+        const unsigned long long* acc_prev = p.fuse && l > 0 ? p.mlp_acc + size_t((l - 1) & 1) * H : nullptr;
+        stage_in(p, L, erow, xs, red, conv_pre ? convpre : nullptr, st, l, acc_prev, own, h0, h1);
+        trace(p, l, 2);
+        gb.arrive();
+        st.issue(p, W_GU, l);  // side A is free: the in-projection rows are consumed
+        gb.wait();
+        trace(p, l, 3);
         if (L.full) {
             if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
             else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
         } else {
             stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         }
+        trace(p, l, 4);
         gb.sync();
-        stage_out(p, L, xs, aux, red, own);
-        gb.sync();
-        stage_gate_up(p, L, xs, red);
-        gb.sync();
+        trace(p, l, 5);
+        // fuse: this layer's accumulator half was last read in layer l - 1's prologue: clear it here
+        stage_out(p, L, xs, aux, red, own, st, l, p.fuse ? p.mlp_acc + size_t(l & 1) * H : nullptr);
+        trace(p, l, 7);
+        gb.arrive();
+        st.issue(p, W_DN, l);  // side B is free: the out-projection rows are consumed
+        gb.wait();
+        trace(p, l, 8);
+        if (p.fuse) {
+            if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the MLP
+                part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
+                conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
+            }
+            stage_mlp_fused(p, L, xs, red, actv, p.mlp_acc + size_t(l & 1) * H, st, l);
+            trace(p, l, 10);
+            gb.arrive();
+            st.issue(p, W_IN, l + 1);
+            st.issue(p, W_OUT, l + 1);
+            gb.wait();
+            trace(p, l, 11);
+            continue;
+        }
+        stage_gate_up(p, L, xs, red, st, l);
+        trace(p, l, 10);
+        gb.arrive();
+        st.issue(p, W_IN, l + 1);  // side A: gate/up consumed
+        gb.wait();
+        trace(p, l, 11);
         if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the down stage
             part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
             conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
         }
-        stage_down(p, L, xs, red, own);
-        gb.sync();
+        stage_down(p, L, xs, red, own, st, l);
+        trace(p, l, 13);
+        gb.arrive();
+        st.issue(p, W_OUT, l + 1);  // side B: down consumed
+        gb.wait();
+        trace(p, l, 14);
     }
-    stage_lm(p, pos, xs, red);
+    trace(p, p.n_layers, 0);
+    stage_lm(p, pos, xs, red, p.fuse && n_layers > 0 ? p.mlp_acc + size_t((n_layers - 1) & 1) * H : nullptr);
+    trace(p, p.n_layers, 1);
 }
 
 #if !defined(LB_MK_HIP)
@@ -879,51 +1181,6 @@ struct RingCursor {  // position in the ring (slot, phase of its mbarrier); ever
         if (++slot == n) { slot = 0; phase ^= 1u; }
     }
 };
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-#endif
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-#endif
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned done;
-    long long t0 = 0;
-    for (;;) {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(parity)
-                     : "memory");
-        if (done) break;
-        watchdog(&t0);
-    }
-#endif
-}
-// TMA bulk copy global -> shared; completion adds `bytes` transactions to `bar`.
-__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-#endif
-}
 
 // The block's page schedule: per layer the in-projection, out-projection, gate, up and down rows of this
 // block (chunks 5 l .. 5 l + 4), then its LM-head rows; each chunk cut into pages of RingPlan(K).rpp rows.
@@ -1047,15 +1304,6 @@ __device__ __forceinline__ void rows_done(const float* rowacc, int S, int n, Epi
         for (int q = 0; q < S; ++q) v += rowacc[i * S + q];
         epi(i, v);
     }
-}
-
-// LB_MK_TRACE: thread 0 of blocks 0 and gridDim/2 record clock64() at every stage boundary (16 per layer,
-// then the LM head's start and end) for the tuning record's per-stage breakdown.
-__device__ __forceinline__ void trace(const Params& p, int l, int k) {
-    if (!p.trace || threadIdx.x != 0) return;
-    const int half = gridDim.x / 2;
-    if (blockIdx.x != 0 && int(blockIdx.x) != half) return;
-    p.trace[(blockIdx.x ? 1 : 0) * (p.n_layers * 16 + 2) + l * 16 + k] = clock64();
 }
 
 __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {

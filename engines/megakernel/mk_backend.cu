@@ -48,6 +48,22 @@ const void* decode_kernel_ring_ptr();  // decode_kernel.cu: v3 weight ring
 
 namespace {
 
+// out[c][r] = in[r][c] for a rows x cols matrix (LB_MK_FUSE keeps down_proj transposed, [I, H]).
+__global__ void transpose_kernel(const wtype* in, int rows, int cols, wtype* out) {
+    __shared__ wtype tile[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const int r = blockIdx.y * 32 + k;
+        if (r < rows && c < cols) tile[k][threadIdx.x] = in[size_t(r) * cols + c];
+    }
+    __syncthreads();
+    const int r = blockIdx.y * 32 + threadIdx.x;
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const int cc = blockIdx.x * 32 + k;
+        if (r < rows && cc < cols) out[size_t(cc) * rows + r] = tile[threadIdx.x][k];
+    }
+}
+
 class MegaBackendImpl : public MegaBackend {
 public:
     explicit MegaBackendImpl(int device) : device_(device) {
@@ -231,6 +247,15 @@ public:
 private:
     static constexpr int kMaxEos = 64;
 
+    static bool env_flag(const char* name) {
+        const char* v = std::getenv(name);
+        return v && v[0] == '1';
+    }
+    static int info_diag() {
+        const char* dg = std::getenv("LB_MK_DIAG");
+        return dg ? std::atoi(dg) : 0;
+    }
+
     static void check_shape(const Qwen35Config& c) {
         auto need = [](bool ok, const std::string& what) {
             if (!ok) fail("unsupported", "megakernel: " + what);
@@ -272,7 +297,12 @@ private:
         auto per = [&](int rows) { return (rows + sms_ - 1) / sms_; };
         const int own = per(c.hidden);
         const int convpre = 16 * per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
-        const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre);
+        // LB_MK_FUSE (docs/megakernel.md, v4): gate/up and down in one stage; needs the [G][H] partial sums
+        // (G = threads per block / (H / 8)) to fit in xs + red + aux
+        const int fuse_groups = std::max(1, NT / std::max(1, c.hidden / 8));
+        const bool fuse = env_flag("LB_MK_FUSE") && !env_flag("LB_MK_RING") && fuse_groups * c.hidden <= xs_pad + 64 + aux;
+        const int actv = fuse ? (per(c.intermediate) + 3) / 4 * 4 : 0;
+        const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + actv);
         int smem = base;
         const int threads = NT;
         const void* fn = decode_kernel_ptr();
@@ -298,6 +328,30 @@ private:
                 ring_slots = 0;
             }
         }
+        // LB_MK_STAGE (sm_90, v1 kernel): side A holds the in-projection or gate/up rows of a block, side B
+        // the out-projection or down rows; both, then 4 mbarriers, after the v1 layout.
+        int stage_base = 0, stage_bytes = 0, stage_off[4] = {0, 0, 0, 0};
+        if (!ring && cc_ >= 90 && env_flag("LB_MK_STAGE")) {
+            const size_t wb = sizeof(wtype);
+            const int out_in = std::max(c.lin_value_dim(), c.n_heads * c.head_dim);
+            auto al = [](size_t v) { return int((v + 127) / 128 * 128); };
+            const int side_a = al(std::max(per(std::max(c.lin_in_rows(), c.attn_qkv_rows())) * size_t(c.hidden) * wb,
+                                           2 * per(c.intermediate) * size_t(c.hidden) * wb));
+            const int side_b = al(std::max(per(c.hidden) * size_t(out_in) * wb,
+                                           fuse ? per(c.intermediate) * size_t(c.hidden) * wb
+                                                : per(c.hidden) * size_t(c.intermediate) * wb));
+            const int sb = al(size_t(base));
+            if (sb + side_a + side_b + 64 <= smem_optin_ && !(info_diag() & 1)) {
+                stage_base = sb;
+                stage_bytes = side_a + side_b;
+                stage_off[W_IN] = stage_off[W_GU] = 0;
+                stage_off[W_OUT] = stage_off[W_DN] = side_a;
+                smem = sb + stage_bytes + 64;
+            } else {
+                fprintf(stderr, "[megakernel] LB_MK_STAGE off: %d B of staging do not fit next to %d B (limit %d B)\n",
+                        side_a + side_b, base, smem_optin_);
+            }
+        }
         GPU_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int per_sm = 0;
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, size_t(smem)));
@@ -310,9 +364,10 @@ private:
         info_.smem_bytes = smem;
         info_.ring_slots = ring_slots;
         kernel_ = fn;
-        info_.barriers_per_token = 5 * c.n_layers;
-        const char* dg = std::getenv("LB_MK_DIAG");
-        info_.diag = dg ? std::atoi(dg) : 0;
+        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers;
+        info_.diag = info_diag();
+        info_.staged = stage_base != 0;
+        info_.fused = fuse;
         const int nb = info_.blocks;
 
         std::vector<LayerPtrs> lp(size_t(c.n_layers));
@@ -325,6 +380,13 @@ private:
             d.post_norm = F(L.post_norm);
             d.gate_up = W(L.gate_up);
             d.down = W(L.down);
+            if (fuse) {  // down_proj [H, I] -> [I, H]: a block's slice of the intermediate is contiguous rows
+                auto* t = (wtype*)alloc(size_t(c.hidden) * c.intermediate * sizeof(wtype));
+                transpose_kernel<<<dim3(unsigned((c.intermediate + 31) / 32), unsigned((c.hidden + 31) / 32)), dim3(32, 8), 0, s_>>>(
+                    W(L.down), c.hidden, c.intermediate, t);
+                GPU_CHECK(cudaGetLastError());
+                d.down_t = t;
+            }
             if (L.full) {
                 d.in_w = W(L.attn_qkv);
                 d.in_rows = c.attn_qkv_rows();
@@ -381,11 +443,17 @@ private:
         p.rowacc_floats = rowacc;
         p.own_floats = own;
         p.convpre_floats = convpre;
+        p.actv_floats = actv;
+        p.fuse = fuse;
+        p.stage_base = stage_base;
+        p.stage_bytes = stage_bytes;
+        for (int k = 0; k < 4; ++k) p.stage_off[k] = stage_off[k];
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : 3;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
             trace_path_ = tr;
             p.trace = (long long*)alloc(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));
+            GPU_CHECK(cudaMemset(p.trace, 0, sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2)));  // unwritten stamps stay 0
         }
         const char* bk = std::getenv("LB_MK_BARRIER");
         p.bar_kind = bk ? std::atoi(bk) : 2;  // 2 measured 2x cheaper (docs/megakernel.md, v3)
@@ -416,12 +484,18 @@ private:
         GPU_CHECK(cudaMemset(p.tickets, 0, sizeof(unsigned) * nt));
         p.lm_val = (float*)alloc(4 * size_t(nb));
         p.lm_idx = (int*)alloc(4 * size_t(nb));
+        if (fuse) {
+            p.mlp_acc = (unsigned long long*)alloc(2 * sizeof(unsigned long long) * size_t(c.hidden));
+            GPU_CHECK(cudaMemset(p.mlp_acc, 0, 2 * sizeof(unsigned long long) * size_t(c.hidden)));
+        }
         p.bar = (unsigned*)alloc(2 * sizeof(unsigned));
         GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
-        fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, barrier %d, diag %d\n",
-                ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, info_.diag);
+        fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
+                "barrier %d, staging %d B, fused MLP %d, diag %d\n",
+                ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
+                stage_bytes, int(fuse), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)

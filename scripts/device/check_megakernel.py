@@ -8,7 +8,9 @@ Two phases, so that the CPU-heavy build can overlap the GPU-side reference (see 
                 determinism (same tokens twice, and from the v3 ring kernel), then tg128 / pp520 timings
                 with repetitions after warm-up (median, min, max) for the megakernel variants and ar
                 (MK_VARIANTS / AR_VARIANTS: JSON {name: {env}}), plus whether each variant's tokens on a
-                520-token prompt equal the default's.
+                520-token prompt equal the default's. MK_CHECK (JSON list of MK_VARIANTS names): those
+                variants also get the full correctness check (8 prompts x 128 tokens, teacher-forced).
+                A variant whose env sets LB_MK_TRACE=FILE gets its per-stage trace summarised.
 Prints a short table; writes $OUT/check_megakernel.json.
 """
 
@@ -124,6 +126,29 @@ def teacher_forced(outs: list[list[int]], ps: list[list[int]]) -> dict:
             "mismatch_gap_over_logit_sd_max": round(max(gaps), 4) if gaps else None}
 
 
+def trace_summary(path: Path, ghz: float) -> dict:
+    """Per-layer averages (us) of the v1 kernel's LB_MK_TRACE stamps (decode_kernel.cu: 15 per layer, then
+    the LM head's start and end), for block 0 and the middle block of the last traced token."""
+    names = ["in prologue", "in gemv+epilogue", "barrier in->mixer", "mixer", "barrier mixer->out",
+             "out prologue", "out gemv", "barrier out->mlp", "mlp prologue", "mlp gemv", "barrier after mlp",
+             "down prologue", "down gemv", "barrier after down"]
+    res: dict = {}
+    for line in path.read_text().splitlines():
+        label, _, nums = line.partition(":")
+        t = [int(x) for x in nums.split()]
+        n_layers = (len(t) - 2) // 16
+        per: dict = {}
+        for k, name in enumerate(names):  # stamps a kernel variant does not write are negative
+            d = [t[i * 16 + k + 1] - t[i * 16 + k] for i in range(n_layers)
+                 if min(t[i * 16 + k], t[i * 16 + k + 1] - t[i * 16 + k]) >= 0]
+            if d:
+                per[name] = round(statistics.mean(d) / ghz / 1e3, 2)
+        per["layer"] = round((t[n_layers * 16] - t[0]) / n_layers / ghz / 1e3, 2)
+        per["lm head"] = round((t[n_layers * 16 + 1] - t[n_layers * 16]) / ghz / 1e3, 2)
+        res[label.strip()] = per
+    return res
+
+
 def agree(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(x == y for u, v in zip(a, b) for x, y in zip(u, v)) / sum(len(u) for u in a)
 
@@ -212,6 +237,22 @@ def phase_run(build: Path) -> None:
         if ar_out is not None:
             tf["ar"] = teacher_forced(ar_out, ps)
         c["teacher_forced_vs_hf_fp32"] = tf
+        variants_env = json.loads(os.environ.get("MK_VARIANTS", "{}"))
+        for name in json.loads(os.environ.get("MK_CHECK", "[]")):  # full correctness for chosen variants
+            try:  # a failing variant is recorded, the others still run
+                eng = Engine(mk, CKPT, "--max-ctx", "1024", env=variants_env[name])
+                v_out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
+                v_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
+                eng.close()
+            except Exception as e:  # noqa: BLE001
+                c[f"variant_{name}"] = {"error": str(e)}
+                log(f"variant {name} failed: {e}")
+                continue
+            c[f"variant_{name}"] = {"agree_vs_hf_fp32": agree(v_out, refs["hf_fp32"]),
+                                    "agree_vs_default": agree(v_out, mk_out),
+                                    "deterministic_repeat": v_out == v_again,
+                                    "teacher_forced_vs_hf_fp32": teacher_forced(v_out, ps)}
+            log(f"variant {name}: {json.dumps(c[f'variant_{name}'])}")
         res["correctness"] = c
         res["sample_tokens"] = {"megakernel": mk_out[1][:24], "hf_fp32": refs["hf_fp32"][1][:24],
                                 "ar": ar_out[1][:24] if ar_out else None}
@@ -231,7 +272,14 @@ def phase_run(build: Path) -> None:
             variants = json.loads(os.environ["MK_VARIANTS"])
         for name, env in variants.items():
             t = time.time()
-            res["timing"][name] = timing(mk, env, reps, p520, p520)
+            try:
+                res["timing"][name] = timing(mk, env, reps, p520, p520)
+            except Exception as e:  # noqa: BLE001
+                res["timing"][name] = {"error": str(e)}
+                log(f"{name} failed: {e}")
+                continue
+            if env.get("LB_MK_TRACE") and Path(env["LB_MK_TRACE"]).exists():
+                res["timing"][name]["trace_us"] = trace_summary(Path(env["LB_MK_TRACE"]), 1.98)
             log(f"{name}: {json.dumps(res['timing'][name])} ({time.time() - t:.0f} s)")
         if ar_out is not None:  # AR_VARIANTS: JSON {name: {env}}, default {"ar": {}}
             for name, env in json.loads(os.environ.get("AR_VARIANTS", '{"ar": {}}')).items():
@@ -245,6 +293,9 @@ def phase_run(build: Path) -> None:
     log("| engine | tg128 tok/s median [min, max] | ms/token | bytes/token | % of copy-BW roofline | tg@ctx520 | pp520 tok/s |")
     log("|---|---|---|---|---|---|---|")
     for name, r in res["timing"].items():
+        if "error" in r:
+            log(f"| {name} | failed: {r['error'][:200]} |")
+            continue
         tg = r["tg128_tok_s"]
         bpt = r["bytes_per_token"] or 0
         roof = bw / bpt if bpt else float("nan")
@@ -255,7 +306,7 @@ def phase_run(build: Path) -> None:
         same = {k: r.get("ctx520_output_ids") == ref_ids for k, r in res["timing"].items() if not k.startswith("diag")}
         log(f"520-token prompt + 128 tokens identical to the default megakernel's: {same}")
     if "ar" in res["timing"]:  # the default ar variant
-        best = max((r["tg128_tok_s"]["median"], k) for k, r in res["timing"].items() if k.startswith("megakernel"))
+        best = max((r["tg128_tok_s"]["median"], k) for k, r in res["timing"].items() if k.startswith("megakernel") and "error" not in r)
         log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")
     log(f"agreement vs HF fp32 {c['agree_vs_hf_fp32']:.4f}, vs HF bf16 {c['agree_vs_hf_bf16']:.4f}, "
         f"vs ar {c.get('agree_vs_ar', float('nan')):.4f}; deterministic {c['deterministic_repeat']}, "
