@@ -128,55 +128,6 @@ __device__ __forceinline__ unsigned short kv_round(float v, int kv_f16, float* b
     return r;
 }
 
-// ----------------------------------------------------------------------------------------- TMA and mbarriers (sm_90)
-#if !defined(LB_MK_HIP)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-#endif
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-#endif
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned done;
-    long long t0 = 0;
-    for (;;) {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(parity)
-                     : "memory");
-        if (done) break;
-        watchdog(&t0);
-    }
-#endif
-}
-// TMA bulk copy global -> shared; completion adds `bytes` transactions to `bar`.
-__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-#endif
-}
-
-#endif  // !LB_MK_HIP
-
 // LB_MK_TRACE: thread 0 of blocks 0 and gridDim/2 record clock64() at every stage boundary (16 per layer,
 // then the LM head's start and end) for the tuning record's per-stage breakdown.
 __device__ __forceinline__ void trace(const Params& p, int l, int k) {
@@ -222,48 +173,34 @@ struct GridBarrier {
     unsigned passed = 0;
     __device__ GridBarrier(unsigned* b, int k, bool o) : bar(b), kind(k), off(o) {}
     __device__ __forceinline__ void sync() {
-        arrive();
-        wait();
-    }
-    // Split form (kind 2): arrive() publishes this block's writes and counts it in; the block may then start
-    // work that does not depend on other blocks (LB_MK_STAGE issues weight copies) before wait(). Kind 1
-    // does the whole barrier in arrive().
-    __device__ __forceinline__ void arrive() {
         csync();
-        if (off || threadIdx.x != 0) return;
-        if (kind == 2) {
-            ++passed;
-#if defined(LB_MK_HIP)
-            __atomic_fetch_add(bar, 1u, __ATOMIC_RELEASE);
-#else
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
-#endif
-        } else {
-            generation_barrier();
-        }
-    }
-    __device__ __forceinline__ void wait() {
-        if (!off && kind == 2 && threadIdx.x == 0) {
+        if (off) return;
+        if (threadIdx.x == 0) {
             long long t0 = 0;
-            const unsigned target = passed * gridDim.x;
-            while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
+            if (kind == 2) {
+                const unsigned target = (++passed) * gridDim.x;
+#if defined(LB_MK_HIP)
+                __atomic_fetch_add(bar, 1u, __ATOMIC_RELEASE);
+#else
+                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+#endif
+                while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
+            } else {
+                unsigned* count = bar;
+                unsigned* gen = bar + 1;
+                const unsigned g = ld_acquire(gen);
+                __threadfence();
+                if (atomicAdd(count, 1u) == gridDim.x - 1) {
+                    atomicExch(count, 0u);
+                    __threadfence();
+                    atomicAdd(gen, 1u);
+                } else {
+                    while (ld_acquire(gen) == g) watchdog(&t0);
+                }
+                __threadfence();
+            }
         }
         csync();
-    }
-    __device__ __forceinline__ void generation_barrier() {  // thread 0
-        long long t0 = 0;
-        unsigned* count = bar;
-        unsigned* gen = bar + 1;
-        const unsigned g = ld_acquire(gen);
-        __threadfence();
-        if (atomicAdd(count, 1u) == gridDim.x - 1) {
-            atomicExch(count, 0u);
-            __threadfence();
-            atomicAdd(gen, 1u);
-        } else {
-            while (ld_acquire(gen) == g) watchdog(&t0);
-        }
-        __threadfence();
     }
 };
 
@@ -274,16 +211,8 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 
 // ----------------------------------------------------------------------------------------- GEMV pieces
 
-// 16 bytes of weights staged in shared memory (LB_MK_STAGE): conflict-free when a warp reads 512 contiguous
-// bytes. A plain load, so that it stays after the mbarrier wait (an asm with a "memory" clobber).
-__device__ __forceinline__ uint4 ldw_smem(const void* p) { return *reinterpret_cast<const uint4*>(p); }
-// Weights from global memory (streaming) or from the block's staged copy in shared memory.
-template <bool SM>
-__device__ __forceinline__ uint4 ldw_any(const void* p) { return SM ? ldw_smem(p) : ldw(p); }
-
 // acc[r] += W_r[k] . x[k] over the 16-byte vectors [k0, k1) of R rows; each lane keeps 4 * R loads in flight.
-// SM: the rows are in shared memory (staged), else global.
-template <int R, bool SM = false>
+template <int R>
 __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k1, const float* xs, float* acc) {
     const int lane = threadIdx.x & 31;
     const float4* x4 = reinterpret_cast<const float4*>(xs);
@@ -293,7 +222,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k
         for (int u = 0; u < 4; ++u) {
             const int idx = i + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; ++r) w[r][u] = idx < k1 ? ldw_any<SM>(rows[r] + idx) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; ++r) w[r][u] = idx < k1 ? ldw(rows[r] + idx) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -312,9 +241,11 @@ __device__ __forceinline__ void dot_rows(const uint4* const* rows, int k0, int k
     }
 }
 
-// gemv_rows' body; SM: W's rows are read from shared memory.
-template <bool SM, class Epi>
-__device__ __forceinline__ void gemv_rows_impl(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi) {
+// Rows [r0, r1) of W [*, K] times xs. Many rows: each warp takes two rows at a time. Few rows (<= NW):
+// each row's K is split over S warps (S a power of two) and the parts are summed in shared memory.
+// epi(row, value) runs once per row on one lane. Every thread of the block must call this.
+template <class Epi>
+__device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = r1 - r0, kv = K / 8;
     if (n > NW) {
@@ -323,10 +254,10 @@ __device__ __forceinline__ void gemv_rows_impl(const wtype* W, int K, int r0, in
             float acc[2] = {0.f, 0.f};
             if (rb < r1) {
                 const uint4* rows[2] = {(const uint4*)(W + size_t(ra) * K), (const uint4*)(W + size_t(rb) * K)};
-                dot_rows<2, SM>(rows, 0, kv, xs, acc);
+                dot_rows<2>(rows, 0, kv, xs, acc);
             } else {
                 const uint4* rows[1] = {(const uint4*)(W + size_t(ra) * K)};
-                dot_rows<1, SM>(rows, 0, kv, xs, acc);
+                dot_rows<1>(rows, 0, kv, xs, acc);
             }
             acc[0] = warp_sum(acc[0]);
             acc[1] = warp_sum(acc[1]);
@@ -348,7 +279,7 @@ __device__ __forceinline__ void gemv_rows_impl(const wtype* W, int K, int r0, in
         float acc = 0.f;
         if (row < r1) {
             const uint4* rows[1] = {(const uint4*)(W + size_t(row) * K)};
-            dot_rows<1, SM>(rows, k0, k1, xs, &acc);
+            dot_rows<1>(rows, k0, k1, xs, &acc);
         }
         acc = warp_sum(acc);
         if (S == 1) {
@@ -364,17 +295,6 @@ __device__ __forceinline__ void gemv_rows_impl(const wtype* W, int K, int r0, in
             csync();
         }
     }
-}
-
-// Rows [r0, r1) of W [*, K] times xs. Many rows: each warp takes two rows at a time. Few rows (<= NW):
-// each row's K is split over S warps (S a power of two) and the parts are summed in shared memory.
-// epi(row, value) runs once per row on one lane. Every thread of the block must call this.
-// Ws (staged, optional): rows [r0, r1) of W copied to shared memory; read instead of W.
-template <class Epi>
-__device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1, const float* xs, float* red, Epi epi,
-                                          const wtype* Ws = nullptr) {
-    if (Ws) gemv_rows_impl<true>(Ws - size_t(r0) * K, K, r0, r1, xs, red, epi);  // row r at Ws + (r - r0) K
-    else gemv_rows_impl<false>(W, K, r0, r1, xs, red, epi);
 }
 
 // The fused MLP (LB_MK_FUSE) adds the down-projection into the residual through 64-bit integer atomics on
@@ -420,83 +340,6 @@ __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow,
     csync();
 }
 
-// ----------------------------------------------------------------------------------------- weight staging
-// LB_MK_STAGE (Params::stage_*): a block's rows of the next stages' matrices land in shared memory while it
-// waits at grid barriers. Each weight kind of a layer is copied once, so its mbarrier completes phase l % 2
-// for layer l.
-#if !defined(LB_MK_HIP)
-struct Stager {
-    unsigned char* base = nullptr;  // the staging area; null: off
-    uint64_t* bars = nullptr;       // [4] one mbarrier per weight kind
-    const int* off = nullptr;       // Params::stage_off
-    __device__ Stager(const Params& p, unsigned char* smem) {
-        if (!p.stage_base) return;
-        base = smem + p.stage_base;
-        bars = reinterpret_cast<uint64_t*>(base + p.stage_bytes);
-        off = p.stage_off;
-        if (threadIdx.x == 0) {
-            for (int k = 0; k < 4; ++k) mbar_init(bars + k, 1);
-            mbar_init_fence();
-        }
-        csync();
-    }
-    __device__ bool on() const { return base != nullptr; }
-    // Thread 0 starts copying this block's rows of layer l's `kind` matrix (or matrices: gate and up).
-    // The region's previous occupant must be finished: callers issue right after a grid-barrier arrival.
-    __device__ void issue(const Params& p, int kind, int l) const {
-        if (!base || l >= p.n_layers || threadIdx.x != 0) return;
-        const LayerPtrs& L = p.layers[l];
-        const int b = blockIdx.x, nb = gridDim.x;
-        const size_t w = sizeof(wtype);
-        int r0, r1;
-        const void* src[2] = {nullptr, nullptr};
-        unsigned bytes[2] = {0u, 0u};
-        if (kind == W_IN) {
-            part_range(L.in_rows, b, nb, &r0, &r1);
-            src[0] = L.in_w + size_t(r0) * p.H;
-            bytes[0] = unsigned(size_t(r1 - r0) * p.H * w);
-        } else if (kind == W_OUT) {
-            part_range(p.H, b, nb, &r0, &r1);
-            src[0] = L.out_w + size_t(r0) * L.out_in;
-            bytes[0] = unsigned(size_t(r1 - r0) * L.out_in * w);
-        } else if (kind == W_GU) {
-            part_range(p.I, b, nb, &r0, &r1);
-            src[0] = L.gate_up + size_t(r0) * p.H;
-            src[1] = L.gate_up + size_t(p.I + r0) * p.H;
-            bytes[0] = bytes[1] = unsigned(size_t(r1 - r0) * p.H * w);
-        } else if (p.fuse) {  // W_DN, transposed: the block's slice of the intermediate
-            part_range(p.I, b, nb, &r0, &r1);
-            src[0] = L.down_t + size_t(r0) * p.H;
-            bytes[0] = unsigned(size_t(r1 - r0) * p.H * w);
-        } else {  // W_DN: the block's residual rows
-            part_range(p.H, b, nb, &r0, &r1);
-            src[0] = L.down + size_t(r0) * p.I;
-            bytes[0] = unsigned(size_t(r1 - r0) * p.I * w);
-        }
-        unsigned char* dst = base + off[kind];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads of the region before the async write
-#endif
-        mbar_arrive_expect_tx(bars + kind, bytes[0] + bytes[1]);
-        if (bytes[0]) bulk_to_smem(dst, src[0], bytes[0], bars + kind);
-        if (bytes[1]) bulk_to_smem(dst + bytes[0], src[1], bytes[1], bars + kind);
-    }
-    // Every thread: waits until layer l's copy of `kind` has landed; its first row. Null when off.
-    __device__ const wtype* wait(int kind, int l) const {
-        if (!base) return nullptr;
-        mbar_wait(bars + kind, unsigned(l & 1));
-        return reinterpret_cast<const wtype*>(base + off[kind]);
-    }
-};
-#else
-struct Stager {  // HIP: no TMA; weights always stream from global memory
-    __device__ Stager(const Params&, unsigned char*) {}
-    __device__ bool on() const { return false; }
-    __device__ void issue(const Params&, int, int) const {}
-    __device__ const wtype* wait(int, int) const { return nullptr; }
-};
-#endif
-
 // ----------------------------------------------------------------------------------------- stages
 
 // The in-projection's per-row epilogue. Attention rows are stored (q|gate, k, v); DeltaNet rows finish
@@ -538,13 +381,11 @@ __device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L,
 
 // Stage 0: RMSNorm + in-projection + in_epilogue. erow: layer 0's embedding row (else null); convpre: the
 // rows' conv windows staged by conv_prefetch (sm_80+), else null.
-// st/l: layer l's rows come from the staging area when it is on; acc/own/h0/h1: see norm_to_smem.
-__device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow, float* xs, float* red,
-                         const float* convpre, const Stager& st, int l, const unsigned long long* acc, float* own,
-                         int h0, int h1) {
+// l: the layer (for LB_MK_TRACE); acc/own/h0/h1: see norm_to_smem.
+__device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const wtype* erow, float* xs, float* red,
+                         const float* convpre, const unsigned long long* acc, float* own, int h0, int h1) {
     norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red, acc, own, h0, h1);
     trace(p, l, 1);
-    const wtype* Ws = st.wait(W_IN, l);
     int r0, r1;
     part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
     if (convpre) {
@@ -553,7 +394,7 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, const wtype* erow,
     }
     gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
-    }, Ws);
+    });
 }
 
 // Stage 1 (DeltaNet): item = (value head h, columns [j0, j0 + 16)). Columns of the state are independent:
@@ -864,11 +705,10 @@ __device__ void out_prologue(const Params& p, const LayerPtrs& L, float* xs, flo
 // Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
 // own: this block's rows of the residual (it alone writes them), kept in shared memory.
 // zero (LB_MK_FUSE): the MLP accumulator every block has read by now; the block clears its rows of it.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float* aux, float* red, float* own,
-                          const Stager& st, int l, unsigned long long* zero) {
+__device__ void stage_out(const Params& p, const LayerPtrs& L, int l, float* xs, float* aux, float* red, float* own,
+                          unsigned long long* zero) {
     out_prologue(p, L, xs, aux);
     trace(p, l, 6);
-    const wtype* Ws = st.wait(W_OUT, l);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
     if (zero)
@@ -876,26 +716,17 @@ __device__ void stage_out(const Params& p, const LayerPtrs& L, float* xs, float*
     gemv_rows(L.out_w, L.out_in, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
-    }, Ws);
+    });
 }
 
-// SiLU(gate_r . xs) * (up_r . xs) for rows [r0, r1) of the intermediate, out(r, value) on lane 0. Ws: the
-// block's staged gate rows then up rows (shared memory), or null (read L.gate_up).
-template <bool SM, class Out>
-__device__ __forceinline__ void gate_up_rows(const Params& p, const LayerPtrs& L, int r0, int r1, const float* xs,
-                                             const wtype* Ws, Out out) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kv = p.H / 8, n = r1 - r0;
+// SiLU(gate_r . xs) * (up_r . xs) for rows [r0, r1) of the intermediate, out(r, value) on lane 0.
+template <class Out>
+__device__ __forceinline__ void gate_up_rows(const Params& p, const LayerPtrs& L, int r0, int r1, const float* xs, Out out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kv = p.H / 8;
     for (int r = r0 + warp; r < r1; r += NW) {
-        const uint4* rows[2];
-        if (SM) {
-            rows[0] = (const uint4*)(Ws + size_t(r - r0) * p.H);
-            rows[1] = (const uint4*)(Ws + size_t(n + r - r0) * p.H);
-        } else {
-            rows[0] = (const uint4*)(L.gate_up + size_t(r) * p.H);
-            rows[1] = (const uint4*)(L.gate_up + size_t(p.I + r) * p.H);
-        }
+        const uint4* rows[2] = {(const uint4*)(L.gate_up + size_t(r) * p.H), (const uint4*)(L.gate_up + size_t(p.I + r) * p.H)};
         float acc[2] = {0.f, 0.f};
-        dot_rows<2, SM>(rows, 0, kv, xs, acc);
+        dot_rows<2>(rows, 0, kv, xs, acc);
         acc[0] = warp_sum(acc[0]);
         acc[1] = warp_sum(acc[1]);
         if (lane == 0) out(r, silu(acc[0]) * acc[1]);
@@ -903,49 +734,41 @@ __device__ __forceinline__ void gate_up_rows(const Params& p, const LayerPtrs& L
 }
 
 // Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up.
-__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, float* xs, float* red, const Stager& st, int l) {
+__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, int l, float* xs, float* red) {
     norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
     trace(p, l, 9);
-    const wtype* Ws = st.wait(W_GU, l);
     int r0, r1;
     part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
-    auto out = [&](int r, float v) { p.act[r] = v; };
-    if (Ws) gate_up_rows<true>(p, L, r0, r1, xs, Ws, out);
-    else gate_up_rows<false>(p, L, r0, r1, xs, Ws, out);
+    gate_up_rows(p, L, r0, r1, xs, [&](int r, float v) { p.act[r] = v; });
 }
 
 // Stage 4: down-projection + residual.
-__device__ void stage_down(const Params& p, const LayerPtrs& L, float* xs, float* red, float* own, const Stager& st, int l) {
+__device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* xs, float* red, float* own) {
     for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
     csync();
     trace(p, l, 12);
-    const wtype* Ws = st.wait(W_DN, l);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
     gemv_rows(L.down, p.I, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
-    }, Ws);
+    });
 }
 
 // Stages 3 + 4 fused (LB_MK_FUSE): no grid barrier between gate/up and down. This block's slice [r0, r1) of
 // the intermediate (act = SiLU(gate) * up, kept in shared memory) times the matching rows of the transposed
 // down-projection (down_t [I, H]) is its share of every one of the H outputs; the shares meet in `acc`
 // (64-bit fixed point, see to_fix), which the next stage's prologue adds to the residual.
-// st/l: the gate/up and down_t rows come from the staging area when it is on.
-__device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, float* xs, float* red, float* actv,
-                                unsigned long long* acc, const Stager& st, int l) {
+__device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, float* xs, float* red, float* actv,
+                                unsigned long long* acc) {
     norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
     trace(p, l, 9);
-    const wtype* gu = st.wait(W_GU, l);
     int r0, r1;
     part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
     const int n = r1 - r0, H = p.H;
-    auto out = [&](int r, float v) { actv[r - r0] = v; };
-    if (gu) gate_up_rows<true>(p, L, r0, r1, xs, gu, out);
-    else gate_up_rows<false>(p, L, r0, r1, xs, gu, out);
+    gate_up_rows(p, L, r0, r1, xs, [&](int r, float v) { actv[r - r0] = v; });
     csync();  // actv complete; xs free for the partial sums below
-    const wtype* dn = gu ? st.wait(W_DN, l) : L.down_t + size_t(r0) * H;
+    const wtype* dn = L.down_t + size_t(r0) * H;  // this block's rows of the transposed down-projection
     // thread (g, c) sums the 8 outputs [8c, 8c + 8) over rows j = g, g + G, ...; the G groups meet in xs
     const int H8 = H / 8, G = max(1, NT / H8);
     float* part = xs;  // [G][H] (the host checks that xs, red and aux hold it)
@@ -954,8 +777,7 @@ __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, float* xs, 
         float a8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
         for (int j = g; j < n; j += G) {
-            const wtype* row = dn + size_t(j) * H + 8 * c;
-            const uint4 w = gu ? ldw_smem(row) : ldw(row);  // staged (shared memory) or global
+            const uint4 w = ldw(dn + size_t(j) * H + 8 * c);
             float f[8];
             unpack8(w, f);
             const float av = actv[j];
@@ -1067,11 +889,6 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
     const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
     const bool conv_pre = kConvPre && (p.early & 2), state_pre = p.early & 1;  // LB_MK_EARLY
-    // LB_MK_STAGE: layer 0's in- and out-projection rows start landing now (the host turns staging off
-    // for the LM-head-only diagnostic, so every copy issued is consumed before the kernel ends)
-    const Stager st(p, reinterpret_cast<unsigned char*>(smem4));
-    st.issue(p, W_IN, 0);
-    st.issue(p, W_OUT, 0);
     if (conv_pre && n_layers > 0) {
         part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
         conv_prefetch(p, p.layers[0], r0, r1, convpre);
@@ -1090,11 +907,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             }
         // LB_MK_FUSE: the previous layer's MLP output is still in its fixed-point accumulator
         const unsigned long long* acc_prev = p.fuse && l > 0 ? p.mlp_acc + size_t((l - 1) & 1) * H : nullptr;
-        stage_in(p, L, erow, xs, red, conv_pre ? convpre : nullptr, st, l, acc_prev, own, h0, h1);
+        stage_in(p, L, l, erow, xs, red, conv_pre ? convpre : nullptr, acc_prev, own, h0, h1);
         trace(p, l, 2);
-        gb.arrive();
-        st.issue(p, W_GU, l);  // side A is free: the in-projection rows are consumed
-        gb.wait();
+        gb.sync();
         trace(p, l, 3);
         if (L.full) {
             if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
@@ -1106,41 +921,32 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         gb.sync();
         trace(p, l, 5);
         // fuse: this layer's accumulator half was last read in layer l - 1's prologue: clear it here
-        stage_out(p, L, xs, aux, red, own, st, l, p.fuse ? p.mlp_acc + size_t(l & 1) * H : nullptr);
+        stage_out(p, L, l, xs, aux, red, own, p.fuse ? p.mlp_acc + size_t(l & 1) * H : nullptr);
         trace(p, l, 7);
-        gb.arrive();
-        st.issue(p, W_DN, l);  // side B is free: the out-projection rows are consumed
-        gb.wait();
+        gb.sync();
         trace(p, l, 8);
         if (p.fuse) {
             if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the MLP
                 part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
                 conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
             }
-            stage_mlp_fused(p, L, xs, red, actv, p.mlp_acc + size_t(l & 1) * H, st, l);
+            stage_mlp_fused(p, L, l, xs, red, actv, p.mlp_acc + size_t(l & 1) * H);
             trace(p, l, 10);
-            gb.arrive();
-            st.issue(p, W_IN, l + 1);
-            st.issue(p, W_OUT, l + 1);
-            gb.wait();
+            gb.sync();
             trace(p, l, 11);
             continue;
         }
-        stage_gate_up(p, L, xs, red, st, l);
+        stage_gate_up(p, L, l, xs, red);
         trace(p, l, 10);
-        gb.arrive();
-        st.issue(p, W_IN, l + 1);  // side A: gate/up consumed
-        gb.wait();
+        gb.sync();
         trace(p, l, 11);
         if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the down stage
             part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
             conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
         }
-        stage_down(p, L, xs, red, own, st, l);
+        stage_down(p, L, l, xs, red, own);
         trace(p, l, 13);
-        gb.arrive();
-        st.issue(p, W_OUT, l + 1);  // side B: down consumed
-        gb.wait();
+        gb.sync();
         trace(p, l, 14);
     }
     trace(p, p.n_layers, 0);
@@ -1181,6 +987,51 @@ struct RingCursor {  // position in the ring (slot, phase of its mbarrier); ever
         if (++slot == n) { slot = 0; phase ^= 1u; }
     }
 };
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done;
+    long long t0 = 0;
+    for (;;) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+        if (done) break;
+        watchdog(&t0);
+    }
+#endif
+}
+// TMA bulk copy global -> shared; completion adds `bytes` transactions to `bar`.
+__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+#endif
+}
 
 // The block's page schedule: per layer the in-projection, out-projection, gate, up and down rows of this
 // block (chunks 5 l .. 5 l + 4), then its LM-head rows; each chunk cut into pages of RingPlan(K).rpp rows.

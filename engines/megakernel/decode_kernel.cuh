@@ -35,9 +35,6 @@ constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (hea
 constexpr int RING_PAGE = 32768; // v3 weight ring page (bytes): 16 rows of K <= 1024, 8 of K <= 2048, 4 of K <= 4096
 constexpr int RING_MAX_K = 4096; // widest matrix row (elements) the v3 ring takes
 
-// The weight kinds LB_MK_STAGE copies into shared memory (Params::stage_off), one copy per layer each.
-enum WeightKind { W_IN = 0, W_OUT = 1, W_GU = 2, W_DN = 3 };
-
 struct LayerPtrs {
     int full;
     const float* input_norm;
@@ -84,15 +81,8 @@ struct Params {
     int rowacc_floats;  // v3 shared memory: per-row stage results (after convpre)
     int own_floats;     // shared memory: this block's residual rows
     int convpre_floats; // shared memory: conv windows of this block's in-projection rows
-    // LB_MK_STAGE (sm_90): each block copies its share of a stage's weights into shared memory with one
-    // TMA bulk copy per matrix, issued right after the grid-barrier arrival that frees the region, so the
-    // copy lands while the block waits at barriers and runs other stages. Two regions: side A holds the
-    // in-projection or the gate/up rows, side B the out-projection or the down rows (never live together).
-    int stage_base;     // byte offset of the staging area in dynamic shared memory (0: off)
-    int stage_off[4];   // byte offset of each weight kind's region from stage_base (in, out, gate/up, down)
-    int stage_bytes;    // size of the staging area; its 4 mbarriers follow it
-    // LB_MK_FUSE: gate/up and down in one stage, the down-projection split over the intermediate (down_t)
-    // and summed in mlp_acc; removes one grid barrier per layer.
+    // Fused MLP (default; LB_MK_FUSE=0 turns it off): gate/up and down in one stage, the down-projection
+    // split over the intermediate (down_t) and summed in mlp_acc; one grid barrier per layer fewer.
     int fuse;
     int actv_floats;    // shared memory: this block's slice of the MLP activation (fuse)
     unsigned long long* mlp_acc;  // [2][H] fixed-point MLP outputs (fuse), layer l uses half l % 2

@@ -81,7 +81,6 @@ int run(int argc, char** argv) {
     options["ring_pages"] = li.ring_slots;
     options["grid_barrier"] = li.bar_kind;
     options["kernel"] = li.ring_slots ? "v3-ring" : "v1";
-    options["weight_staging"] = li.staged;
     options["fused_mlp"] = li.fused;
     if (li.diag) options["diag"] = li.diag;
     options["grid_barriers_per_token"] = li.barriers_per_token;

@@ -24,8 +24,7 @@ struct LaunchInfo {
     int ring_slots = 0;        // LB_MK_RING=1 (sm_90): v3 weight-ring pages (0: the v1 kernel, the default)
     int bar_kind = 1;          // LB_MK_BARRIER: grid barrier implementation (decode_kernel.cu)
     int diag = 0;              // LB_MK_DIAG: timing diagnostics (Params::diag)
-    bool staged = false;       // LB_MK_STAGE=1 (sm_90): weights staged in shared memory by TMA bulk copies
-    bool fused = false;        // LB_MK_FUSE=1: gate/up and down in one stage (4 grid barriers a layer, not 5)
+    bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); LB_MK_FUSE=0: off
     int barriers_per_token = 0;
 };
 

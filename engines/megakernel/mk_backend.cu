@@ -297,10 +297,13 @@ private:
         auto per = [&](int rows) { return (rows + sms_ - 1) / sms_; };
         const int own = per(c.hidden);
         const int convpre = 16 * per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
-        // LB_MK_FUSE (docs/megakernel.md, v4): gate/up and down in one stage; needs the [G][H] partial sums
-        // (G = threads per block / (H / 8)) to fit in xs + red + aux
+        // Fused MLP (docs/megakernel.md, v4; the default, LB_MK_FUSE=0 turns it off; not in the v3 ring
+        // kernel): gate/up and down in one stage; needs the [G][H] partial sums (G = threads per block /
+        // (H / 8)) to fit in xs + red + aux
         const int fuse_groups = std::max(1, NT / std::max(1, c.hidden / 8));
-        const bool fuse = env_flag("LB_MK_FUSE") && !env_flag("LB_MK_RING") && fuse_groups * c.hidden <= xs_pad + 64 + aux;
+        const char* fuse_env = std::getenv("LB_MK_FUSE");
+        const bool fuse = !(fuse_env && fuse_env[0] == '0') && !env_flag("LB_MK_RING") &&
+                          fuse_groups * c.hidden <= xs_pad + 64 + aux;
         const int actv = fuse ? (per(c.intermediate) + 3) / 4 * 4 : 0;
         const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + actv);
         int smem = base;
@@ -328,30 +331,6 @@ private:
                 ring_slots = 0;
             }
         }
-        // LB_MK_STAGE (sm_90, v1 kernel): side A holds the in-projection or gate/up rows of a block, side B
-        // the out-projection or down rows; both, then 4 mbarriers, after the v1 layout.
-        int stage_base = 0, stage_bytes = 0, stage_off[4] = {0, 0, 0, 0};
-        if (!ring && cc_ >= 90 && env_flag("LB_MK_STAGE")) {
-            const size_t wb = sizeof(wtype);
-            const int out_in = std::max(c.lin_value_dim(), c.n_heads * c.head_dim);
-            auto al = [](size_t v) { return int((v + 127) / 128 * 128); };
-            const int side_a = al(std::max(per(std::max(c.lin_in_rows(), c.attn_qkv_rows())) * size_t(c.hidden) * wb,
-                                           2 * per(c.intermediate) * size_t(c.hidden) * wb));
-            const int side_b = al(std::max(per(c.hidden) * size_t(out_in) * wb,
-                                           fuse ? per(c.intermediate) * size_t(c.hidden) * wb
-                                                : per(c.hidden) * size_t(c.intermediate) * wb));
-            const int sb = al(size_t(base));
-            if (sb + side_a + side_b + 64 <= smem_optin_ && !(info_diag() & 1)) {
-                stage_base = sb;
-                stage_bytes = side_a + side_b;
-                stage_off[W_IN] = stage_off[W_GU] = 0;
-                stage_off[W_OUT] = stage_off[W_DN] = side_a;
-                smem = sb + stage_bytes + 64;
-            } else {
-                fprintf(stderr, "[megakernel] LB_MK_STAGE off: %d B of staging do not fit next to %d B (limit %d B)\n",
-                        side_a + side_b, base, smem_optin_);
-            }
-        }
         GPU_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int per_sm = 0;
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, size_t(smem)));
@@ -366,7 +345,6 @@ private:
         kernel_ = fn;
         info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers;
         info_.diag = info_diag();
-        info_.staged = stage_base != 0;
         info_.fused = fuse;
         const int nb = info_.blocks;
 
@@ -445,9 +423,6 @@ private:
         p.convpre_floats = convpre;
         p.actv_floats = actv;
         p.fuse = fuse;
-        p.stage_base = stage_base;
-        p.stage_bytes = stage_bytes;
-        for (int k = 0; k < 4; ++k) p.stage_off[k] = stage_off[k];
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : 3;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
@@ -493,9 +468,9 @@ private:
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
-                "barrier %d, staging %d B, fused MLP %d, diag %d\n",
+                "barrier %d, fused MLP %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
-                stage_bytes, int(fuse), info_.diag);
+                int(fuse), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
