@@ -286,13 +286,26 @@ def _energy_variants(s: Sample, phase: str, net: bool) -> list[float]:
     return [v for v in vals if v is not None and v > 0]
 
 
+def _measured_gross_j(s: Sample, phase: str) -> float | None:
+    """The gross energy the phase's recorded method names (a short window is measured by the power
+    integral, a long one by the counter: docs/power.md), the counter's where no method is recorded."""
+    e = s.energy.get(phase)
+    if e is None:
+        return None
+    v = e.energy_integrated_j if e.method == "integrated" else e.energy_j
+    return v if v is not None and v > 0 else None
+
+
 def _total_tok_per_j(s: Sample) -> list[tuple[float, float]]:
-    """Generated tokens over prefill + decode energy (counter values)."""
-    pre = _energy_variants(s, "prefill", False)
-    dec = _energy_variants(s, "decode", False)
-    if not pre or (s.n_gen > 1 and not dec):
-        return []
-    return [(float(s.n_gen), pre[0] + (dec[0] if dec else 0.0))]
+    """Generated tokens over prefill + decode energy: each phase by its recorded method (the two phases of
+    a sample may differ), or both by the counter."""
+    out = []
+    for pick in (lambda ph: _measured_gross_j(s, ph), lambda ph: (_energy_variants(s, ph, False) or [None])[0]):
+        pre, dec = pick("prefill"), pick("decode")
+        if pre is None or (s.n_gen > 1 and dec is None):
+            continue
+        out.append((float(s.n_gen), pre + (dec or 0.0)))
+    return out
 
 
 def _recompute_rules() -> dict[str, Callable[[Sample], list[tuple[float, float]]]]:
