@@ -308,11 +308,12 @@ __device__ __forceinline__ float from_fix(unsigned long long v) { return __ll2fl
 
 // xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row. The gains
 // are requested together with v (one round trip, not two: under the weight stream each costs ~1-2 us).
-// acc (LB_MK_FUSE): the previous MLP's output, still in fixed point, is added to v; `own` then receives
-// v for this block's residual rows [h0, h1).
+// acc, acc2 (fused MLP / out-projection): outputs still in their fixed-point accumulators are added to v;
+// `own` then receives v for this block's residual rows [h0, h1).
 __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow, int H, const float* gain, float eps,
                                              float* xs, float* red, const unsigned long long* acc = nullptr,
-                                             float* own = nullptr, int h0 = 0, int h1 = 0) {
+                                             const unsigned long long* acc2 = nullptr, float* own = nullptr,
+                                             int h0 = 0, int h1 = 0) {
     constexpr int NR = 8;  // gains a thread keeps in registers (H <= NR * NT); the rest are read late
     float gr[NR];
 #pragma unroll
@@ -323,10 +324,9 @@ __device__ __forceinline__ void norm_to_smem(const float* xg, const wtype* erow,
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += NT) {
         float v = erow ? gpu::w2f(erow[i]) : ldg(xg + i);
-        if (acc) {
-            v += from_fix(ldcg(acc + i));
-            if (own && i >= h0 && i < h1) own[i - h0] = v;
-        }
+        if (acc) v += from_fix(ldcg(acc + i));
+        if (acc2) v += from_fix(ldcg(acc2 + i));
+        if ((acc || acc2) && own && i >= h0 && i < h1) own[i - h0] = v;
         xs[i] = v;
         ss += v * v;
     }
@@ -381,10 +381,11 @@ __device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L,
 
 // Stage 0: RMSNorm + in-projection + in_epilogue. erow: layer 0's embedding row (else null); convpre: the
 // rows' conv windows staged by conv_prefetch (sm_80+), else null.
-// l: the layer (for LB_MK_TRACE); acc/own/h0/h1: see norm_to_smem.
+// l: the layer (for LB_MK_TRACE); acc/acc2/own/h0/h1: see norm_to_smem.
 __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const wtype* erow, float* xs, float* red,
-                         const float* convpre, const unsigned long long* acc, float* own, int h0, int h1) {
-    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red, acc, own, h0, h1);
+                         const float* convpre, const unsigned long long* acc, const unsigned long long* acc2,
+                         float* own, int h0, int h1) {
+    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red, acc, acc2, own, h0, h1);
     trace(p, l, 1);
     int r0, r1;
     part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
@@ -395,6 +396,36 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const wtype
     gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
     });
+}
+
+// Split-K matrix-vector product into the fixed-point accumulator: acc[i] += sum_j coef[j] * rows[j][i] for
+// i < H, j < n, where rows are n consecutive rows of a transposed matrix ([K, H], this block's slice of K)
+// and coef is in shared memory. Thread (g, c) sums the 8 outputs [8c, 8c + 8) over rows j = g, g + G, ...;
+// the G groups meet in `part` ([G][H] floats of shared memory). Every thread of the block must call this.
+__device__ void splitk_accumulate(const wtype* rows, int n, const float* coef, int H, float* part,
+                                  unsigned long long* acc) {
+    const int H8 = H / 8, G = max(1, NT / H8);
+    for (int t = threadIdx.x; t < G * H8; t += NT) {
+        const int g = t / H8, c = t % H8;
+        float a8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int j = g; j < n; j += G) {
+            const uint4 w = ldw(rows + size_t(j) * H + 8 * c);
+            float f[8];
+            unpack8(w, f);
+            const float cj = coef[j];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) a8[k] += cj * f[k];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) part[g * H + 8 * c + k] = a8[k];
+    }
+    csync();
+    for (int i = threadIdx.x; i < H; i += NT) {
+        float v = 0.f;
+        for (int g = 0; g < G; ++g) v += part[g * H + i];
+        atomicAdd(acc + i, to_fix(v));  // no return value used: a reduction (RED) at L2
+    }
 }
 
 // Stage 1 (DeltaNet): item = (value head h, columns [j0, j0 + 16)). Columns of the state are independent:
@@ -413,7 +444,45 @@ __device__ __forceinline__ void deltanet_state_load(const Params& p, const Layer
         s[r] = i < p.dk && it < p.hv * per_head ? ldcg(S + size_t(i) * p.dv) : 0.f;
     }
 }
-__device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux, const float* pre) {
+// The fused out-projection of one DeltaNet item (head h, column group k of per_head): ys holds its 16
+// outputs. The gated RMSNorm needs the head's sum of squares over all per_head groups: each block writes
+// its part to head_ss[h][k] and counts itself in (release); once all parts are in (acquire) every block
+// of the head sums them in the same order, so the result does not depend on arrival order.
+__device__ void out_fused(const Params& p, const LayerPtrs& L, int h, int k, unsigned* cnt, float* ys, float* part,
+                          unsigned long long* acc) {
+    const int dv = p.dv, per_head = dv / DN_COLS, j0 = k * DN_COLS;
+    __shared__ float s_inv;
+    if (threadIdx.x == 0) {
+        float ss = 0.f;
+        for (int j = 0; j < DN_COLS; ++j) ss += ys[j] * ys[j];
+        p.head_ss[h * per_head + k] = ss;
+#if defined(LB_MK_HIP)
+        __atomic_fetch_add(cnt, 1u, __ATOMIC_RELEASE);
+#else
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(cnt) : "memory");
+#endif
+        long long t0 = 0;
+        while (int(ld_acquire(cnt)) < per_head) watchdog(&t0);
+        float tot = 0.f;
+        for (int q = 0; q < per_head; ++q) tot += ldg(p.head_ss + h * per_head + q);
+        s_inv = rsqrtf(tot / float(dv) + p.eps);
+    }
+    csync();
+    if (threadIdx.x < DN_COLS) {
+        const int e = h * dv + j0 + threadIdx.x;
+        ys[threadIdx.x] = __ldg(L.ssm_norm + j0 + threadIdx.x) * (ys[threadIdx.x] * s_inv) * silu(ldg(p.buf_in + p.cd + e));
+    }
+    csync();
+    splitk_accumulate(L.out_t + size_t(h * dv + j0) * p.H, DN_COLS, ys, p.H, part, acc);
+}
+
+// fused (Params::fuse_out, one item per block): the item's 16 outputs go straight through the gated RMSNorm
+// and this block's 16 columns of the out-projection (out_t rows) into acc; the head's sum of squares is
+// met through a per-head counter (cnt) among the head's blocks instead of a grid barrier. ys: 16 floats,
+// part: [G][H] floats of shared memory.
+__device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux, const float* pre,
+                                               unsigned* cnt = nullptr, unsigned long long* acc = nullptr,
+                                               float* ys = nullptr, float* part = nullptr) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int dk = p.dk, dv = p.dv, per_head = dv / DN_COLS, items = p.hv * per_head;
     const int group = p.hv / p.hk, kd = p.hk * dk;
@@ -491,9 +560,11 @@ __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs&
             float ot = 0.f;
 #pragma unroll
             for (int w = 0; w < NW; ++w) ot += red2[w * DN_COLS + threadIdx.x];
-            p.o[size_t(h) * dv + j0 + threadIdx.x] = ot;
+            if (acc) ys[threadIdx.x] = ot;
+            else p.o[size_t(h) * dv + j0 + threadIdx.x] = ot;
         }
         csync();
+        if (acc) out_fused(p, L, h, it % per_head, cnt + h, ys, part, acc);
     }
 }
 
@@ -704,15 +775,11 @@ __device__ void out_prologue(const Params& p, const LayerPtrs& L, float* xs, flo
 
 // Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
 // own: this block's rows of the residual (it alone writes them), kept in shared memory.
-// zero (LB_MK_FUSE): the MLP accumulator every block has read by now; the block clears its rows of it.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, int l, float* xs, float* aux, float* red, float* own,
-                          unsigned long long* zero) {
+__device__ void stage_out(const Params& p, const LayerPtrs& L, int l, float* xs, float* aux, float* red, float* own) {
     out_prologue(p, L, xs, aux);
     trace(p, l, 6);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
-    if (zero)
-        for (int i = r0 + threadIdx.x; i < r1; i += NT) zero[i] = 0ull;
     gemv_rows(L.out_w, L.out_in, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
         p.x[r] = own[r - r0];
@@ -759,40 +826,20 @@ __device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* xs
 // the intermediate (act = SiLU(gate) * up, kept in shared memory) times the matching rows of the transposed
 // down-projection (down_t [I, H]) is its share of every one of the H outputs; the shares meet in `acc`
 // (64-bit fixed point, see to_fix), which the next stage's prologue adds to the residual.
+// out_acc: the fused out-projection's output (null where the layer ran a separate out stage); own/h0/h1:
+// this block's residual rows, updated with it.
 __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, float* xs, float* red, float* actv,
-                                unsigned long long* acc) {
-    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+                                unsigned long long* acc, const unsigned long long* out_acc, float* own, int h0, int h1) {
+    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red, out_acc, nullptr, own, h0, h1);
     trace(p, l, 9);
     int r0, r1;
     part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
     const int n = r1 - r0, H = p.H;
     gate_up_rows(p, L, r0, r1, xs, [&](int r, float v) { actv[r - r0] = v; });
     csync();  // actv complete; xs free for the partial sums below
-    const wtype* dn = L.down_t + size_t(r0) * H;  // this block's rows of the transposed down-projection
-    // thread (g, c) sums the 8 outputs [8c, 8c + 8) over rows j = g, g + G, ...; the G groups meet in xs
-    const int H8 = H / 8, G = max(1, NT / H8);
-    float* part = xs;  // [G][H] (the host checks that xs, red and aux hold it)
-    for (int t = threadIdx.x; t < G * H8; t += NT) {
-        const int g = t / H8, c = t % H8;
-        float a8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int j = g; j < n; j += G) {
-            const uint4 w = ldw(dn + size_t(j) * H + 8 * c);
-            float f[8];
-            unpack8(w, f);
-            const float av = actv[j];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) a8[k] += av * f[k];
-        }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) part[g * H + 8 * c + k] = a8[k];
-    }
-    csync();
-    for (int i = threadIdx.x; i < H; i += NT) {
-        float v = 0.f;
-        for (int g = 0; g < G; ++g) v += part[g * H + i];
-        atomicAdd(acc + i, to_fix(v));  // no return value used: a reduction (RED) at L2
-    }
+    // this block's rows of the transposed down-projection; xs (with red and aux: the host checks the size)
+    // holds the partial sums
+    splitk_accumulate(L.down_t + size_t(r0) * H, n, actv, H, xs, acc);
 }
 
 // The argmax's end: every warp's lane 0 holds its (best, bidx); the block's winner goes to lm_val/lm_idx and
@@ -835,13 +882,16 @@ __device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
             if (p.eos[e] == bi) *p.done = 1;
         atomicExch(p.tickets + p.n_layers * p.nh, 0u);
         if (p.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
+        if (p.fuse_out)  // and past every fused out-projection's per-head wait
+            for (int i = 0; i < p.n_layers * p.hv; ++i) p.head_cnt[i] = 0u;
         __threadfence();
     }
 }
 
 // LM head + greedy argmax (lowest index on ties).
-__device__ void stage_lm(const Params& p, int pos, float* xs, float* red, const unsigned long long* acc) {
-    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red, acc);
+__device__ void stage_lm(const Params& p, int pos, float* xs, float* red, const unsigned long long* acc,
+                         const unsigned long long* acc2) {
+    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red, acc, acc2);
     int r0, r1;
     part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
     float best = -FLT_MAX;
@@ -905,32 +955,50 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
                 own[i] = gpu::w2f(erow[h0 + i]);
                 p.x[h0 + i] = own[i];
             }
-        // LB_MK_FUSE: the previous layer's MLP output is still in its fixed-point accumulator
-        const unsigned long long* acc_prev = p.fuse && l > 0 ? p.mlp_acc + size_t((l - 1) & 1) * H : nullptr;
-        stage_in(p, L, l, erow, xs, red, conv_pre ? convpre : nullptr, acc_prev, own, h0, h1);
+        // Fused MLP / out-projection: layer l - 1's outputs are still in their fixed-point accumulators
+        // (half (l - 1) % 2 of each; zero where the layer had no such stage).
+        const size_t prev = size_t((l + 1) & 1) * H, cur = size_t(l & 1) * H;
+        const unsigned long long* mlp_prev = p.fuse && l > 0 ? p.mlp_acc + prev : nullptr;
+        const unsigned long long* out_prev = p.fuse_out && l > 0 ? p.out_acc + prev : nullptr;
+        stage_in(p, L, l, erow, xs, red, conv_pre ? convpre : nullptr, mlp_prev, out_prev, own, h0, h1);
         trace(p, l, 2);
         gb.sync();
         trace(p, l, 3);
+        // Every block has read the previous halves in its prologue: this block clears its rows of the
+        // halves this layer accumulates into (mlp: cur; out: prev, whose next user is layer l + 1).
+        for (int i = h0 + threadIdx.x; i < h1; i += NT) {
+            if (p.fuse) p.mlp_acc[cur + i] = 0ull;
+            if (p.fuse_out) p.out_acc[prev + i] = 0ull;
+        }
+        const bool out_fused_here = p.fuse_out && !L.full;
         if (L.full) {
             if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
             else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
+        } else if (out_fused_here) {
+            // the residual as this layer found it: the out-projection's output stays in out_acc until the
+            // MLP's prologue adds it (nobody reads p.x in this stage)
+            for (int i = threadIdx.x; i < h1 - h0; i += NT) p.x[h0 + i] = own[i];
+            stage_deltanet(p, L, aux, state_pre ? spre : nullptr, p.head_cnt + size_t(l) * p.hv, p.out_acc + cur,
+                           actv, xs);
         } else {
             stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         }
         trace(p, l, 4);
         gb.sync();
         trace(p, l, 5);
-        // fuse: this layer's accumulator half was last read in layer l - 1's prologue: clear it here
-        stage_out(p, L, l, xs, aux, red, own, p.fuse ? p.mlp_acc + size_t(l & 1) * H : nullptr);
-        trace(p, l, 7);
-        gb.sync();
-        trace(p, l, 8);
+        if (!out_fused_here) {
+            stage_out(p, L, l, xs, aux, red, own);
+            trace(p, l, 7);
+            gb.sync();
+            trace(p, l, 8);
+        }
         if (p.fuse) {
             if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the MLP
                 part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
                 conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
             }
-            stage_mlp_fused(p, L, l, xs, red, actv, p.mlp_acc + size_t(l & 1) * H);
+            stage_mlp_fused(p, L, l, xs, red, actv, p.mlp_acc + cur, out_fused_here ? p.out_acc + cur : nullptr,
+                            own, h0, h1);
             trace(p, l, 10);
             gb.sync();
             trace(p, l, 11);
@@ -950,7 +1018,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         trace(p, l, 14);
     }
     trace(p, p.n_layers, 0);
-    stage_lm(p, pos, xs, red, p.fuse && n_layers > 0 ? p.mlp_acc + size_t((n_layers - 1) & 1) * H : nullptr);
+    const size_t last = size_t((n_layers + 1) & 1) * H;  // the halves the last layer accumulated into
+    stage_lm(p, pos, xs, red, p.fuse && n_layers > 0 ? p.mlp_acc + last : nullptr,
+             p.fuse_out && n_layers > 0 ? p.out_acc + last : nullptr);
     trace(p, p.n_layers, 1);
 }
 

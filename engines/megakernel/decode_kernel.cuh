@@ -45,7 +45,8 @@ struct LayerPtrs {
     int out_in;
     const wtype* gate_up;  // [2I, H]
     const wtype* down;     // [H, I]
-    const wtype* down_t;   // [I, H]: down transposed (LB_MK_FUSE only, else null)
+    const wtype* down_t;   // [I, H]: down transposed (fused MLP only, else null)
+    const wtype* out_t;    // [vd, H]: DeltaNet out_proj transposed (fused out-projection only, else null)
     // DeltaNet
     const float* conv_w;   // [cd, K]
     const float* neg_A;    // [hv]
@@ -86,6 +87,13 @@ struct Params {
     int fuse;
     int actv_floats;    // shared memory: this block's slice of the MLP activation (fuse)
     unsigned long long* mlp_acc;  // [2][H] fixed-point MLP outputs (fuse), layer l uses half l % 2
+    // Fused DeltaNet out-projection (default with the fused MLP; LB_MK_FUSE_OUT=0 turns it off): the mixer
+    // stage's blocks apply the gated RMSNorm and their columns of out_proj to their own outputs, so the
+    // DeltaNet layer has no out stage (3 grid barriers instead of 4). Needs one item per block.
+    int fuse_out;
+    unsigned long long* out_acc;  // [2][H] fixed-point out-projection outputs, layer l uses half l % 2
+    float* head_ss;     // [hv][dv / 16] per-head sum-of-squares parts of the gated RMSNorm
+    unsigned* head_cnt; // [n_layers][hv] parts arrived (reset by the token's last block)
     long long* trace;   // LB_MK_TRACE: [2][n_layers * 16 + 2] clock64 stamps, or null
     // sequence state (device)
     int* pos;         // tokens already in the sequence

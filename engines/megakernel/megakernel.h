@@ -25,6 +25,7 @@ struct LaunchInfo {
     int bar_kind = 1;          // LB_MK_BARRIER: grid barrier implementation (decode_kernel.cu)
     int diag = 0;              // LB_MK_DIAG: timing diagnostics (Params::diag)
     bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); LB_MK_FUSE=0: off
+    bool fused_out = false;    // DeltaNet mixer + out-projection in one stage (3 barriers a DeltaNet layer); LB_MK_FUSE_OUT=0: off
     int barriers_per_token = 0;
 };
 

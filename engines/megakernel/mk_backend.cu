@@ -343,9 +343,17 @@ private:
         info_.smem_bytes = smem;
         info_.ring_slots = ring_slots;
         kernel_ = fn;
-        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers;
+        // Fused DeltaNet out-projection (docs/megakernel.md, v4; with the fused MLP, LB_MK_FUSE_OUT=0 turns
+        // it off): the per-head counters need every DeltaNet item (head, 16 columns) in its own block
+        const char* fuse_out_env = std::getenv("LB_MK_FUSE_OUT");
+        const bool fuse_out = fuse && !(fuse_out_env && fuse_out_env[0] == '0') &&
+                              c.lin_v_heads * (c.lin_v_dim / DN_COLS) <= info_.blocks;
+        int n_lin = 0;
+        for (int l = 0; l < c.n_layers; ++l) n_lin += c.is_full[size_t(l)] ? 0 : 1;
+        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers - (fuse_out ? n_lin : 0);
         info_.diag = info_diag();
         info_.fused = fuse;
+        info_.fused_out = fuse_out;
         const int nb = info_.blocks;
 
         std::vector<LayerPtrs> lp(size_t(c.n_layers));
@@ -383,6 +391,13 @@ private:
                 d.neg_A = F(L.neg_A);
                 d.dt_bias = F(L.dt_bias);
                 d.ssm_norm = F(L.ssm_norm);
+                if (fuse_out) {  // out_proj [H, vd] -> [vd, H]: a block's 16 columns are 16 contiguous rows
+                    auto* t = (wtype*)alloc(size_t(c.hidden) * c.lin_value_dim() * sizeof(wtype));
+                    transpose_kernel<<<dim3(unsigned((c.lin_value_dim() + 31) / 32), unsigned((c.hidden + 31) / 32)), dim3(32, 8), 0, s_>>>(
+                        W(L.out_proj), c.hidden, c.lin_value_dim(), t);
+                    GPU_CHECK(cudaGetLastError());
+                    d.out_t = t;
+                }
                 d.ssm = ssm_[size_t(l)];
                 d.conv_state = conv_[size_t(l)];
             }
@@ -423,6 +438,7 @@ private:
         p.convpre_floats = convpre;
         p.actv_floats = actv;
         p.fuse = fuse;
+        p.fuse_out = fuse_out;
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : 3;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
@@ -463,14 +479,21 @@ private:
             p.mlp_acc = (unsigned long long*)alloc(2 * sizeof(unsigned long long) * size_t(c.hidden));
             GPU_CHECK(cudaMemset(p.mlp_acc, 0, 2 * sizeof(unsigned long long) * size_t(c.hidden)));
         }
+        if (fuse_out) {
+            p.out_acc = (unsigned long long*)alloc(2 * sizeof(unsigned long long) * size_t(c.hidden));
+            GPU_CHECK(cudaMemset(p.out_acc, 0, 2 * sizeof(unsigned long long) * size_t(c.hidden)));
+            p.head_ss = (float*)alloc(sizeof(float) * size_t(c.lin_v_heads) * (c.lin_v_dim / DN_COLS));
+            p.head_cnt = (unsigned*)alloc(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
+            GPU_CHECK(cudaMemset(p.head_cnt, 0, sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads));
+        }
         p.bar = (unsigned*)alloc(2 * sizeof(unsigned));
         GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
-                "barrier %d, fused MLP %d, diag %d\n",
+                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
-                int(fuse), info_.diag);
+                int(fuse), int(fuse_out), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
