@@ -381,11 +381,30 @@ __device__ __forceinline__ void in_epilogue(const Params& p, const LayerPtrs& L,
 
 // Stage 0: RMSNorm + in-projection + in_epilogue. erow: layer 0's embedding row (else null); convpre: the
 // rows' conv windows staged by conv_prefetch (sm_80+), else null.
-// l: the layer (for LB_MK_TRACE); acc/acc2/own/h0/h1: see norm_to_smem.
-__device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const wtype* erow, float* xs, float* red,
+// Fused in-projection -> DeltaNet (Params::fuse_in): the block counts its in-projection rows [r0, r1) in on
+// the per-value-head counters, thread h for head h, in parallel (each: fence, then add; the csync before
+// makes the block's epilogue stores part of what the fence publishes), so a DeltaNet item waits for its
+// own head's 2 dk + 2 dv + 2 rows instead of a grid barrier.
+__device__ void publish_head_rows(const Params& p, int r0, int r1, unsigned* cnt) {
+    const int dk = p.dk, dv = p.dv, kd = p.hk * dk, group = p.hv / p.hk, zb = p.cd + p.vd;
+    auto overlap = [&](int a, int b) { return max(0, min(r1, b) - max(r0, a)); };
+    for (int h = threadIdx.x; h < p.hv; h += NT) {
+        const int kh = h / group;  // q and k rows belong to the key head, shared by `group` value heads
+        const int n = overlap(kh * dk, (kh + 1) * dk) + overlap(kd + kh * dk, kd + (kh + 1) * dk) +
+                      overlap(2 * kd + h * dv, 2 * kd + (h + 1) * dv) + overlap(p.cd + h * dv, p.cd + (h + 1) * dv) +
+                      overlap(zb + h, zb + h + 1) + overlap(zb + p.hv + h, zb + p.hv + h + 1);
+        if (n == 0) continue;
+        __threadfence();
+        atomicAdd(cnt + h, unsigned(n));
+    }
+}
+
+// l: the layer (for LB_MK_TRACE); x: the residual as the previous layer left it; acc/acc2/own/h0/h1: see
+// norm_to_smem; in_cnt (fuse_in, DeltaNet layers): the per-head counters this block's rows are counted on.
+__device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float* x, const wtype* erow, float* xs, float* red,
                          const float* convpre, const unsigned long long* acc, const unsigned long long* acc2,
-                         float* own, int h0, int h1) {
-    norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red, acc, acc2, own, h0, h1);
+                         float* own, int h0, int h1, unsigned* in_cnt) {
+    norm_to_smem(x, erow, p.H, L.input_norm, p.eps, xs, red, acc, acc2, own, h0, h1);
     trace(p, l, 1);
     int r0, r1;
     part_range(L.in_rows, blockIdx.x, gridDim.x, &r0, &r1);
@@ -396,6 +415,10 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const wtype
     gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
     });
+    if (in_cnt) {
+        csync();
+        publish_head_rows(p, r0, r1, in_cnt);
+    }
 }
 
 // Split-K matrix-vector product into the fixed-point accumulator: acc[i] += sum_j coef[j] * rows[j][i] for
@@ -479,10 +502,11 @@ __device__ void out_fused(const Params& p, const LayerPtrs& L, int h, int k, uns
 // fused (Params::fuse_out, one item per block): the item's 16 outputs go straight through the gated RMSNorm
 // and this block's 16 columns of the out-projection (out_t rows) into acc; the head's sum of squares is
 // met through a per-head counter (cnt) among the head's blocks instead of a grid barrier. ys: 16 floats,
-// part: [G][H] floats of shared memory.
+// part: [G][H] floats of shared memory. in_cnt (fuse_in): the item first waits for its head's
+// in-projection rows (publish_head_rows).
 __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs& L, float* aux, const float* pre,
                                                unsigned* cnt = nullptr, unsigned long long* acc = nullptr,
-                                               float* ys = nullptr, float* part = nullptr) {
+                                               float* ys = nullptr, float* part = nullptr, const unsigned* in_cnt = nullptr) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int dk = p.dk, dv = p.dv, per_head = dv / DN_COLS, items = p.hv * per_head;
     const int group = p.hv / p.hk, kd = p.hk * dk;
@@ -495,6 +519,14 @@ __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs&
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int it = b; it < items; it += nb) {
         const int h = it / per_head, j0 = (it % per_head) * DN_COLS, kh = h / group;
+        if (in_cnt) {  // fuse_in: wait for this head's in-projection rows, not for every block
+            if (threadIdx.x == 0) {
+                long long t0 = 0;
+                const int need = 2 * dk + 2 * dv + 2;
+                while (int(ld_acquire(in_cnt + h)) < need) watchdog(&t0);
+            }
+            csync();
+        }
         // every input of the item in one round trip: q, k (other blocks wrote them), g, beta, v, the state
         const float gh = ldg(p.g + h), bt = ldg(p.beta + h);
         const float vj = ldg(p.conv_out + 2 * kd + size_t(h) * dv + j0 + c);
@@ -775,14 +807,14 @@ __device__ void out_prologue(const Params& p, const LayerPtrs& L, float* xs, flo
 
 // Stage 2: (gated RMSNorm of the DeltaNet output) + out-projection + residual.
 // own: this block's rows of the residual (it alone writes them), kept in shared memory.
-__device__ void stage_out(const Params& p, const LayerPtrs& L, int l, float* xs, float* aux, float* red, float* own) {
+__device__ void stage_out(const Params& p, const LayerPtrs& L, int l, float* x, float* xs, float* aux, float* red, float* own) {
     out_prologue(p, L, xs, aux);
     trace(p, l, 6);
     int r0, r1;
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
     gemv_rows(L.out_w, L.out_in, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
-        p.x[r] = own[r - r0];
+        x[r] = own[r - r0];
     });
 }
 
@@ -801,8 +833,8 @@ __device__ __forceinline__ void gate_up_rows(const Params& p, const LayerPtrs& L
 }
 
 // Stage 3: RMSNorm + gate/up rows together + SiLU(gate) * up.
-__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, int l, float* xs, float* red) {
-    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
+__device__ void stage_gate_up(const Params& p, const LayerPtrs& L, int l, const float* x, float* xs, float* red) {
+    norm_to_smem(x, nullptr, p.H, L.post_norm, p.eps, xs, red);
     trace(p, l, 9);
     int r0, r1;
     part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
@@ -810,7 +842,7 @@ __device__ void stage_gate_up(const Params& p, const LayerPtrs& L, int l, float*
 }
 
 // Stage 4: down-projection + residual.
-__device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* xs, float* red, float* own) {
+__device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* x, float* xs, float* red, float* own) {
     for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
     csync();
     trace(p, l, 12);
@@ -818,7 +850,7 @@ __device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* xs
     part_range(p.H, blockIdx.x, gridDim.x, &r0, &r1);
     gemv_rows(L.down, p.I, r0, r1, xs, red, [&](int r, float v) {
         own[r - r0] += v;
-        p.x[r] = own[r - r0];
+        x[r] = own[r - r0];
     });
 }
 
@@ -828,9 +860,9 @@ __device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* xs
 // (64-bit fixed point, see to_fix), which the next stage's prologue adds to the residual.
 // out_acc: the fused out-projection's output (null where the layer ran a separate out stage); own/h0/h1:
 // this block's residual rows, updated with it.
-__device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, float* xs, float* red, float* actv,
+__device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, const float* x, float* xs, float* red, float* actv,
                                 unsigned long long* acc, const unsigned long long* out_acc, float* own, int h0, int h1) {
-    norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red, out_acc, nullptr, own, h0, h1);
+    norm_to_smem(x, nullptr, p.H, L.post_norm, p.eps, xs, red, out_acc, nullptr, own, h0, h1);
     trace(p, l, 9);
     int r0, r1;
     part_range(p.I, blockIdx.x, gridDim.x, &r0, &r1);
@@ -882,16 +914,19 @@ __device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
             if (p.eos[e] == bi) *p.done = 1;
         atomicExch(p.tickets + p.n_layers * p.nh, 0u);
         if (p.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
-        if (p.fuse_out)  // and past every fused out-projection's per-head wait
-            for (int i = 0; i < p.n_layers * p.hv; ++i) p.head_cnt[i] = 0u;
+        if (p.fuse_out)  // and past every fused out-projection's (and in-projection's) per-head wait
+            for (int i = 0; i < p.n_layers * p.hv; ++i) {
+                p.head_cnt[i] = 0u;
+                if (p.fuse_in) p.in_cnt[i] = 0u;
+            }
         __threadfence();
     }
 }
 
 // LM head + greedy argmax (lowest index on ties).
-__device__ void stage_lm(const Params& p, int pos, float* xs, float* red, const unsigned long long* acc,
+__device__ void stage_lm(const Params& p, int pos, const float* x, float* xs, float* red, const unsigned long long* acc,
                          const unsigned long long* acc2) {
-    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red, acc, acc2);
+    norm_to_smem(x, nullptr, p.H, p.final_norm, p.eps, xs, red, acc, acc2);
     int r0, r1;
     part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
     float best = -FLT_MAX;
@@ -949,37 +984,41 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         // the state of this block's first DeltaNet item: loads in flight through the in-projection
         float spre[DN_MAXR];
         if (state_pre && !L.full) deltanet_state_load(p, L, b, spre);
+        // The residual: with fuse_in a DeltaNet layer writes it while slower blocks may still read the
+        // previous layer's in their in-projection prologue, so layers alternate between two buffers.
+        float* xw = p.x2 && (l & 1) ? p.x2 : p.x;                                   // layer l's
+        const float* xr = l > 0 && p.x2 && ((l - 1) & 1) ? p.x2 : (l > 0 ? p.x : xw);  // layer l - 1's
+        const bool in_fused_here = p.fuse_in && !L.full;
         const wtype* erow = l == 0 ? p.embed + size_t(tok) * H : nullptr;
         if (erow)  // each block writes its own residual rows (read by others only after the next barrier)
             for (int i = threadIdx.x; i < h1 - h0; i += NT) {
                 own[i] = gpu::w2f(erow[h0 + i]);
-                p.x[h0 + i] = own[i];
+                xw[h0 + i] = own[i];
             }
         // Fused MLP / out-projection: layer l - 1's outputs are still in their fixed-point accumulators
         // (half (l - 1) % 2 of each; zero where the layer had no such stage).
         const size_t prev = size_t((l + 1) & 1) * H, cur = size_t(l & 1) * H;
         const unsigned long long* mlp_prev = p.fuse && l > 0 ? p.mlp_acc + prev : nullptr;
         const unsigned long long* out_prev = p.fuse_out && l > 0 ? p.out_acc + prev : nullptr;
-        stage_in(p, L, l, erow, xs, red, conv_pre ? convpre : nullptr, mlp_prev, out_prev, own, h0, h1);
+        unsigned* in_cnt = in_fused_here ? p.in_cnt + size_t(l) * p.hv : nullptr;
+        stage_in(p, L, l, xr, erow, xs, red, conv_pre ? convpre : nullptr, mlp_prev, out_prev, own, h0, h1, in_cnt);
         trace(p, l, 2);
-        gb.sync();
+        if (!in_fused_here) gb.sync();  // fuse_in: the DeltaNet items wait on their heads' counters instead
         trace(p, l, 3);
-        // Every block has read the previous halves in its prologue: this block clears its rows of the
-        // halves this layer accumulates into (mlp: cur; out: prev, whose next user is layer l + 1).
-        for (int i = h0 + threadIdx.x; i < h1; i += NT) {
-            if (p.fuse) p.mlp_acc[cur + i] = 0ull;
-            if (p.fuse_out) p.out_acc[prev + i] = 0ull;
-        }
+        // This layer's MLP half was last read in layer l - 1's prologue: this block clears its rows of it.
+        // (Slower blocks may still be reading the other half when fuse_in skipped the barrier above.)
+        if (p.fuse)
+            for (int i = h0 + threadIdx.x; i < h1; i += NT) p.mlp_acc[cur + i] = 0ull;
         const bool out_fused_here = p.fuse_out && !L.full;
         if (L.full) {
             if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
             else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
         } else if (out_fused_here) {
             // the residual as this layer found it: the out-projection's output stays in out_acc until the
-            // MLP's prologue adds it (nobody reads p.x in this stage)
-            for (int i = threadIdx.x; i < h1 - h0; i += NT) p.x[h0 + i] = own[i];
+            // MLP's prologue adds it (nobody reads xw in this stage)
+            for (int i = threadIdx.x; i < h1 - h0; i += NT) xw[h0 + i] = own[i];
             stage_deltanet(p, L, aux, state_pre ? spre : nullptr, p.head_cnt + size_t(l) * p.hv, p.out_acc + cur,
-                           actv, xs);
+                           actv, xs, in_cnt);
         } else {
             stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         }
@@ -987,7 +1026,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         gb.sync();
         trace(p, l, 5);
         if (!out_fused_here) {
-            stage_out(p, L, l, xs, aux, red, own);
+            stage_out(p, L, l, xw, xs, aux, red, own);
             trace(p, l, 7);
             gb.sync();
             trace(p, l, 8);
@@ -997,14 +1036,18 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
                 part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
                 conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
             }
-            stage_mlp_fused(p, L, l, xs, red, actv, p.mlp_acc + cur, out_fused_here ? p.out_acc + cur : nullptr,
+            // every block is past layer l's in-projection prologue, the last reader of the out half `prev`
+            // (whose next user is layer l + 1's mixer): this block clears its rows of it
+            if (p.fuse_out)
+                for (int i = h0 + threadIdx.x; i < h1; i += NT) p.out_acc[prev + i] = 0ull;
+            stage_mlp_fused(p, L, l, xw, xs, red, actv, p.mlp_acc + cur, out_fused_here ? p.out_acc + cur : nullptr,
                             own, h0, h1);
             trace(p, l, 10);
             gb.sync();
             trace(p, l, 11);
             continue;
         }
-        stage_gate_up(p, L, l, xs, red);
+        stage_gate_up(p, L, l, xw, xs, red);
         trace(p, l, 10);
         gb.sync();
         trace(p, l, 11);
@@ -1012,14 +1055,15 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
             conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
         }
-        stage_down(p, L, l, xs, red, own);
+        stage_down(p, L, l, xw, xs, red, own);
         trace(p, l, 13);
         gb.sync();
         trace(p, l, 14);
     }
     trace(p, p.n_layers, 0);
     const size_t last = size_t((n_layers + 1) & 1) * H;  // the halves the last layer accumulated into
-    stage_lm(p, pos, xs, red, p.fuse && n_layers > 0 ? p.mlp_acc + last : nullptr,
+    const float* x_last = p.x2 && n_layers > 0 && ((n_layers - 1) & 1) ? p.x2 : p.x;
+    stage_lm(p, pos, x_last, xs, red, p.fuse && n_layers > 0 ? p.mlp_acc + last : nullptr,
              p.fuse_out && n_layers > 0 ? p.out_acc + last : nullptr);
     trace(p, p.n_layers, 1);
 }

@@ -94,6 +94,12 @@ struct Params {
     unsigned long long* out_acc;  // [2][H] fixed-point out-projection outputs, layer l uses half l % 2
     float* head_ss;     // [hv][dv / 16] per-head sum-of-squares parts of the gated RMSNorm
     unsigned* head_cnt; // [n_layers][hv] parts arrived (reset by the token's last block)
+    // Fused in-projection -> DeltaNet (default with the fused out-projection; LB_MK_FUSE_IN=0 turns it off):
+    // no grid barrier between them in DeltaNet layers; an item waits until its head's in-projection rows are
+    // counted in (in_cnt), and the residual alternates between x and x2 by layer.
+    int fuse_in;
+    unsigned* in_cnt;   // [n_layers][hv] in-projection rows of each value head done (reset by the last block)
+    float* x2;          // [H] the residual of odd layers (fuse_in), else null
     long long* trace;   // LB_MK_TRACE: [2][n_layers * 16 + 2] clock64 stamps, or null
     // sequence state (device)
     int* pos;         // tokens already in the sequence
@@ -104,7 +110,7 @@ struct Params {
     const int* eos;
     int n_eos;
     // scratch (device)
-    float* x;         // residual [H]
+    float* x;         // residual [H] (of even layers when x2 is set)
     float* buf_in;    // in-proj output (z, qkv) [max(in_rows)]
     float* conv_out;  // [cd]
     float* g;         // [hv]

@@ -83,6 +83,7 @@ int run(int argc, char** argv) {
     options["kernel"] = li.ring_slots ? "v3-ring" : "v1";
     options["fused_mlp"] = li.fused;
     options["fused_out_proj"] = li.fused_out;
+    options["fused_in_proj"] = li.fused_in;
     if (li.diag) options["diag"] = li.diag;
     options["grid_barriers_per_token"] = li.barriers_per_token;
     options["decode_bytes_ctx1"] = Json(be->decode_bytes(1));

@@ -26,6 +26,7 @@ struct LaunchInfo {
     int diag = 0;              // LB_MK_DIAG: timing diagnostics (Params::diag)
     bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); LB_MK_FUSE=0: off
     bool fused_out = false;    // DeltaNet mixer + out-projection in one stage (3 barriers a DeltaNet layer); LB_MK_FUSE_OUT=0: off
+    bool fused_in = false;     // no in-projection -> DeltaNet grid barrier (2 a DeltaNet layer); LB_MK_FUSE_IN=0: off
     int barriers_per_token = 0;
 };
 

@@ -348,12 +348,16 @@ private:
         const char* fuse_out_env = std::getenv("LB_MK_FUSE_OUT");
         const bool fuse_out = fuse && !(fuse_out_env && fuse_out_env[0] == '0') &&
                               c.lin_v_heads * (c.lin_v_dim / DN_COLS) <= info_.blocks;
+        // ... and the in-projection -> DeltaNet barrier through per-head counters (LB_MK_FUSE_IN=0: off)
+        const char* fuse_in_env = std::getenv("LB_MK_FUSE_IN");
+        const bool fuse_in = fuse_out && !(fuse_in_env && fuse_in_env[0] == '0');
         int n_lin = 0;
         for (int l = 0; l < c.n_layers; ++l) n_lin += c.is_full[size_t(l)] ? 0 : 1;
-        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers - (fuse_out ? n_lin : 0);
+        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers - (fuse_out ? n_lin : 0) - (fuse_in ? n_lin : 0);
         info_.diag = info_diag();
         info_.fused = fuse;
         info_.fused_out = fuse_out;
+        info_.fused_in = fuse_in;
         const int nb = info_.blocks;
 
         std::vector<LayerPtrs> lp(size_t(c.n_layers));
@@ -439,6 +443,7 @@ private:
         p.actv_floats = actv;
         p.fuse = fuse;
         p.fuse_out = fuse_out;
+        p.fuse_in = fuse_in;
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : 3;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
@@ -486,14 +491,19 @@ private:
             p.head_cnt = (unsigned*)alloc(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
             GPU_CHECK(cudaMemset(p.head_cnt, 0, sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads));
         }
+        if (fuse_in) {
+            p.in_cnt = (unsigned*)alloc(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
+            GPU_CHECK(cudaMemset(p.in_cnt, 0, sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads));
+            p.x2 = (float*)alloc(4 * size_t(c.hidden));
+        }
         p.bar = (unsigned*)alloc(2 * sizeof(unsigned));
         GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
-                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d, diag %d\n",
+                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
-                int(fuse), int(fuse_out), info_.diag);
+                int(fuse), int(fuse_out), int(fuse_in), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
