@@ -158,6 +158,22 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
 
+// Counters other blocks wait on (grid barrier, per-head counters): one thread adds `n` with release
+// semantics (its block's writes, ordered before by a csync, become visible first; no return value to wait
+// for), and one thread of each waiting block polls with acquire loads until the count reaches `target`
+// (compared modulo 2^32, so a monotonic counter may wrap).
+__device__ __forceinline__ void red_release_add(unsigned* c, unsigned n) {
+#if defined(LB_MK_HIP)
+    __atomic_fetch_add(c, n, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(c), "r"(n) : "memory");
+#endif
+}
+__device__ __forceinline__ void wait_count(const unsigned* c, unsigned target) {
+    long long t0 = 0;
+    while (int(ld_acquire(c) - target) < 0) watchdog(&t0);
+}
+
 // Grid barrier over all blocks of the launch; writes before it are visible to every block after it (reads
 // of such data go through L2). Two implementations (LB_MK_BARRIER):
 //   1  arrival count + generation: the last block to arrive resets the count and bumps the generation
@@ -176,16 +192,11 @@ struct GridBarrier {
         csync();
         if (off) return;
         if (threadIdx.x == 0) {
-            long long t0 = 0;
             if (kind == 2) {
-                const unsigned target = (++passed) * gridDim.x;
-#if defined(LB_MK_HIP)
-                __atomic_fetch_add(bar, 1u, __ATOMIC_RELEASE);
-#else
-                asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
-#endif
-                while (int(ld_acquire(bar) - target) < 0) watchdog(&t0);
+                red_release_add(bar, 1u);
+                wait_count(bar, (++passed) * gridDim.x);
             } else {
+                long long t0 = 0;
                 unsigned* count = bar;
                 unsigned* gen = bar + 1;
                 const unsigned g = ld_acquire(gen);
@@ -394,7 +405,7 @@ __device__ void publish_head_rows(const Params& p, int r0, int r1, unsigned* cnt
                       overlap(2 * kd + h * dv, 2 * kd + (h + 1) * dv) + overlap(p.cd + h * dv, p.cd + (h + 1) * dv) +
                       overlap(zb + h, zb + h + 1) + overlap(zb + p.hv + h, zb + p.hv + h + 1);
         if (n == 0) continue;
-        __threadfence();
+        __threadfence();  // each counting thread publishes the block's stores itself (the csync came before)
         atomicAdd(cnt + h, unsigned(n));
     }
 }
@@ -479,13 +490,8 @@ __device__ void out_fused(const Params& p, const LayerPtrs& L, int h, int k, uns
         float ss = 0.f;
         for (int j = 0; j < DN_COLS; ++j) ss += ys[j] * ys[j];
         p.head_ss[h * per_head + k] = ss;
-#if defined(LB_MK_HIP)
-        __atomic_fetch_add(cnt, 1u, __ATOMIC_RELEASE);
-#else
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(cnt) : "memory");
-#endif
-        long long t0 = 0;
-        while (int(ld_acquire(cnt)) < per_head) watchdog(&t0);
+        red_release_add(cnt, 1u);
+        wait_count(cnt, unsigned(per_head));
         float tot = 0.f;
         for (int q = 0; q < per_head; ++q) tot += ldg(p.head_ss + h * per_head + q);
         s_inv = rsqrtf(tot / float(dv) + p.eps);
@@ -520,11 +526,7 @@ __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs&
     for (int it = b; it < items; it += nb) {
         const int h = it / per_head, j0 = (it % per_head) * DN_COLS, kh = h / group;
         if (in_cnt) {  // fuse_in: wait for this head's in-projection rows, not for every block
-            if (threadIdx.x == 0) {
-                long long t0 = 0;
-                const int need = 2 * dk + 2 * dv + 2;
-                while (int(ld_acquire(in_cnt + h)) < need) watchdog(&t0);
-            }
+            if (threadIdx.x == 0) wait_count(in_cnt + h, unsigned(2 * dk + 2 * dv + 2));
             csync();
         }
         // every input of the item in one round trip: q, k (other blocks wrote them), g, beta, v, the state
@@ -1324,6 +1326,12 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
         own[i] += v;
         p.x[h0 + i] = own[i];
     };
+    // this block's residual rows [h0, h1) of a K-column matrix (out_proj / o_proj, down), added to the residual
+    auto project_residual = [&](int K) {
+        const int S = RingPlan(K).S;
+        ring_consume(p, R, c, ahead, K, h0, h1, xr, store(S));
+        rows_done(rowacc, S, h1 - h0, residual);
+    };
     for (int l = 0; l < n_layers && !work; ++l)
         for (int k = 0; k < 5; ++k) gb.sync();
     if (work && n_layers > 0) {
@@ -1373,11 +1381,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
         out_prologue(p, L, xs, aux);
         load_xr(xs, L.out_in, xr);
         trace(p, l, 7);
-        {
-            const int S = RingPlan(L.out_in).S;
-            ring_consume(p, R, c, ahead, L.out_in, h0, h1, xr, store(S));
-            rows_done(rowacc, S, h1 - h0, residual);
-        }
+        project_residual(L.out_in);
         trace(p, l, 8);
         gb.sync();
         trace(p, l, 9);
@@ -1412,11 +1416,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
         csync();
         load_xr(xs, p.I, xr);
         trace(p, l, 13);
-        {
-            const int S = RingPlan(p.I).S;
-            ring_consume(p, R, c, ahead, p.I, h0, h1, xr, store(S));
-            rows_done(rowacc, S, h1 - h0, residual);
-        }
+        project_residual(p.I);
         trace(p, l, 14);
         gb.sync();
         trace(p, l, 15);

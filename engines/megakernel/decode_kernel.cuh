@@ -79,13 +79,11 @@ struct Params {
     int ring_slots;  // v3 weight ring: pages of RING_PAGE bytes (0: the v1 kernel)
     int bar_kind;    // grid barrier implementation (GridBarrier in decode_kernel.cu)
     int early;       // v1 loads issued a stage early: bit 0 DeltaNet state, bit 1 conv windows (LB_MK_EARLY)
-    int rowacc_floats;  // v3 shared memory: per-row stage results (after convpre)
     int own_floats;     // shared memory: this block's residual rows
     int convpre_floats; // shared memory: conv windows of this block's in-projection rows
     // Fused MLP (default; LB_MK_FUSE=0 turns it off): gate/up and down in one stage, the down-projection
     // split over the intermediate (down_t) and summed in mlp_acc; one grid barrier per layer fewer.
     int fuse;
-    int actv_floats;    // shared memory: this block's slice of the MLP activation (fuse)
     unsigned long long* mlp_acc;  // [2][H] fixed-point MLP outputs (fuse), layer l uses half l % 2
     // Fused DeltaNet out-projection (default with the fused MLP; LB_MK_FUSE_OUT=0 turns it off): the mixer
     // stage's blocks apply the gated RMSNorm and their columns of out_proj to their own outputs, so the

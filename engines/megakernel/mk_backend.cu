@@ -48,7 +48,8 @@ const void* decode_kernel_ring_ptr();  // decode_kernel.cu: v3 weight ring
 
 namespace {
 
-// out[c][r] = in[r][c] for a rows x cols matrix (LB_MK_FUSE keeps down_proj transposed, [I, H]).
+// out[c][r] = in[r][c] for a rows x cols matrix (the fused stages read down_proj and the DeltaNet out_proj
+// transposed: MegaBackendImpl::transposed).
 __global__ void transpose_kernel(const wtype* in, int rows, int cols, wtype* out) {
     __shared__ wtype tile[32][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
@@ -281,6 +282,21 @@ private:
         allocated_ += bytes;
         return p;
     }
+    // Zero-filled device memory (counters, accumulators, trace stamps).
+    void* alloc_zeroed(size_t bytes) {
+        void* p = alloc(bytes);
+        GPU_CHECK(cudaMemset(p, 0, std::max<size_t>(bytes, 1)));
+        return p;
+    }
+    // A device copy of the [rows, cols] matrix m transposed to [cols, rows] (the fused stages read a block's
+    // slice of the input dimension as contiguous rows).
+    const wtype* transposed(const Mat& m) {
+        auto* t = (wtype*)alloc(size_t(m.rows) * size_t(m.cols) * sizeof(wtype));
+        transpose_kernel<<<dim3(unsigned((m.cols + 31) / 32), unsigned((m.rows + 31) / 32)), dim3(32, 8), 0, s_>>>(
+            W(m), int(m.rows), int(m.cols), t);
+        GPU_CHECK(cudaGetLastError());
+        return t;
+    }
     static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
     static const float* F(const Mat& m) { return (const float*)m.ptr; }
 
@@ -370,13 +386,7 @@ private:
             d.post_norm = F(L.post_norm);
             d.gate_up = W(L.gate_up);
             d.down = W(L.down);
-            if (fuse) {  // down_proj [H, I] -> [I, H]: a block's slice of the intermediate is contiguous rows
-                auto* t = (wtype*)alloc(size_t(c.hidden) * c.intermediate * sizeof(wtype));
-                transpose_kernel<<<dim3(unsigned((c.intermediate + 31) / 32), unsigned((c.hidden + 31) / 32)), dim3(32, 8), 0, s_>>>(
-                    W(L.down), c.hidden, c.intermediate, t);
-                GPU_CHECK(cudaGetLastError());
-                d.down_t = t;
-            }
+            if (fuse) d.down_t = transposed(L.down);  // [I, H]: a block's slice of the intermediate is contiguous rows
             if (L.full) {
                 d.in_w = W(L.attn_qkv);
                 d.in_rows = c.attn_qkv_rows();
@@ -395,13 +405,7 @@ private:
                 d.neg_A = F(L.neg_A);
                 d.dt_bias = F(L.dt_bias);
                 d.ssm_norm = F(L.ssm_norm);
-                if (fuse_out) {  // out_proj [H, vd] -> [vd, H]: a block's 16 columns are 16 contiguous rows
-                    auto* t = (wtype*)alloc(size_t(c.hidden) * c.lin_value_dim() * sizeof(wtype));
-                    transpose_kernel<<<dim3(unsigned((c.lin_value_dim() + 31) / 32), unsigned((c.hidden + 31) / 32)), dim3(32, 8), 0, s_>>>(
-                        W(L.out_proj), c.hidden, c.lin_value_dim(), t);
-                    GPU_CHECK(cudaGetLastError());
-                    d.out_t = t;
-                }
+                if (fuse_out) d.out_t = transposed(L.out_proj);  // [vd, H]: a block's 16 columns are 16 contiguous rows
                 d.ssm = ssm_[size_t(l)];
                 d.conv_state = conv_[size_t(l)];
             }
@@ -437,10 +441,8 @@ private:
         p.xs_floats = xs_pad;
         p.aux_floats = aux;
         p.ring_slots = ring_slots;
-        p.rowacc_floats = rowacc;
         p.own_floats = own;
         p.convpre_floats = convpre;
-        p.actv_floats = actv;
         p.fuse = fuse;
         p.fuse_out = fuse_out;
         p.fuse_in = fuse_in;
@@ -448,8 +450,7 @@ private:
         p.early = early ? std::atoi(early) : 3;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
             trace_path_ = tr;
-            p.trace = (long long*)alloc(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));
-            GPU_CHECK(cudaMemset(p.trace, 0, sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2)));  // unwritten stamps stay 0
+            p.trace = (long long*)alloc_zeroed(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));  // unwritten stamps stay 0
         }
         const char* bk = std::getenv("LB_MK_BARRIER");
         p.bar_kind = bk ? std::atoi(bk) : 2;  // 2 measured 2x cheaper (docs/megakernel.md, v3)
@@ -476,28 +477,22 @@ private:
         p.act = (float*)alloc(4 * size_t(c.intermediate));
         p.att_part = (float*)alloc(4 * size_t(c.n_heads) * nb * (c.head_dim + 2));
         const size_t nt = size_t(c.n_layers) * c.n_heads + 1;
-        p.tickets = (unsigned*)alloc(sizeof(unsigned) * nt);
-        GPU_CHECK(cudaMemset(p.tickets, 0, sizeof(unsigned) * nt));
+        p.tickets = (unsigned*)alloc_zeroed(sizeof(unsigned) * nt);
         p.lm_val = (float*)alloc(4 * size_t(nb));
         p.lm_idx = (int*)alloc(4 * size_t(nb));
         if (fuse) {
-            p.mlp_acc = (unsigned long long*)alloc(2 * sizeof(unsigned long long) * size_t(c.hidden));
-            GPU_CHECK(cudaMemset(p.mlp_acc, 0, 2 * sizeof(unsigned long long) * size_t(c.hidden)));
+            p.mlp_acc = (unsigned long long*)alloc_zeroed(2 * sizeof(unsigned long long) * size_t(c.hidden));
         }
         if (fuse_out) {
-            p.out_acc = (unsigned long long*)alloc(2 * sizeof(unsigned long long) * size_t(c.hidden));
-            GPU_CHECK(cudaMemset(p.out_acc, 0, 2 * sizeof(unsigned long long) * size_t(c.hidden)));
+            p.out_acc = (unsigned long long*)alloc_zeroed(2 * sizeof(unsigned long long) * size_t(c.hidden));
             p.head_ss = (float*)alloc(sizeof(float) * size_t(c.lin_v_heads) * (c.lin_v_dim / DN_COLS));
-            p.head_cnt = (unsigned*)alloc(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
-            GPU_CHECK(cudaMemset(p.head_cnt, 0, sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads));
+            p.head_cnt = (unsigned*)alloc_zeroed(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
         }
         if (fuse_in) {
-            p.in_cnt = (unsigned*)alloc(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
-            GPU_CHECK(cudaMemset(p.in_cnt, 0, sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads));
+            p.in_cnt = (unsigned*)alloc_zeroed(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
             p.x2 = (float*)alloc(4 * size_t(c.hidden));
         }
-        p.bar = (unsigned*)alloc(2 * sizeof(unsigned));
-        GPU_CHECK(cudaMemset(p.bar, 0, 2 * sizeof(unsigned)));
+        p.bar = (unsigned*)alloc_zeroed(2 * sizeof(unsigned));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
