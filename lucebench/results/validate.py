@@ -24,6 +24,7 @@ from typing import Literal
 
 from lucebench import __version__
 from lucebench.errors import UserError
+from lucebench.metrics.definitions import gross_j
 from lucebench.results.io import iter_non_finite, json_path, read_json, schema_problems
 from lucebench.results.schema import Cell, GpuInfo, MetricSummary, PhaseEnergy, Result, Sample
 
@@ -287,12 +288,10 @@ def _energy_variants(s: Sample, phase: str, net: bool) -> list[float]:
 
 
 def _measured_gross_j(s: Sample, phase: str) -> float | None:
-    """The gross energy the phase's recorded method names (a short window is measured by the power
-    integral, a long one by the counter: docs/power.md), the counter's where no method is recorded."""
+    """The gross energy of the phase by its recorded method (`gross_j`, the metric definition's rule: a short
+    window is measured by the power integral, a long one by the counter: docs/power.md)."""
     e = s.energy.get(phase)
-    if e is None:
-        return None
-    v = e.energy_integrated_j if e.method == "integrated" else e.energy_j
+    v = gross_j(e) if e is not None else None
     return v if v is not None and v > 0 else None
 
 
