@@ -95,8 +95,9 @@ def phase_synth() -> None:
 
 
 @torch.no_grad()
-def teacher_forced(outs: list[list[int]], ps: list[list[int]]) -> dict:
-    """Per-step agreement of greedy runs with transformers fp32 ALONG EACH RUN'S OWN TRAJECTORY: transformers
+def teacher_forced(runs: dict[str, list[list[int]]], ps: list[list[int]]) -> dict[str, dict]:
+    """For each named run (its greedy outputs for the prompts ps; transformers fp32 is loaded once for all):
+    per-step agreement with transformers fp32 ALONG THE RUN'S OWN TRAJECTORY: transformers
     reads prompt + the run's tokens in one forward and predicts every step; a step agrees when its argmax
     is the run's token. Free-running agreement on random weights mostly measures where the first near-tie
     falls (transformers bf16 itself leaves fp32 within a few tokens); this measures each step. Also: the
@@ -106,24 +107,37 @@ def teacher_forced(outs: list[list[int]], ps: list[list[int]]) -> dict:
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model = Qwen3_5ForCausalLM.from_pretrained(CKPT, dtype=torch.float32).to(dev).eval()
-    steps = agree_n = repeats = 0
-    gaps: list[float] = []
-    for prompt, out in zip(ps, outs):
-        seq = torch.tensor([prompt + out[:-1]], device=dev)
-        logits = model(input_ids=seq).logits[0, len(prompt) - 1:].float()
-        top = logits.topk(2, dim=-1)
-        pred = top.indices[:, 0].tolist()
-        for i, tok in enumerate(out):
-            steps += 1
-            agree_n += pred[i] == tok
-            if pred[i] != tok:
-                gaps.append(float(top.values[i, 0] - top.values[i, 1]) / float(logits[i].std()))
-            prev = prompt[-1] if i == 0 else out[i - 1]
-            repeats += tok == prev
+    res: dict[str, dict] = {}
+    for name, outs in runs.items():
+        steps = agree_n = repeats = 0
+        gaps: list[float] = []
+        for prompt, out in zip(ps, outs):
+            seq = torch.tensor([prompt + out[:-1]], device=dev)
+            logits = model(input_ids=seq).logits[0, len(prompt) - 1:].float()
+            top = logits.topk(2, dim=-1)
+            pred = top.indices[:, 0].tolist()
+            for i, tok in enumerate(out):
+                steps += 1
+                agree_n += pred[i] == tok
+                if pred[i] != tok:
+                    gaps.append(float(top.values[i, 0] - top.values[i, 1]) / float(logits[i].std()))
+                prev = prompt[-1] if i == 0 else out[i - 1]
+                repeats += tok == prev
+        res[name] = {"steps": steps, "agree": agree_n / steps, "repeat_input_token": repeats / steps,
+                     "mismatch_gap_over_logit_sd_max": round(max(gaps), 4) if gaps else None}
     del model
     torch.cuda.empty_cache()
-    return {"steps": steps, "agree": agree_n / steps, "repeat_input_token": repeats / steps,
-            "mismatch_gap_over_logit_sd_max": round(max(gaps), 4) if gaps else None}
+    return res
+
+
+def greedy(exe: Path, ps: list[list[int]], env: dict | None = None, repeat: bool = False):
+    """One engine process: N_GEN greedy tokens for each prompt (twice with repeat: (first, second))."""
+    eng = Engine(exe, CKPT, "--max-ctx", "1024", env=env)
+    try:
+        out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
+        return (out, [eng.gen(p, N_GEN)["output_ids"] for p in ps]) if repeat else out
+    finally:
+        eng.close()
 
 
 def trace_summary(path: Path, ghz: float) -> dict:
@@ -208,15 +222,11 @@ def phase_run(build: Path) -> None:
         log(f"megakernel 8 x {N_GEN} in {time.time() - t:.1f} s")
         mk_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
         eng.close()
-        eng = Engine(mk, CKPT, "--max-ctx", "1024", env={"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
-        mk_ring = [eng.gen(p, N_GEN)["output_ids"] for p in ps[:3]]
-        eng.close()
+        mk_ring = greedy(mk, ps[:3], {"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
         ar_out = None
         if ar.exists():
             try:  # the ar engine is compared when it loads; its failure must not stop this check
-                eng = Engine(ar, CKPT, "--max-ctx", "1024")
-                ar_out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
-                eng.close()
+                ar_out = greedy(ar, ps)
             except Exception as e:  # noqa: BLE001
                 log(f"ar engine unavailable: {e}")
                 res["ar_error"] = str(e)
@@ -233,26 +243,27 @@ def phase_run(build: Path) -> None:
             c["agree_vs_ar"] = agree(mk_out, ar_out)
             c["ar_agree_vs_hf_fp32"] = agree(ar_out, refs["hf_fp32"])
             c["first_mismatch_vs_ar"] = first_mismatch(mk_out, ar_out)
-        tf = {"megakernel": teacher_forced(mk_out, ps), "hf_bf16": teacher_forced(refs["hf_bf16"], ps)}
+        runs = {"megakernel": mk_out, "hf_bf16": refs["hf_bf16"]}
         if ar_out is not None:
-            tf["ar"] = teacher_forced(ar_out, ps)
-        c["teacher_forced_vs_hf_fp32"] = tf
+            runs["ar"] = ar_out
         variants_env = json.loads(os.environ.get("MK_VARIANTS", "{}"))
         for name in json.loads(os.environ.get("MK_CHECK", "[]")):  # full correctness for chosen variants
             try:  # a failing variant is recorded, the others still run
-                eng = Engine(mk, CKPT, "--max-ctx", "1024", env=variants_env[name])
-                v_out = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
-                v_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
-                eng.close()
+                v_out, v_again = greedy(mk, ps, variants_env[name], repeat=True)
             except Exception as e:  # noqa: BLE001
                 c[f"variant_{name}"] = {"error": str(e)}
                 log(f"variant {name} failed: {e}")
                 continue
+            runs[f"variant_{name}"] = v_out
             c[f"variant_{name}"] = {"agree_vs_hf_fp32": agree(v_out, refs["hf_fp32"]),
                                     "agree_vs_default": agree(v_out, mk_out),
-                                    "deterministic_repeat": v_out == v_again,
-                                    "teacher_forced_vs_hf_fp32": teacher_forced(v_out, ps)}
-            log(f"variant {name}: {json.dumps(c[f'variant_{name}'])}")
+                                    "deterministic_repeat": v_out == v_again}
+        tf = teacher_forced(runs, ps)
+        for name, v in tf.items():
+            if name.startswith("variant_"):
+                c[name]["teacher_forced_vs_hf_fp32"] = v
+                log(f"{name}: {json.dumps(c[name])}")
+        c["teacher_forced_vs_hf_fp32"] = {k: v for k, v in tf.items() if not k.startswith("variant_")}
         res["correctness"] = c
         res["sample_tokens"] = {"megakernel": mk_out[1][:24], "hf_fp32": refs["hf_fp32"][1][:24],
                                 "ar": ar_out[1][:24] if ar_out else None}
