@@ -251,9 +251,11 @@ __global__ void gemm_kernel(const float* __restrict__ x, int n, int in, const wt
 
 // Tensor-core GEMM for in % 8 == 0: as gemm_kernel, with 16-byte loads of x (4 floats) and W (8 weights),
 // the next K step loaded into registers while the tensor cores work on the current one (two smem buffers).
+// Split-K (gridDim.z > 1): block z takes K steps [z * ksteps, (z + 1) * ksteps) and stores its partial
+// product to part[z][n][out]; gemm_splitk_sum_kernel adds the partials into y in split order.
 __global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__ x, int n, int in,
                                                         const wtype* __restrict__ W, int out, float* __restrict__ y,
-                                                        bool accumulate) {
+                                                        bool accumulate, int ksteps, float* __restrict__ part) {
     using namespace nvcuda;
     __shared__ __align__(32) wtype As[2][TM][TK + PAD];
     __shared__ __align__(32) wtype Bs[2][TN][TK + PAD];
@@ -289,12 +291,12 @@ __global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__
     };
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2][2];
     for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) wmma::fill_fragment(c[i][j], 0.f);
-    const int nk = (in + TK - 1) / TK;
-    load(0);
+    const int kt0 = blockIdx.z * ksteps, nk = min((in + TK - 1) / TK, kt0 + ksteps);
+    load(kt0 * TK);
     store(0);
     __syncthreads();
-    for (int kt = 0; kt < nk; ++kt) {
-        const int buf = kt & 1;
+    for (int kt = kt0; kt < nk; ++kt) {
+        const int buf = (kt - kt0) & 1;
         if (kt + 1 < nk) load((kt + 1) * TK);
 #pragma unroll
         for (int kk = 0; kk < TK; kk += 16) {
@@ -311,14 +313,32 @@ __global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__
         for (int j = 0; j < 2; ++j)
             wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], c[i][j], TN + 4, wmma::mem_row_major);
     __syncthreads();
+    float* pz = part ? part + size_t(blockIdx.z) * n * out : nullptr;
     for (int e = tid; e < TM * TN; e += blockDim.x) {
         const int r = e / TN, cc = e % TN;
         const int gm = m0 + r, gn = n0 + cc;
         if (gm < n && gn < out) {
-            float* dst = y + size_t(gm) * out + gn;
-            *dst = accumulate ? *dst + Cs[r][cc] : Cs[r][cc];
+            if (pz) {
+                pz[size_t(gm) * out + gn] = Cs[r][cc];
+            } else {
+                float* dst = y + size_t(gm) * out + gn;
+                *dst = accumulate ? *dst + Cs[r][cc] : Cs[r][cc];
+            }
         }
     }
+}
+
+// y (+)= sum over z of part[z] (count floats each, in split order); count % 4 == 0.
+__global__ void gemm_splitk_sum_kernel(const float* __restrict__ part, int splits, size_t count, float* __restrict__ y,
+                                       bool accumulate) {
+    const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+    if (i >= count) return;
+    float4 a = accumulate ? *(const float4*)(y + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int z = 0; z < splits; ++z) {
+        const float4 v = *(const float4*)(part + size_t(z) * count + i);
+        a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+    }
+    *(float4*)(y + i) = a;
 }
 #endif
 
@@ -1320,6 +1340,43 @@ bool env_on(const char* name) {
 }
 }  // namespace
 
+#if defined(LB_CUDA)
+// Split-K for GEMMs with few output tiles: at prefill lengths of a few hundred tokens the 1024-wide
+// projections (down, out, o_proj) have 144 tiles for 132 multiprocessors, one 4-warp block each, which
+// leaves the tensor cores waiting on memory. The K loop is cut so that there are about four blocks per
+// multiprocessor; the partials go to a workspace (grown outside graph capture only) and are summed in
+// split order, so results do not depend on block scheduling. LB_GPU_SPLITK: blocks a multiprocessor to aim
+// for (default 4; 0 turns split-K off).
+struct SplitKWorkspace {
+    float* part = nullptr;
+    size_t cap = 0;  // floats
+    int sms = 0;
+} g_splitk;
+
+int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
+    static const int per_sm = std::getenv("LB_GPU_SPLITK") ? std::max(0, std::atoi(std::getenv("LB_GPU_SPLITK"))) : 4;
+    if (per_sm == 0 || count % 4 != 0) return 1;
+    if (!g_splitk.sms) {
+        int dev = 0;
+        GPU_CHECK(cudaGetDevice(&dev));
+        GPU_CHECK(cudaDeviceGetAttribute(&g_splitk.sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const int ksteps = (in + TK - 1) / TK;
+    int splits = std::min({(per_sm * g_splitk.sms) / std::max(1, tiles), ksteps / 8, 8});  // >= 8 K steps a split
+    if (splits < 2) return 1;
+    if (size_t(splits) * count > g_splitk.cap) {
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        GPU_CHECK(cudaStreamIsCapturing(s, &st));
+        if (st != cudaStreamCaptureStatusNone) return 1;
+        GPU_CHECK(cudaStreamSynchronize(s));
+        if (g_splitk.part) GPU_CHECK(cudaFree(g_splitk.part));
+        g_splitk.cap = size_t(splits) * count;
+        GPU_CHECK(cudaMalloc(&g_splitk.part, g_splitk.cap * sizeof(float)));
+    }
+    return splits;
+}
+#endif
+
 void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStream_t s) {
     embed_kernel<<<n, 256, 0, s>>>(d_tokens, E, H, x);
 }
@@ -1330,10 +1387,21 @@ void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bo
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     if (n > 8) {
         const dim3 g2((out + TN - 1) / TN, (n + TM - 1) / TM);
-        if (in % 8 == 0 && !std::getenv("LB_GPU_OLD_GEMM"))
-            gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
-        else
+        if (in % 8 == 0 && !std::getenv("LB_GPU_OLD_GEMM")) {
+            const int splits = gemm_splits(int(g2.x * g2.y), in, size_t(n) * out, s);
+            const int ksteps = ((in + TK - 1) / TK + splits - 1) / splits;
+            if (splits == 1) {
+                gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps, nullptr);
+            } else {
+                gemm_vec_kernel<<<dim3(g2.x, g2.y, splits), 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps,
+                                                                         g_splitk.part);
+                const size_t count = size_t(n) * out;
+                gemm_splitk_sum_kernel<<<unsigned((count / 4 + 255) / 256), 256, 0, s>>>(g_splitk.part, splits, count,
+                                                                                         y, accumulate);
+            }
+        } else {
             gemm_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
+        }
         return;
     }
 #else
