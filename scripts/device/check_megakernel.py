@@ -202,6 +202,15 @@ def timing(exe: Path, env: dict | None, reps: int, ctx_prompt: list[int], p520: 
     pre = [eng.gen(p520, 1)["timing"]["prefill_ms"] for _ in range(reps)]
     r["pp520_tok_s"] = stats([520 / (ms / 1e3) for ms in pre])
     eng.close()
+    # MK_LONG_CTX=N: decode 64 steps after an N-token prompt (long-context attention), output ids kept
+    if long_ctx := int(os.environ.get("MK_LONG_CTX", "0")):
+        eng = Engine(exe, CKPT, "--max-ctx", str(long_ctx + 128), env=env)
+        prompt = torch.randint(0, 248320, (long_ctx,), generator=torch.Generator().manual_seed(3)).tolist()
+        runs = [eng.gen(prompt, 65) for _ in range(3)]  # the first is a warm-up
+        r[f"tg64_at_ctx{long_ctx}_tok_s"] = stats([64 / (x["timing"]["decode_ms"] / 1e3) for x in runs[1:]])
+        r[f"prefill_ctx{long_ctx}_ms"] = stats([x["timing"]["prefill_ms"] for x in runs[1:]])
+        r[f"ctx{long_ctx}_output_ids"] = runs[1]["output_ids"]
+        eng.close()
     return r
 
 
@@ -316,6 +325,16 @@ def phase_run(build: Path) -> None:
     if ref_ids:
         same = {k: r.get("ctx520_output_ids") == ref_ids for k, r in res["timing"].items() if not k.startswith("diag")}
         log(f"520-token prompt + 128 tokens identical to the default megakernel's: {same}")
+    if long_ctx := int(os.environ.get("MK_LONG_CTX", "0")):
+        key = f"ctx{long_ctx}_output_ids"
+        first = {}
+        for name, r in res["timing"].items():
+            if key in r:
+                engine = "ar" if name.startswith("ar") else "megakernel"
+                first.setdefault(engine, r[key])
+                log(f"{name}: tg64 at ctx {long_ctx} {r[f'tg64_at_ctx{long_ctx}_tok_s']['median']} tok/s, prefill "
+                    f"{r[f'prefill_ctx{long_ctx}_ms']['median']} ms, ids identical to the first {engine} variant's: "
+                    f"{r[key] == first[engine]}")
     if "ar" in res["timing"]:  # the default ar variant
         best = max((r["tg128_tok_s"]["median"], k) for k, r in res["timing"].items() if k.startswith("megakernel") and "error" not in r)
         log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")

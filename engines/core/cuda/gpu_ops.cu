@@ -1296,6 +1296,156 @@ __global__ __launch_bounds__(AD_WARPS * 32) void attn_decode_kernel(const float*
     if (threadIdx.x == 0) counters[kvh] = 0;
 }
 
+
+// Flash-decoding attention for one token: grid (nkv, nb), AF_WARPS warps. The context 0..last is cut into
+// `active` chunks of `per` = max(AF_MIN_PER, ceil(ctx / nb)) positions, so a short context takes a few blocks
+// and a long one all nb; block b < active takes chunk b, the others return at once. Warp w takes positions
+// w, w + AF_WARPS, ... of the chunk, U at a time (all U K and V rows requested before any is used, so a lane
+// has 2U loads in flight), for all G <= GM query heads of its KV head. The block merges its warps in shared
+// memory into one partial (m, l, acc) per query head; the last of the `active` blocks of a KV head (counter)
+// merges the partials in block order and applies the sigmoid gate. The split depends only on the context
+// length and nb, and every sum runs in a fixed order, so the result is the same whichever block ends last.
+constexpr int AF_WARPS = 8, AF_MIN_PER = 32, AF_MAX_NB = 256;
+template <int PER, int GM, int U>
+__global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const float* qkv, int nh, int nkv,
+                                                                          const int* d_pos, const void* kcache,
+                                                                          DType kt, const void* vcache, DType vt,
+                                                                          float* scratch, int* counters, float* out) {
+    constexpr int hd = 32 * PER;
+    __shared__ float s_ml[AF_WARPS][GM][2];
+    __shared__ __align__(16) float s_acc[AF_WARPS][hd];
+    __shared__ float s_w[GM][AF_MAX_NB];
+    __shared__ float s_L[GM];
+    __shared__ int s_last;
+    griddep_launch();
+    griddep_wait();
+    const int kvh = blockIdx.x, b = blockIdx.y, nb = gridDim.y;
+    const int G = nh / nkv, warp = threadIdx.x / 32, lane = threadIdx.x % 32, e0 = lane * PER;
+    const int ctx = *d_pos + 1;
+    const int per = max(AF_MIN_PER, (ctx + nb - 1) / nb), active = (ctx + per - 1) / per;
+    if (b >= active) return;
+    const int p0 = b * per, p1 = min(ctx, p0 + per);
+
+    float q[GM][PER], acc[GM][PER], m[GM], l[GM];
+    const float scale = rsqrtf(float(hd));
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        m[g] = -FLT_MAX;
+        l[g] = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            q[g][k] = g < G ? qkv[size_t(kvh * G + g) * 2 * hd + e0 + k] * scale : 0.f;
+            acc[g][k] = 0.f;
+        }
+    }
+    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    for (int s = p0 + warp; s < p1; s += U * AF_WARPS) {
+        float kf[U][PER], vf[U][PER];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {  // positions past the chunk load row s again (cached) and are skipped
+            const int su = s + u * AF_WARPS < p1 ? s + u * AF_WARPS : s;
+            kv_load_run<PER>((const uint8_t*)kcache + (size_t(su) * nkv + kvh) * krow, kt, e0, kf[u]);
+            kv_load_run<PER>((const uint8_t*)vcache + (size_t(su) * nkv + kvh) * vrow, vt, e0, vf[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (s + u * AF_WARPS >= p1) break;
+#pragma unroll
+            for (int g = 0; g < GM; ++g) {
+                if (g >= G) break;
+                float d = 0.f;
+#pragma unroll
+                for (int k = 0; k < PER; ++k) d += q[g][k] * kf[u][k];
+                const float score = warp_sum(d);
+                const float m_new = fmaxf(m[g], score);
+                const float corr = __expf(m[g] - m_new), p = __expf(score - m_new);
+                l[g] = l[g] * corr + p;
+#pragma unroll
+                for (int k = 0; k < PER; ++k) acc[g][k] = acc[g][k] * corr + p * vf[u][k];
+                m[g] = m_new;
+            }
+        }
+    }
+
+    // block merge, one query head at a time: the warps' accumulators rescaled to the block maximum, summed
+    // in warp order. Partials: acc [nh][nb][hd], then (m, l) [nh][nb][2].
+    float* ml = scratch + size_t(nh) * nb * hd;
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < GM; ++g) { s_ml[warp][g][0] = m[g]; s_ml[warp][g][1] = l[g]; }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+        if (g >= G) break;
+        float M = -FLT_MAX;
+#pragma unroll
+        for (int w = 0; w < AF_WARPS; ++w) M = fmaxf(M, s_ml[w][g][0]);
+        const float f = __expf(m[g] - M);  // 0 for a warp that had no position (m = -FLT_MAX)
+#pragma unroll
+        for (int k = 0; k < PER; ++k) s_acc[warp][e0 + k] = acc[g][k] * f;
+        __syncthreads();
+        const int h = kvh * G + g;
+        for (int e = threadIdx.x; e < hd; e += AF_WARPS * 32) {
+            float o = 0.f;
+#pragma unroll
+            for (int w = 0; w < AF_WARPS; ++w) o += s_acc[w][e];
+            scratch[(size_t(h) * nb + b) * hd + e] = o;
+        }
+        if (threadIdx.x == 0) {
+            float L = 0.f;
+            for (int w = 0; w < AF_WARPS; ++w) L += s_ml[w][g][1] * __expf(s_ml[w][g][0] - M);
+            ml[(size_t(h) * nb + b) * 2] = M;
+            ml[(size_t(h) * nb + b) * 2 + 1] = L;
+        }
+        __syncthreads();
+    }
+    __threadfence();
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[kvh], 1) == active - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+
+    // final merge: warp g computes head g's chunk weights exp(m_p - M) and L; then each thread takes
+    // 4 consecutive outputs of one head and sums the chunks in order.
+    if (warp < G) {
+        const int h = kvh * G + warp;
+        const float2* hml = (const float2*)(ml + size_t(h) * nb * 2);
+        float M = -FLT_MAX;
+        for (int p = lane; p < active; p += 32) M = fmaxf(M, ld_cg(hml + p).x);
+        M = warp_max(M);
+        float L = 0.f;
+        for (int p = lane; p < active; p += 32) {
+            const float2 v = ld_cg(hml + p);
+            const float w = __expf(v.x - M);
+            s_w[warp][p] = w;
+            L += v.y * w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) s_L[warp] = L;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd / 4; i += AF_WARPS * 32) {
+        const int g = i / (hd / 4), e = 4 * (i % (hd / 4)), h = kvh * G + g;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float* part = scratch + size_t(h) * nb * hd + e;
+#pragma unroll 8
+        for (int p = 0; p < active; ++p) {
+            const float w = s_w[g][p];
+            const float4 v = ld_cg((const float4*)(part + size_t(p) * hd));
+            o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
+        }
+        const float inv = 1.f / s_L[g];
+        const float* gate = qkv + size_t(h) * 2 * hd + hd + e;
+        float* dst = out + size_t(h) * hd + e;
+        dst[0] = o.x * inv * sigmoidf(gate[0]);
+        dst[1] = o.y * inv * sigmoidf(gate[1]);
+        dst[2] = o.z * inv * sigmoidf(gate[2]);
+        dst[3] = o.w * inv * sigmoidf(gate[3]);
+    }
+    if (threadIdx.x == 0) counters[kvh] = 0;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------- launchers
@@ -1651,18 +1801,37 @@ void delta_decode(const float* conv, const float* proj, int b_off, const float* 
 bool attention_decode_ok(int nh, int nkv, int hd) {
     return nkv > 0 && nh % nkv == 0 && nh / nkv <= AD_GMAX && (hd == 256 || hd == 128);
 }
-size_t attention_decode_scratch(int nh, int hd, int splits) { return size_t(nh) * splits * AD_WARPS * (hd + 2); }  // acc, then (m, l)
+static bool old_attention_decode() {
+    static const bool old = env_on("LB_GPU_OLD_ATTN_DEC");
+    return old;
+}
+int attention_decode_blocks(int nkv, int max_ctx) {
+    if (old_attention_decode()) return max_ctx <= 2048 ? 8 : max_ctx <= 8192 ? 16 : 32;
+    // one wave: the flash kernel's 8-warp blocks fit one to a multiprocessor
+    return std::clamp((g_dec.sms + nkv - 1) / nkv, 1, AF_MAX_NB);
+}
+// acc, then (m, l): the session-1 kernel keeps a partial per warp, the flash kernel one per block
+size_t attention_decode_scratch(int nh, int hd, int blocks) { return size_t(nh) * blocks * AD_WARPS * (hd + 2); }
 
 void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
-                      const void* vcache, DType vt, int splits, float* scratch, int* counters, float* out,
+                      const void* vcache, DType vt, int blocks, float* scratch, int* counters, float* out,
                       gpuStream_t s) {
-    const dim3 grid(nkv, splits), block(AD_WARPS * 32);
-    if (hd == 256)
-        launch_k(attn_decode_kernel<8>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
-    else if (hd == 128)
-        launch_k(attn_decode_kernel<4>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
-    else
-        lb::fail("internal", "attention_decode: unsupported head dim");
+    if (hd != 256 && hd != 128) lb::fail("internal", "attention_decode: unsupported head dim");
+    if (old_attention_decode()) {
+        const dim3 grid(nkv, blocks), block(AD_WARPS * 32);
+        if (hd == 256)
+            launch_k(attn_decode_kernel<8>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
+        else
+            launch_k(attn_decode_kernel<4>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
+        return;
+    }
+    const dim3 grid(nkv, std::min(blocks, AF_MAX_NB)), block(AF_WARPS * 32);
+    const bool wide = nh / nkv > 4;  // GM = 8 slots hold more registers: two positions in flight, not four
+    auto go = [&](auto kernel) {
+        launch_k(kernel, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
+    };
+    if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2>) : go(attn_decode_flash_kernel<8, 4, 4>);
+    else wide ? go(attn_decode_flash_kernel<4, 8, 2>) : go(attn_decode_flash_kernel<4, 4, 4>);
 }
 
 void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s) {

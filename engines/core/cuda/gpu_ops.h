@@ -79,12 +79,15 @@ void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned 
 bool delta_decode_ok(int dk, int dv);
 void delta_decode(const float* conv, const float* proj, int b_off, const float* negA, const float* dt_bias, int hk,
                   int hv, int dk, int dv, float* state, float* out, gpuStream_t s);
-// Decode attention split over positions: grid (nkv, splits), last block per KV head combines.
-// scratch: attention_decode_scratch(nh, hd, splits) floats; counters: nkv ints, zero at first use.
+// Decode attention (flash-decoding): grid (nkv, blocks); the context is cut into at most `blocks` chunks per
+// KV head (fewer for a short context), each block merges its warps, the last block of a KV head merges the
+// chunks in order. LB_GPU_OLD_ATTN_DEC=1 selects the session-1 kernel (`blocks` splits of 4 warps each).
+// scratch: attention_decode_scratch(nh, hd, blocks) floats; counters: nkv ints, zero at first use.
 bool attention_decode_ok(int nh, int nkv, int hd);
-size_t attention_decode_scratch(int nh, int hd, int splits);
+int attention_decode_blocks(int nkv, int max_ctx);  // the default `blocks` (after decode_setup)
+size_t attention_decode_scratch(int nh, int hd, int blocks);
 void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
-                      const void* vcache, DType vt, int splits, float* scratch, int* counters, float* out,
+                      const void* vcache, DType vt, int blocks, float* scratch, int* counters, float* out,
                       gpuStream_t s);
 // *d_next = argmax index from *key; *d_pos += 1.
 void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s);

@@ -100,7 +100,7 @@ public:
                  (cfg_.n_full_layers() == cfg_.n_layers ||
                   (gpu::gemv_fused_ok(vd, gpu::GV_GATED, cfg_.lin_v_dim) && cfg_.conv_kernel <= 8 &&
                    cfg_.lin_v_heads % cfg_.lin_k_heads == 0));
-        att_splits_ = max_ctx <= 2048 ? 8 : max_ctx <= 8192 ? 16 : 32;
+        att_splits_ = gpu::attention_decode_blocks(cfg_.n_kv_heads, max_ctx);
         if (const char* e = std::getenv("LB_ATT_SPLITS")) att_splits_ = std::max(1, std::atoi(e));
         if (fused_ && cfg_.n_full_layers() > 0) {
             att_scratch_ = (float*)alloc(sizeof(float) * gpu::attention_decode_scratch(cfg_.n_heads, hd, att_splits_));
