@@ -65,6 +65,7 @@
 // the whole warp taking part, so the mask is dropped.
 #define __shfl_xor_sync(mask, ...) __shfl_xor(__VA_ARGS__)
 #define __shfl_down_sync(mask, ...) __shfl_down(__VA_ARGS__)
+#define __shfl_up_sync(mask, ...) __shfl_up(__VA_ARGS__)
 #define __syncwarp(...) ::lb::gpu::hip_syncwarp()
 #else
 #include <cuda_bf16.h>

@@ -935,6 +935,174 @@ size_t delta_cols_smem(int dct, int dk, int cb) {
                             2 * size_t(dct) * (dct + 1) + 4 * size_t(dct) + size_t(dct) * cb);
 }
 
+// Chunked delta rule in two passes (the WY form). Everything a chunk needs that does not depend on the
+// state - the decays, the Gram matrices and the inverse T = (I + A)^-1 that the forward substitution
+// applies - is computed for all chunks at once by delta_chunk_prep_kernel (grid (chunks, hv)); the
+// sequential pass, delta_rule_wy_kernel (grid (hv, dv / CB), as delta_rule_cols_kernel), is then left with
+// products against its state slice: per chunk W = K S, QS = Q S, R = beta (v - e^gamma W), U = T R,
+// out = e^gamma QS + B U, S = e^gamma_L S + sum_s e^(gamma_L - gamma_s) k_s U_s^T. Same math as
+// delta_rule_cols_kernel (A, B, gamma as defined there); its 32-step forward substitution and the Gram
+// matrices, recomputed by every column block of a head, leave the sequential chain.
+// Chunk data layout, DR_PREP floats per (chunk, value head): T [DCT][DCT], B [DCT][DCT], e^gamma [DCT],
+// e^(gamma_L - gamma) [DCT], beta [DCT].
+template <int DCT>
+__host__ __device__ constexpr int dr_prep_floats() { return 2 * DCT * DCT + 3 * DCT; }
+
+template <int DCT>
+__global__ __launch_bounds__(256) void delta_chunk_prep_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
+                                                               const float* g, const float* beta, float* prep) {
+    static_assert(DCT <= 32 && 256 % DCT == 0, "one warp scans a chunk");
+    extern __shared__ float sm[];
+    const int LDK = dk + 1, LDA = DCT + 1;
+    float* Ks = sm;                // [DCT][LDK], then T [DCT][LDA]
+    float* Qs = Ks + DCT * LDK;    // [DCT][LDK]
+    float* A = Qs + DCT * LDK;     // [DCT][LDA]
+    float* gam = A + DCT * LDA;    // [DCT]
+    float* bet = gam + DCT;        // [DCT]
+    const int c = blockIdx.x, h = blockIdx.y, t0 = c * DCT, L = min(DCT, n - t0);
+    const int kh = h / (hv / hk), kd = hk * dk, tid = threadIdx.x;
+    for (int e = tid; e < L * dk; e += 256) {
+        const int t = e / dk, i = e % dk;
+        const float* row = qkv + size_t(t0 + t) * ld;
+        Qs[t * LDK + i] = row[kh * dk + i];
+        Ks[t * LDK + i] = row[kd + kh * dk + i];
+    }
+    if (tid < 32) {  // gamma: inclusive scan of g over the chunk
+        float gv = tid < L ? g[size_t(t0 + tid) * hv + h] : 0.f;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, gv, o);
+            if (tid >= o) gv += y;
+        }
+        if (tid < DCT) {
+            gam[tid] = gv;
+            bet[tid] = tid < L ? beta[size_t(t0 + tid) * hv + h] : 0.f;
+        }
+    }
+    __syncthreads();
+    float* T = prep + size_t(c * hv + h) * dr_prep_floats<DCT>();
+    float* B = T + DCT * DCT;
+    float* egp = B + DCT * DCT;
+    float* eLp = egp + DCT;
+    float* betp = eLp + DCT;
+    for (int e = tid; e < L * L; e += 256) {
+        const int t = e / L, s = e % L;
+        float a = 0.f, b = 0.f;
+        if (s <= t) {
+            for (int i = 0; i < dk; ++i) {
+                const float ks = Ks[s * LDK + i];
+                a += Ks[t * LDK + i] * ks;
+                b += Qs[t * LDK + i] * ks;
+            }
+            const float d = __expf(gam[t] - gam[s]);
+            a *= bet[t] * d;
+            b *= d;
+        }
+        A[t * LDA + s] = s < t ? a : 0.f;
+        B[t * DCT + s] = b;
+    }
+    if (tid < L) {
+        egp[tid] = __expf(gam[tid]);
+        eLp[tid] = __expf(gam[L - 1] - gam[tid]);
+        betp[tid] = bet[tid];
+    }
+    __syncthreads();
+    {   // T = (I + A)^-1, unit lower triangular, column by column: T[t][j] = [t == j] - sum_{j<=s<t} A[t][s] T[s][j];
+        // LPC consecutive lanes per column split the sum over s
+        constexpr int LPC = 256 / DCT;
+        float* Tm = Ks;  // K is no longer needed
+        const int col = tid / LPC, sub = tid % LPC;
+        for (int t = 0; t < L; ++t) {
+            float part = 0.f;
+            for (int s = col + sub; s < t; s += LPC) part += A[t * LDA + s] * Tm[s * LDA + col];
+#pragma unroll
+            for (int o = 1; o < LPC; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+            if (sub == 0) Tm[t * LDA + col] = t < col ? 0.f : t == col ? 1.f : -part;
+            __syncwarp();
+        }
+        __syncthreads();
+        for (int e = tid; e < L * L; e += 256) T[(e / L) * DCT + e % L] = Tm[(e / L) * LDA + e % L];
+    }
+}
+size_t dr_prep_smem(int dct, int dk) { return sizeof(float) * (2 * size_t(dct) * (dk + 1) + size_t(dct) * (dct + 1) + 2 * size_t(dct)); }
+
+template <int DCT, int CB>
+__global__ __launch_bounds__(256) void delta_rule_wy_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
+                                                            int dv, const float* prep, float* state, float* out) {
+    extern __shared__ float sm[];
+    const int LDK = dk + 1;
+    float* Ss = sm;                    // [dk][CB]
+    float* Ks = Ss + dk * CB;          // [DCT][LDK]
+    float* Qs = Ks + DCT * LDK;        // [DCT][LDK]
+    float* Vs = Qs + DCT * LDK;        // [DCT][CB]
+    float* Rs = Vs + DCT * CB;         // [DCT][CB]  beta (v - e^gamma K S)
+    float* QSs = Rs + DCT * CB;        // [DCT][CB]  Q S
+    float* Us = QSs + DCT * CB;        // [DCT][CB]  T R
+    float* Cd = Us + DCT * CB;         // the chunk's prep data (T, B, e^gamma, e^(gamma_L - gamma), beta)
+    constexpr int PF = dr_prep_floats<DCT>();
+    const float* Tm = Cd;
+    const float* Bm = Cd + DCT * DCT;
+    const float* eg = Bm + DCT * DCT;
+    const float* eL = eg + DCT;
+    const float* bet = eL + DCT;
+    const int h = blockIdx.x, c0 = blockIdx.y * CB, kh = h / (hv / hk), kd = hk * dk;
+    const int tid = threadIdx.x;
+    float* S = state + size_t(h) * dk * dv + c0;
+    for (int e = tid; e < dk * CB; e += 256) Ss[e] = S[size_t(e / CB) * dv + e % CB];
+    for (int t0 = 0, c = 0; t0 < n; t0 += DCT, ++c) {
+        const int L = min(DCT, n - t0);
+        for (int e = tid; e < L * dk; e += 256) {
+            const int t = e / dk, i = e % dk;
+            const float* row = qkv + size_t(t0 + t) * ld;
+            Qs[t * LDK + i] = row[kh * dk + i];
+            Ks[t * LDK + i] = row[kd + kh * dk + i];
+        }
+        for (int e = tid; e < L * CB; e += 256)
+            Vs[e] = qkv[size_t(t0 + e / CB) * ld + 2 * kd + size_t(h) * dv + c0 + e % CB];
+        const float4* src = (const float4*)(prep + size_t(c * hv + h) * PF);
+        for (int e = tid; e < PF / 4; e += 256) ((float4*)Cd)[e] = src[e];
+        __syncthreads();
+        for (int e = tid; e < L * CB; e += 256) {
+            const int t = e / CB, j = e % CB;
+            float a = 0.f, b = 0.f;
+            for (int i = 0; i < dk; ++i) {
+                const float sij = Ss[i * CB + j];
+                a += Ks[t * LDK + i] * sij;
+                b += Qs[t * LDK + i] * sij;
+            }
+            Rs[e] = bet[t] * Vs[e] - bet[t] * eg[t] * a;
+            QSs[e] = b;
+        }
+        __syncthreads();
+        for (int e = tid; e < L * CB; e += 256) {
+            const int t = e / CB, j = e % CB;
+            float u = 0.f;
+            for (int s = 0; s <= t; ++s) u += Tm[t * DCT + s] * Rs[s * CB + j];
+            Us[e] = u;
+        }
+        __syncthreads();
+        for (int e = tid; e < L * CB; e += 256) {
+            const int t = e / CB, j = e % CB;
+            float o = eg[t] * QSs[e];
+            for (int s = 0; s <= t; ++s) o += Bm[t * DCT + s] * Us[s * CB + j];
+            out[(size_t(t0 + t) * hv + h) * dv + c0 + j] = o;
+        }
+        const float gl = eg[L - 1];
+        for (int e = tid; e < dk * CB; e += 256) {
+            const int i = e / CB, j = e % CB;
+            float sij = Ss[e] * gl;
+            for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * CB + j];
+            Ss[e] = sij;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < dk * CB; e += 256) S[size_t(e / CB) * dv + e % CB] = Ss[e];
+}
+size_t dr_wy_smem(int dct, int dk, int cb) {
+    return sizeof(float) * (size_t(dk) * cb + 2 * size_t(dct) * (dk + 1) + 4 * size_t(dct) * cb +
+                            2 * size_t(dct) * dct + 3 * size_t(dct));
+}
+
 // ----------------------------------------------------------------------------------------- fused decode kernels
 
 template <typename T>
@@ -1490,39 +1658,49 @@ bool env_on(const char* name) {
 }
 }  // namespace
 
+// A device buffer that only grows, for prefill scratch (split-K partials, delta-rule chunk data). Growing
+// synchronises the stream, so it is refused (nullptr) during graph capture; callers then fall back.
+struct GrowBuffer {
+    float* p = nullptr;
+    size_t cap = 0;  // floats
+    float* get(size_t floats, gpuStream_t s) {
+        if (floats <= cap) return p;
+#if defined(LB_CUDA)
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        GPU_CHECK(cudaStreamIsCapturing(s, &st));
+        if (st != cudaStreamCaptureStatusNone) return nullptr;
+#endif
+        GPU_CHECK(gpuStreamSynchronize(s));
+        if (p) GPU_CHECK(gpuFree(p));
+        p = nullptr;
+        GPU_CHECK(gpuMalloc(&p, floats * sizeof(float)));
+        cap = floats;
+        return p;
+    }
+};
+
+GrowBuffer g_dr_prep;  // delta-rule chunk data (delta_chunk_prep_kernel)
+
 #if defined(LB_CUDA)
 // Split-K for GEMMs with few output tiles: at prefill lengths of a few hundred tokens the 1024-wide
 // projections (down, out, o_proj) have 144 tiles for 132 multiprocessors, one 4-warp block each, which
 // leaves the tensor cores waiting on memory. The K loop is cut so that there are about four blocks per
-// multiprocessor; the partials go to a workspace (grown outside graph capture only) and are summed in
-// split order, so results do not depend on block scheduling. LB_GPU_SPLITK: blocks a multiprocessor to aim
-// for (default 4; 0 turns split-K off).
-struct SplitKWorkspace {
-    float* part = nullptr;
-    size_t cap = 0;  // floats
-    int sms = 0;
-} g_splitk;
+// multiprocessor; the partials go to a workspace and are summed in split order, so results do not depend
+// on block scheduling. LB_GPU_SPLITK: blocks a multiprocessor to aim for (default 4; 0 turns it off).
+GrowBuffer g_splitk;
 
 int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
     static const int per_sm = std::getenv("LB_GPU_SPLITK") ? std::max(0, std::atoi(std::getenv("LB_GPU_SPLITK"))) : 4;
-    if (per_sm == 0 || count % 4 != 0) return 1;
-    if (!g_splitk.sms) {
-        int dev = 0;
+    static const int sms = [] {
+        int dev = 0, n = 0;
         GPU_CHECK(cudaGetDevice(&dev));
-        GPU_CHECK(cudaDeviceGetAttribute(&g_splitk.sms, cudaDevAttrMultiProcessorCount, dev));
-    }
+        GPU_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        return n;
+    }();
+    if (per_sm == 0 || count % 4 != 0) return 1;
     const int ksteps = (in + TK - 1) / TK;
-    int splits = std::min({(per_sm * g_splitk.sms) / std::max(1, tiles), ksteps / 8, 8});  // >= 8 K steps a split
-    if (splits < 2) return 1;
-    if (size_t(splits) * count > g_splitk.cap) {
-        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-        GPU_CHECK(cudaStreamIsCapturing(s, &st));
-        if (st != cudaStreamCaptureStatusNone) return 1;
-        GPU_CHECK(cudaStreamSynchronize(s));
-        if (g_splitk.part) GPU_CHECK(cudaFree(g_splitk.part));
-        g_splitk.cap = size_t(splits) * count;
-        GPU_CHECK(cudaMalloc(&g_splitk.part, g_splitk.cap * sizeof(float)));
-    }
+    const int splits = std::min({(per_sm * sms) / std::max(1, tiles), ksteps / 8, 8});  // >= 8 K steps a split
+    if (splits < 2 || !g_splitk.get(size_t(splits) * count, s)) return 1;
     return splits;
 }
 #endif
@@ -1544,9 +1722,9 @@ void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bo
                 gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps, nullptr);
             } else {
                 gemm_vec_kernel<<<dim3(g2.x, g2.y, splits), 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps,
-                                                                         g_splitk.part);
+                                                                         g_splitk.p);
                 const size_t count = size_t(n) * out;
-                gemm_splitk_sum_kernel<<<unsigned((count / 4 + 255) / 256), 256, 0, s>>>(g_splitk.part, splits, count,
+                gemm_splitk_sum_kernel<<<unsigned((count / 4 + 255) / 256), 256, 0, s>>>(g_splitk.p, splits, count,
                                                                                          y, accumulate);
             }
         } else {
@@ -1635,6 +1813,25 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
         GPU_CHECK(cudaGetDevice(&dev));
         GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
 #endif
+        // the two-pass (WY) form, unless LB_GPU_DR_WY=0 or its chunk data cannot be allocated (graph capture)
+        static const bool wy = !(std::getenv("LB_GPU_DR_WY") && std::getenv("LB_GPU_DR_WY")[0] == '0');
+        const size_t sp = dr_prep_smem(32, dk), sw = dr_wy_smem(32, dk, DR_CB);
+        const int chunks = (n + 31) / 32;
+        float* prep = nullptr;
+        if (wy && dv % DR_CB == 0 && sp <= size_t(limit) && sw <= size_t(limit) &&
+            (prep = g_dr_prep.get(size_t(chunks) * hv * dr_prep_floats<32>(), s))) {
+            static bool raised_wy = false;
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+            if (!raised_wy) {
+                GPU_CHECK(cudaFuncSetAttribute(delta_chunk_prep_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+                GPU_CHECK(cudaFuncSetAttribute(delta_rule_wy_kernel<32, DR_CB>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+            }
+#endif
+            raised_wy = true;
+            delta_chunk_prep_kernel<32><<<dim3(chunks, hv), 256, sp, s>>>(qkv, ld, n, hk, hv, dk, g, beta, prep);
+            delta_rule_wy_kernel<32, DR_CB><<<dim3(hv, dv / DR_CB), 256, sw, s>>>(qkv, ld, n, hk, hv, dk, dv, prep, state, out);
+            return;
+        }
         const size_t s32 = delta_cols_smem(32, dk, cb), s16 = delta_cols_smem(16, dk, cb);
         const dim3 grid(hv, dv / cb);
         if (s32 <= size_t(limit)) {
