@@ -32,6 +32,7 @@ OUT = Path(os.environ.get("OUT", "/tmp/out"))
 OUT.mkdir(parents=True, exist_ok=True)
 CKPT = Path("/tmp/qwen35-0.8b-synth")
 REFS = Path("/tmp/mk_refs.json")
+HF_LOGITS = Path("/tmp/mk_hf_logits.pt")
 SHAPE = dict(vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
              num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
              linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -87,6 +88,10 @@ def phase_synth() -> None:
     t = time.time()
     res["hf_fp32"] = [hf_greedy(model, p, N_GEN) for p in prompts()]
     log(f"hf fp32 references in {time.time() - t:.0f} s")
+    # last-position prefill logits of every prompt, for the prefill error of the engines (AR_LOGIT_VARIANTS)
+    with torch.no_grad():
+        torch.save([model(input_ids=torch.tensor([p], device="cuda")).logits[0, -1].float().cpu() for p in prompts()],
+                   HF_LOGITS)
     model = model.to(torch.bfloat16)
     t = time.time()
     res["hf_bf16"] = [hf_greedy(model, p, N_GEN) for p in prompts()]
@@ -239,6 +244,23 @@ def phase_run(build: Path) -> None:
             except Exception as e:  # noqa: BLE001
                 log(f"ar engine unavailable: {e}")
                 res["ar_error"] = str(e)
+        # AR_LOGIT_VARIANTS (JSON {name: {env}}; the key "ARGS" adds engine arguments, e.g. "--kv-k f32"):
+        # relative error of ar's last prefill logits against transformers fp32, per prompt (PROMPT_LENS)
+        if ar.exists() and os.environ.get("AR_LOGIT_VARIANTS"):
+            hf_logits = torch.load(HF_LOGITS)
+            res["prefill_logits_rel_err_vs_hf_fp32"] = {"prompt_lens": [len(p) for p in ps]}
+            for name, env in json.loads(os.environ["AR_LOGIT_VARIANTS"]).items():
+                args = env.pop("ARGS", "").split()
+                eng = Engine(ar, CKPT, "--max-ctx", "1024", *args, env=env or None)
+                try:
+                    errs = []
+                    for p, ref in zip(ps, hf_logits):
+                        got = torch.tensor(eng.gen(p, 1, return_logits=True)["last_logits"])
+                        errs.append(round(float((got - ref).norm() / ref.norm()), 7))
+                finally:
+                    eng.close()
+                res["prefill_logits_rel_err_vs_hf_fp32"][name] = errs
+                log(f"prefill logits rel. error vs transformers fp32, {name}: {errs}")
         c = {
             "n_prompts": len(ps), "n_gen": N_GEN,
             "agree_vs_hf_fp32": agree(mk_out, refs["hf_fp32"]),

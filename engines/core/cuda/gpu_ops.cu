@@ -786,6 +786,169 @@ __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float
             }
     }
 }
+
+// Prefill attention on tensor cores (wmma: wtype inputs, fp32 accumulation). Same query vectors as
+// attention_tiled_kernel: a block takes AW_QV = 64 vectors (rows t0 .. t0 + 64 / G - 1 times the G query
+// heads of KV head blockIdx.y) and walks key tiles of AW_TK = 64 positions twice. Pass 1 finds each
+// vector's softmax maximum m and sum l (online, fp32); pass 2 adds exp(s - m) / l times V into wmma
+// accumulators, which can stay in registers because, with m and l final, nothing needs rescaling. That
+// costs a second Q K^T (1.5x the tensor-core work of one pass) and keeps the 64 x HD output out of shared
+// memory. Q, K, V and P are rounded to wtype, as the GEMMs round activations; scores, softmax and sums are
+// fp32. Warp w computes score row block w / 2, column blocks 2 (w % 2) + {0, 1}, and output row block w / 2,
+// columns (w % 2) HD / 2 .. + HD / 2. Masking as in attention_tiled_kernel.
+constexpr int AW_QV = 64, AW_TK = 64, AW_THREADS = 256;
+#if defined(LB_GPU_FP16)
+constexpr DType AW_KV_NATIVE = DType::F16;  // a cache of this type is copied into shared memory as is
+#else
+constexpr DType AW_KV_NATIVE = DType::BF16;
+#endif
+template <int HD>
+constexpr size_t attention_wmma_smem() {
+    return sizeof(wtype) * 3 * AW_QV * (HD + 8) + sizeof(float) * AW_QV * (AW_TK + 4) +
+           sizeof(wtype) * AW_QV * (AW_TK + 8);
+}
+template <int HD>
+__global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float* qkv, int ld, int n, int nh, int nkv,
+                                                                    const int* d_pos, const void* kcache, DType kt,
+                                                                    const void* vcache, DType vt, float* out) {
+    using namespace nvcuda;
+    static_assert(AW_QV == AW_TK && AW_THREADS == 4 * AW_QV, "4 threads a vector in the softmax steps");
+    constexpr int LDW = HD + 8, LDS = AW_TK + 4, LDP = AW_TK + 8;  // strides keep fragment rows 32-byte aligned
+    constexpr int OCOLS = HD / 2, OFR = OCOLS / 16;
+    extern __shared__ __align__(128) unsigned char aw_sm[];
+    wtype* Qs = (wtype*)aw_sm;                   // [QV][LDW]
+    wtype* Ks = Qs + AW_QV * LDW;                // [TK][LDW]
+    wtype* Vs = Ks + AW_TK * LDW;                // [TK][LDW]
+    float* Ss = (float*)(Vs + AW_TK * LDW);      // [QV][LDS]
+    wtype* Ps = (wtype*)(Ss + AW_QV * LDS);      // [QV][LDP]
+    const int G = nh / nkv, rows = AW_QV / G;
+    const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) tiles start first
+    const int kvh = blockIdx.y, t0 = tile * rows;
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int p0 = *d_pos;
+    const int s_end = p0 + min(t0 + rows, n) - 1;  // last key any valid row of this block sees
+    const float scale = rsqrtf(float(HD));
+    const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
+
+    for (int e = tid; e < AW_QV * (HD / 4); e += AW_THREADS) {
+        const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
+        const int t = t0 + v / G, h = kvh * G + v % G;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        wtype* dst = Qs + v * LDW + d;
+        dst[0] = wtype(q.x); dst[1] = wtype(q.y); dst[2] = wtype(q.z); dst[3] = wtype(q.w);
+    }
+    // keys s0 .. s0 + TK - 1 of this KV head into dst (zero past s_end)
+    auto load_tile = [&](wtype* dst, const void* cache, DType t, size_t rowb, int s0) {
+        if (t == AW_KV_NATIVE) {
+            for (int e = tid; e < AW_TK * (HD / 8); e += AW_THREADS) {
+                const int j = e / (HD / 8), c = e % (HD / 8), sp = s0 + j;
+                uint4 u = make_uint4(0u, 0u, 0u, 0u);
+                if (sp <= s_end) u = ((const uint4*)((const uint8_t*)cache + (size_t(sp) * nkv + kvh) * rowb))[c];
+                *(uint4*)(dst + j * LDW + c * 8) = u;
+            }
+        } else {
+            for (int e = tid; e < AW_TK * HD; e += AW_THREADS) {
+                const int j = e / HD, d = e % HD, sp = s0 + j;
+                const float x = sp <= s_end ? kv_load((const uint8_t*)cache + (size_t(sp) * nkv + kvh) * rowb, t, d) : 0.f;
+                dst[j * LDW + d] = wtype(x);
+            }
+        }
+    };
+    auto scores = [&]() {  // Ss = Q K^T for the staged tile
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2];
+        wmma::fill_fragment(c[0], 0.f);
+        wmma::fill_fragment(c[1], 0.f);
+        const int rb = warp / 2, cb = (warp % 2) * 2;
+#pragma unroll 4
+        for (int k = 0; k < HD; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, wtype, wmma::row_major> a;
+            wmma::load_matrix_sync(a, Qs + rb * 16 * LDW + k, LDW);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, wtype, wmma::col_major> b;
+                wmma::load_matrix_sync(b, Ks + (cb + j) * 16 * LDW + k, LDW);
+                wmma::mma_sync(c[j], a, b, c[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(Ss + rb * 16 * LDS + (cb + j) * 16, c[j], LDS, wmma::mem_row_major);
+    };
+
+    // pass 1: the 4 threads of vector sv own keys 16 sq .. 16 sq + 15 of each tile; m and l are kept
+    // identical in all 4
+    const int sv = tid / 4, sq = tid % 4;
+    const int last = p0 + t0 + sv / G;  // last key of vector sv
+    float m = -FLT_MAX, l = 0.f;
+    for (int s0 = 0; s0 <= s_end; s0 += AW_TK) {
+        __syncthreads();  // Qs written / the previous tile's Ks and Ss read
+        load_tile(Ks, kcache, kt, krow, s0);
+        __syncthreads();
+        scores();
+        __syncthreads();
+        float sc[16], mt = -FLT_MAX;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int j = 16 * sq + i;
+            sc[i] = Ss[sv * LDS + j] * scale;
+            if (s0 + j <= last) mt = fmaxf(mt, sc[i]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        const float m_new = fmaxf(m, mt);
+        float ps = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            if (s0 + 16 * sq + i <= last) ps += __expf(sc[i] - m_new);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+        l = l * __expf(m - m_new) + ps;
+        m = m_new;
+    }
+    // pass 2: o += (exp(s - m) / l) V
+    const float inv_l = 1.f / l;
+    const int orb = warp / 2, oc0 = (warp % 2) * OCOLS;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[OFR];
+#pragma unroll
+    for (int f = 0; f < OFR; ++f) wmma::fill_fragment(o[f], 0.f);
+    for (int s0 = 0; s0 <= s_end; s0 += AW_TK) {
+        __syncthreads();  // the previous tile's Ks, Vs, Ss, Ps read
+        load_tile(Ks, kcache, kt, krow, s0);
+        load_tile(Vs, vcache, vt, vrow, s0);
+        __syncthreads();
+        scores();
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int j = 16 * sq + i;
+            const float p = s0 + j <= last ? __expf(Ss[sv * LDS + j] * scale - m) * inv_l : 0.f;
+            Ps[sv * LDP + j] = wtype(p);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < AW_TK; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, wtype, wmma::row_major> a;
+            wmma::load_matrix_sync(a, Ps + orb * 16 * LDP + k, LDP);
+#pragma unroll
+            for (int f = 0; f < OFR; ++f) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, wtype, wmma::row_major> b;
+                wmma::load_matrix_sync(b, Vs + k * LDW + oc0 + f * 16, LDW);
+                wmma::mma_sync(o[f], a, b, o[f]);
+            }
+        }
+    }
+    __syncthreads();
+    float* Os = (float*)Ks;  // [QV][HD] fp32 fits in the K and V tiles
+#pragma unroll
+    for (int f = 0; f < OFR; ++f)
+        wmma::store_matrix_sync(Os + orb * 16 * HD + oc0 + f * 16, o[f], HD, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < AW_QV * HD; e += AW_THREADS) {
+        const int v = e / HD, d = e % HD, t = t0 + v / G, h = kvh * G + v % G;
+        if (t < n) out[(size_t(t) * nh + h) * HD + d] = Os[v * HD + d] * sigmoidf(qkv[size_t(t) * ld + size_t(h) * 2 * HD + HD + d]);
+    }
+}
 #endif
 
 __global__ void silu_mul_kernel(const float* gu, int n, int I, float* out) {
@@ -1872,6 +2035,25 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
             int dev = 0;
             GPU_CHECK(cudaGetDevice(&dev));
             GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        }
+        // tensor cores unless LB_GPU_ATTN_TILED=1 (the fp32 kernel below)
+        static const bool tiled = env_on("LB_GPU_ATTN_TILED");
+        if (!tiled && n >= 16 && AW_QV % G == 0) {
+            const dim3 gw((n + AW_QV / G - 1) / (AW_QV / G), nkv);
+            if (hd == 256 && attention_wmma_smem<256>() <= size_t(limit)) {
+                static bool raised = false;
+                if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_wmma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_wmma_smem<256>())));
+                raised = true;
+                attention_wmma_kernel<256><<<gw, AW_THREADS, attention_wmma_smem<256>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+                return;
+            }
+            if (hd == 128 && attention_wmma_smem<128>() <= size_t(limit)) {
+                static bool raised = false;
+                if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_wmma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_wmma_smem<128>())));
+                raised = true;
+                attention_wmma_kernel<128><<<gw, AW_THREADS, attention_wmma_smem<128>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+                return;
+            }
         }
         const dim3 grid((n + TA_QV / G - 1) / (TA_QV / G), nkv);
         if (hd == 256 && attention_tiled_smem<256>() <= size_t(limit)) {
