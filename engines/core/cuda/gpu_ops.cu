@@ -982,6 +982,39 @@ __global__ void argmax_kernel(const float* x, int n, int* result) {
 
 __global__ void add_pos_kernel(int* pos, int n) { *pos += n; }
 
+// The chunked kernels' shared steps (blocks of 256 threads). Stage the chunk's q and k rows of key head kh ([L][dk + 1] each).
+__device__ __forceinline__ void delta_stage_qk(const float* qkv, int ld, int t0, int L, int dk, int kh, int kd, float* Qs,
+                                               float* Ks) {
+    const int LDK = dk + 1;
+    for (int e = threadIdx.x; e < L * dk; e += 256) {
+        const int t = e / dk, i = e % dk;
+        const float* row = qkv + size_t(t0 + t) * ld;
+        Qs[t * LDK + i] = row[kh * dk + i];
+        Ks[t * LDK + i] = row[kd + kh * dk + i];
+    }
+}
+// The chunk's outputs of this block's CB columns, o_t = e^gamma_t QS_t + sum_{s<=t} B[t][s] U_s (out: row t at
+// out + t * out_ld), and its state slice, S = e^gamma_L S + sum_s e^(gamma_L - gamma_s) k_s U_s^T.
+template <int CB>
+__device__ __forceinline__ void delta_chunk_finish(int L, int dk, const float* eg, const float* eL, const float* QSs,
+                                                   const float* B, int ldb, const float* Us, const float* Ks, float* Ss,
+                                                   float* out, int out_ld) {
+    const int LDK = dk + 1;
+    for (int e = threadIdx.x; e < L * CB; e += 256) {
+        const int t = e / CB, j = e % CB;
+        float o = eg[t] * QSs[e];
+        for (int s = 0; s <= t; ++s) o += B[t * ldb + s] * Us[s * CB + j];
+        out[size_t(t) * out_ld + j] = o;
+    }
+    const float gl = eg[L - 1];
+    for (int e = threadIdx.x; e < dk * CB; e += 256) {
+        const int i = e / CB, j = e % CB;
+        float sij = Ss[e] * gl;
+        for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * CB + j];
+        Ss[e] = sij;
+    }
+}
+
 // Chunked delta rule split over value columns: grid (hv, dv / CB), 256 threads. Column j of U and of
 // the state depend only on column j of V (and on the chunk's K, Q, g, beta), so each block owns CB
 // columns of one head and keeps that state slice in shared memory for the whole sequence. CB = DR_CB (16)
@@ -1013,12 +1046,7 @@ __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, 
     for (int e = tid; e < dk * CB; e += 256) Ss[e] = S[size_t(e / CB) * dv + e % CB];
     for (int t0 = 0; t0 < n; t0 += DCT) {
         const int L = min(DCT, n - t0);
-        for (int e = tid; e < L * dk; e += 256) {
-            const int t = e / dk, i = e % dk;
-            const float* row = qkv + size_t(t0 + t) * ld;
-            Qs[t * LDK + i] = row[kh * dk + i];
-            Ks[t * LDK + i] = row[kd + kh * dk + i];
-        }
+        delta_stage_qk(qkv, ld, t0, L, dk, kh, kd, Qs, Ks);
         for (int e = tid; e < L * CB; e += 256)
             Vs[e] = qkv[size_t(t0 + e / CB) * ld + 2 * kd + size_t(h) * dv + c0 + e % CB];
         if (tid == 0) {
@@ -1076,19 +1104,7 @@ __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, 
             }
         }
         __syncthreads();
-        for (int e = tid; e < L * CB; e += 256) {
-            const int t = e / CB, j = e % CB;
-            float o = eg[t] * QSs[e];
-            for (int s = 0; s <= t; ++s) o += B[t * LDA + s] * Us[s * CB + j];
-            out[(size_t(t0 + t) * hv + h) * dv + c0 + j] = o;
-        }
-        const float gl = eg[L - 1];
-        for (int e = tid; e < dk * CB; e += 256) {
-            const int i = e / CB, j = e % CB;
-            float sij = Ss[e] * gl;
-            for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * CB + j];
-            Ss[e] = sij;
-        }
+        delta_chunk_finish<CB>(L, dk, eg, eL, QSs, B, LDA, Us, Ks, Ss, out + (size_t(t0) * hv + h) * dv + c0, hv * dv);
         __syncthreads();
     }
     for (int e = tid; e < dk * CB; e += 256) S[size_t(e / CB) * dv + e % CB] = Ss[e];
@@ -1124,12 +1140,7 @@ __global__ __launch_bounds__(256) void delta_chunk_prep_kernel(const float* qkv,
     float* bet = gam + DCT;        // [DCT]
     const int c = blockIdx.x, h = blockIdx.y, t0 = c * DCT, L = min(DCT, n - t0);
     const int kh = h / (hv / hk), kd = hk * dk, tid = threadIdx.x;
-    for (int e = tid; e < L * dk; e += 256) {
-        const int t = e / dk, i = e % dk;
-        const float* row = qkv + size_t(t0 + t) * ld;
-        Qs[t * LDK + i] = row[kh * dk + i];
-        Ks[t * LDK + i] = row[kd + kh * dk + i];
-    }
+    delta_stage_qk(qkv, ld, t0, L, dk, kh, kd, Qs, Ks);
     if (tid < 32) {  // gamma: inclusive scan of g over the chunk
         float gv = tid < L ? g[size_t(t0 + tid) * hv + h] : 0.f;
 #pragma unroll
@@ -1214,12 +1225,7 @@ __global__ __launch_bounds__(256) void delta_rule_wy_kernel(const float* qkv, in
     for (int e = tid; e < dk * CB; e += 256) Ss[e] = S[size_t(e / CB) * dv + e % CB];
     for (int t0 = 0, c = 0; t0 < n; t0 += DCT, ++c) {
         const int L = min(DCT, n - t0);
-        for (int e = tid; e < L * dk; e += 256) {
-            const int t = e / dk, i = e % dk;
-            const float* row = qkv + size_t(t0 + t) * ld;
-            Qs[t * LDK + i] = row[kh * dk + i];
-            Ks[t * LDK + i] = row[kd + kh * dk + i];
-        }
+        delta_stage_qk(qkv, ld, t0, L, dk, kh, kd, Qs, Ks);
         for (int e = tid; e < L * CB; e += 256)
             Vs[e] = qkv[size_t(t0 + e / CB) * ld + 2 * kd + size_t(h) * dv + c0 + e % CB];
         const float4* src = (const float4*)(prep + size_t(c * hv + h) * PF);
@@ -1244,19 +1250,7 @@ __global__ __launch_bounds__(256) void delta_rule_wy_kernel(const float* qkv, in
             Us[e] = u;
         }
         __syncthreads();
-        for (int e = tid; e < L * CB; e += 256) {
-            const int t = e / CB, j = e % CB;
-            float o = eg[t] * QSs[e];
-            for (int s = 0; s <= t; ++s) o += Bm[t * DCT + s] * Us[s * CB + j];
-            out[(size_t(t0 + t) * hv + h) * dv + c0 + j] = o;
-        }
-        const float gl = eg[L - 1];
-        for (int e = tid; e < dk * CB; e += 256) {
-            const int i = e / CB, j = e % CB;
-            float sij = Ss[e] * gl;
-            for (int s = 0; s < L; ++s) sij += eL[s] * Ks[s * LDK + i] * Us[s * CB + j];
-            Ss[e] = sij;
-        }
+        delta_chunk_finish<CB>(L, dk, eg, eL, QSs, Bm, DCT, Us, Ks, Ss, out + (size_t(t0) * hv + h) * dv + c0, hv * dv);
         __syncthreads();
     }
     for (int e = tid; e < dk * CB; e += 256) S[size_t(e / CB) * dv + e % CB] = Ss[e];
