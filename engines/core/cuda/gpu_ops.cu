@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "gpu_ops.h"
 
@@ -1813,7 +1815,39 @@ bool env_on(const char* name) {
     const char* e = std::getenv(name);
     return e && *e && !(e[0] == '0' && e[1] == 0);
 }
-}  // namespace
+
+#if defined(LB_CUDA)
+int current_device_attr(cudaDeviceAttr attr) {
+    int dev = 0, v = 0;
+    GPU_CHECK(cudaGetDevice(&dev));
+    GPU_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    return v;
+}
+#endif
+// The most dynamic shared memory a block may opt into (one device per process: read once).
+int smem_optin_limit() {
+#if defined(LB_CUDA)
+    static const int limit = current_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    return limit;
+#else
+    return 48 * 1024;
+#endif
+}
+// Launch with `smem` bytes of dynamic shared memory. CUDA kernels must opt in above 48 KB: each kernel's
+// limit is raised on its first launch, and again if a later launch needs more.
+template <typename... KArgs, typename... Args>
+void launch_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, Args... args) {
+#if defined(LB_CUDA)
+    static std::vector<std::pair<void (*)(KArgs...), size_t>> raised;  // kernels of this signature
+    auto it = std::find_if(raised.begin(), raised.end(), [&](const auto& r) { return r.first == kernel; });
+    if (it == raised.end() || it->second < smem) {
+        GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        if (it == raised.end()) raised.emplace_back(kernel, smem);
+        else it->second = smem;
+    }
+#endif
+    kernel<<<grid, block, smem, s>>>(KArgs(args)...);
+}
 
 // A device buffer that only grows, for prefill scratch (split-K partials, delta-rule chunk data). Growing
 // synchronises the stream, so it is refused (nullptr) during graph capture; callers then fall back.
@@ -1848,12 +1882,7 @@ GrowBuffer g_splitk;
 
 int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
     static const int per_sm = std::getenv("LB_GPU_SPLITK") ? std::max(0, std::atoi(std::getenv("LB_GPU_SPLITK"))) : 4;
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        GPU_CHECK(cudaGetDevice(&dev));
-        GPU_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        return n;
-    }();
+    static const int sms = current_device_attr(cudaDevAttrMultiProcessorCount);
     if (per_sm == 0 || count % 4 != 0) return 1;
     const int ksteps = (in + TK - 1) / TK;
     const int splits = std::min({(per_sm * sms) / std::max(1, tiles), ksteps / 8, 8});  // >= 8 K steps a split
@@ -1861,6 +1890,7 @@ int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
     return splits;
 }
 #endif
+}  // namespace
 
 void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStream_t s) {
     embed_kernel<<<n, 256, 0, s>>>(d_tokens, E, H, x);
@@ -1935,41 +1965,15 @@ void deltanet_prep(float* y, int ldy, const float* proj, int ldp, int b_off, con
     deltanet_prep_kernel<<<dim3(n, 2 * hk + 1), 128, 0, s>>>(y, ldy, proj, ldp, b_off, negA, dt_bias, hk, dk, hv, g, beta);
 }
 
-namespace {
-// One launch of delta_rule_cols_kernel<DCT, CB>, raising its shared-memory limit on first use.
-template <int DCT, int CB>
-void launch_delta_cols(dim3 grid, size_t smem, gpuStream_t s, const float* qkv, int ld, int n, int hk, int hv, int dk,
-                       int dv, const float* g, const float* beta, float* state, float* out) {
-    static bool raised = false;
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-    if (!raised) GPU_CHECK(cudaFuncSetAttribute(delta_rule_cols_kernel<DCT, CB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-#endif
-    raised = true;
-    delta_rule_cols_kernel<DCT, CB><<<grid, 256, smem, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-}
-}  // namespace
-
 void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 float* state, float* out, gpuStream_t s) {
     const size_t smem = sizeof(float) * (2 * DC * dk + 3 * DC * dv + 2 * DC * DC + 2 * DC);
-    static bool raised = false;
-    if (!raised) {
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-        GPU_CHECK(cudaFuncSetAttribute(delta_rule_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
-#endif
-        raised = true;
-    }
     static const int cb = [] {  // LB_GPU_DR_CB: value columns per block of the column-split kernel (16 or 32)
         const char* e = std::getenv("LB_GPU_DR_CB");
         return e && (std::atoi(e) == 16 || std::atoi(e) == 32) ? std::atoi(e) : DR_CB;
     }();
     if (dv % cb == 0 && dk <= 256 && !std::getenv("LB_GPU_OLD_DELTA")) {
-        int limit = 48 * 1024;
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-        int dev = 0;
-        GPU_CHECK(cudaGetDevice(&dev));
-        GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-#endif
+        const int limit = smem_optin_limit();
         // the two-pass (WY) form, unless LB_GPU_DR_WY=0 or its chunk data cannot be allocated (graph capture)
         static const bool wy = !(std::getenv("LB_GPU_DR_WY") && std::getenv("LB_GPU_DR_WY")[0] == '0');
         const size_t sp = dr_prep_smem(32, dk), sw = dr_wy_smem(32, dk, DR_CB);
@@ -1977,30 +1981,20 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
         float* prep = nullptr;
         if (wy && dv % DR_CB == 0 && sp <= size_t(limit) && sw <= size_t(limit) &&
             (prep = g_dr_prep.get(size_t(chunks) * hv * dr_prep_floats<32>(), s))) {
-            static bool raised_wy = false;
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-            if (!raised_wy) {
-                GPU_CHECK(cudaFuncSetAttribute(delta_chunk_prep_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-                GPU_CHECK(cudaFuncSetAttribute(delta_rule_wy_kernel<32, DR_CB>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-            }
-#endif
-            raised_wy = true;
-            delta_chunk_prep_kernel<32><<<dim3(chunks, hv), 256, sp, s>>>(qkv, ld, n, hk, hv, dk, g, beta, prep);
-            delta_rule_wy_kernel<32, DR_CB><<<dim3(hv, dv / DR_CB), 256, sw, s>>>(qkv, ld, n, hk, hv, dk, dv, prep, state, out);
+            launch_smem(delta_chunk_prep_kernel<32>, dim3(chunks, hv), dim3(256), sp, s, qkv, ld, n, hk, hv, dk, g, beta, prep);
+            launch_smem(delta_rule_wy_kernel<32, DR_CB>, dim3(hv, dv / DR_CB), dim3(256), sw, s, qkv, ld, n, hk, hv, dk, dv,
+                        prep, state, out);
             return;
         }
         const size_t s32 = delta_cols_smem(32, dk, cb), s16 = delta_cols_smem(16, dk, cb);
         const dim3 grid(hv, dv / cb);
-        if (s32 <= size_t(limit)) {
-            if (cb == 32) return launch_delta_cols<32, 32>(grid, s32, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-            return launch_delta_cols<32, 16>(grid, s32, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-        }
-        if (s16 <= size_t(limit)) {
-            if (cb == 32) return launch_delta_cols<16, 32>(grid, s16, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-            return launch_delta_cols<16, 16>(grid, s16, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
-        }
+        auto go = [&](auto kernel, size_t smem_cols) {
+            launch_smem(kernel, grid, dim3(256), smem_cols, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+        };
+        if (s32 <= size_t(limit)) return cb == 32 ? go(delta_rule_cols_kernel<32, 32>, s32) : go(delta_rule_cols_kernel<32, 16>, s32);
+        if (s16 <= size_t(limit)) return cb == 32 ? go(delta_rule_cols_kernel<16, 32>, s16) : go(delta_rule_cols_kernel<16, 16>, s16);
     }
-    delta_rule_kernel<<<hv, 256, smem, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
+    launch_smem(delta_rule_kernel, dim3(hv), dim3(256), smem, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
 }
 
 void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, float* y, int n, int heads, int dim,
@@ -2024,46 +2018,24 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
     const int G = nkv > 0 ? nh / nkv : 0;
     if (!old_attn && n >= 8 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && ld % 4 == 0 &&
         (hd == 128 || hd == 256)) {
-        static int limit = -1;
-        if (limit < 0) {
-            int dev = 0;
-            GPU_CHECK(cudaGetDevice(&dev));
-            GPU_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        }
+        const size_t limit = size_t(smem_optin_limit());
+        auto go = [&](auto kernel, dim3 grid, int threads, size_t smem) {
+            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+        };
         // tensor cores unless LB_GPU_ATTN_TILED=1 (the fp32 kernel below)
         static const bool tiled = env_on("LB_GPU_ATTN_TILED");
         if (!tiled && n >= 16 && AW_QV % G == 0) {
             const dim3 gw((n + AW_QV / G - 1) / (AW_QV / G), nkv);
-            if (hd == 256 && attention_wmma_smem<256>() <= size_t(limit)) {
-                static bool raised = false;
-                if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_wmma_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_wmma_smem<256>())));
-                raised = true;
-                attention_wmma_kernel<256><<<gw, AW_THREADS, attention_wmma_smem<256>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
-                return;
-            }
-            if (hd == 128 && attention_wmma_smem<128>() <= size_t(limit)) {
-                static bool raised = false;
-                if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_wmma_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_wmma_smem<128>())));
-                raised = true;
-                attention_wmma_kernel<128><<<gw, AW_THREADS, attention_wmma_smem<128>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
-                return;
-            }
+            if (hd == 256 && attention_wmma_smem<256>() <= limit)
+                return go(attention_wmma_kernel<256>, gw, AW_THREADS, attention_wmma_smem<256>());
+            if (hd == 128 && attention_wmma_smem<128>() <= limit)
+                return go(attention_wmma_kernel<128>, gw, AW_THREADS, attention_wmma_smem<128>());
         }
         const dim3 grid((n + TA_QV / G - 1) / (TA_QV / G), nkv);
-        if (hd == 256 && attention_tiled_smem<256>() <= size_t(limit)) {
-            static bool raised = false;
-            if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_tiled_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_tiled_smem<256>())));
-            raised = true;
-            attention_tiled_kernel<256><<<grid, TA_THREADS, attention_tiled_smem<256>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
-            return;
-        }
-        if (hd == 128 && attention_tiled_smem<128>() <= size_t(limit)) {
-            static bool raised = false;
-            if (!raised) GPU_CHECK(cudaFuncSetAttribute(attention_tiled_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_tiled_smem<128>())));
-            raised = true;
-            attention_tiled_kernel<128><<<grid, TA_THREADS, attention_tiled_smem<128>(), s>>>(qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
-            return;
-        }
+        if (hd == 256 && attention_tiled_smem<256>() <= limit)
+            return go(attention_tiled_kernel<256>, grid, TA_THREADS, attention_tiled_smem<256>());
+        if (hd == 128 && attention_tiled_smem<128>() <= limit)
+            return go(attention_tiled_kernel<128>, grid, TA_THREADS, attention_tiled_smem<128>());
     }
 #endif
     attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out);
