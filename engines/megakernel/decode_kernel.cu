@@ -410,8 +410,23 @@ __device__ void publish_head_rows(const Params& p, int r0, int r1, unsigned* cnt
     }
 }
 
+// Attention layers (Params::fuse_att): KV head g's items need the q|gate rows of the g-th group of q heads
+// and g's k and v rows, (2 group + 2) hd rows in all; counted in as publish_head_rows does.
+__device__ void publish_kv_head_rows(const Params& p, int r0, int r1, unsigned* cnt) {
+    const int hd = p.hd, group = p.nh / p.nkv, kb = 2 * p.nh * hd, vb = kb + p.nkv * hd;
+    auto overlap = [&](int a, int b) { return max(0, min(r1, b) - max(r0, a)); };
+    for (int g = threadIdx.x; g < p.nkv; g += NT) {
+        const int n = overlap(2 * g * group * hd, 2 * (g + 1) * group * hd) + overlap(kb + g * hd, kb + (g + 1) * hd) +
+                      overlap(vb + g * hd, vb + (g + 1) * hd);
+        if (n == 0) continue;
+        __threadfence();
+        atomicAdd(cnt + g, unsigned(n));
+    }
+}
+
 // l: the layer (for LB_MK_TRACE); x: the residual as the previous layer left it; acc/acc2/own/h0/h1: see
-// norm_to_smem; in_cnt (fuse_in, DeltaNet layers): the per-head counters this block's rows are counted on.
+// norm_to_smem; in_cnt (fuse_in: DeltaNet layers, and attention layers with fuse_att): the per-head (per KV
+// head) counters this block's rows are counted on.
 __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float* x, const wtype* erow, float* xs, float* red,
                          const float* convpre, const unsigned long long* acc, const unsigned long long* acc2,
                          float* own, int h0, int h1, unsigned* in_cnt) {
@@ -428,7 +443,8 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float
     });
     if (in_cnt) {
         csync();
-        publish_head_rows(p, r0, r1, in_cnt);
+        if (L.full) publish_kv_head_rows(p, r0, r1, in_cnt);
+        else publish_head_rows(p, r0, r1, in_cnt);
     }
 }
 
@@ -627,147 +643,228 @@ __device__ void head_norm_rope(const float* src, const float* gain, int hd, int 
     csync();
 }
 
-// Stage 1 (full attention): item = (q head h, chunk of positions). Each warp runs an online softmax over
-// every NW-th position of the chunk; the block merges its warps; the last chunk of a head merges chunks.
+// Shared memory of the attention stages (aux): the q head, the new K/V row, per-warp softmax state and
+// outputs. The fused stage reuses `wacc` for its merge once the chunk is done.
+struct AttAux {
+    float *qs, *kn, *vn, *wm, *wl, *red, *wacc;
+    __device__ AttAux(float* aux, int hd) {
+        qs = aux;            // [hd]
+        kn = qs + hd;        // [hd] new key (normed, roped, rounded to the cache type)
+        vn = kn + hd;        // [hd] new value (rounded)
+        wm = vn + hd;        // [NW]
+        wl = wm + NW;        // [NW]
+        red = wl + NW;       // [NW]
+        wacc = red + NW;     // [NW, hd]
+    }
+};
+
+// One chunk [s0, s1) of positions for q head h. Each warp runs an online softmax over every NW-th position;
+// on return (every thread) M and Lsum are the block's merged max and sum, and chunk_out(e) gives element e of
+// the chunk's unnormalised output. The chunk that holds position pos also writes the new K/V row (the
+// first q head of each KV group) and uses it from shared memory.
 template <int MAXC>
-__device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int pos, float* aux) {
-    const int nb = gridDim.x, b = blockIdx.x;
-    const int hd = p.hd, nh = p.nh, nkv = p.nkv, group = nh / nkv;
+__device__ void attention_chunk(const Params& p, const LayerPtrs& L, int pos, int h, int s0, int s1, const AttAux& a,
+                                float* M_out, float* L_out) {
+    const int hd = p.hd, nh = p.nh, nkv = p.nkv, group = nh / nkv, kvh = h / group;
     const int ctx = pos + 1;
-    int nch = max(1, min((ctx + 15) / 16, nb / nh));
-    const int cs = (ctx + nch - 1) / nch;
-    nch = (ctx + cs - 1) / cs;
-    float* qs = aux;            // [hd]
-    float* kn = qs + hd;        // [hd] new key (normed, roped, rounded to the cache type)
-    float* vn = kn + hd;        // [hd] new value (rounded)
-    float* wm = vn + hd;        // [NW]
-    float* wl = wm + NW;        // [NW]
-    float* red = wl + NW;       // [NW]
-    float* wacc = red + NW;     // [NW, hd]
-    __shared__ int s_last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunks8 = hd / 8;
     const size_t row_elems = size_t(nkv) * hd;
     const float scale = rsqrtf(float(hd));
-    for (int it = b; it < nh * nch; it += nb) {
-        const int h = it / nch, c = it % nch, kvh = h / group;
-        const int s0 = c * cs, s1 = min(ctx, s0 + cs);
-        const float* qkv = p.buf_in;
-        head_norm_rope(qkv + size_t(h) * 2 * hd, L.q_norm, hd, p.rot, p.theta, p.eps, pos, qs, red);
-        const bool has_new = s1 == ctx;
-        if (has_new) {
-            head_norm_rope(qkv + size_t(2 * nh) * hd + size_t(kvh) * hd, L.k_norm, hd, p.rot, p.theta, p.eps, pos, kn, red);
-            const bool writer = (h % group) == 0;
-            unsigned short* krow = (unsigned short*)L.kc + (size_t(pos) * nkv + kvh) * hd;
-            unsigned short* vrow = (unsigned short*)L.vc + (size_t(pos) * nkv + kvh) * hd;
-            for (int i = threadIdx.x; i < hd; i += NT) {
-                float kb, vb;
-                const unsigned short kbits = kv_round(kn[i], p.kv_f16, &kb);
-                const unsigned short vbits = kv_round(ldg(qkv + size_t(2 * nh + nkv) * hd + size_t(kvh) * hd + i), p.kv_f16, &vb);
-                kn[i] = kb;
-                vn[i] = vb;
-                if (writer) { krow[i] = kbits; vrow[i] = vbits; }
-            }
-            csync();
-        }
-        float q[MAXC][8], acc[MAXC][8];
-#pragma unroll
-        for (int m = 0; m < MAXC; ++m) {
-            const int e8 = lane + 32 * m;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                q[m][j] = e8 < chunks8 ? qs[e8 * 8 + j] : 0.f;
-                acc[m][j] = 0.f;
-            }
-        }
-        float mx = -FLT_MAX, lsum = 0.f;
-        for (int s = s0 + warp; s < s1; s += NW) {
-            float kf[MAXC][8], vf[MAXC][8];
-            const bool fresh = s == pos;
-            const uint4* kr = (const uint4*)((const unsigned short*)L.kc + (size_t(s) * row_elems + size_t(kvh) * hd));
-            const uint4* vr = (const uint4*)((const unsigned short*)L.vc + (size_t(s) * row_elems + size_t(kvh) * hd));
-#pragma unroll
-            for (int m = 0; m < MAXC; ++m) {
-                const int e8 = lane + 32 * m;
-                if (e8 < chunks8) {
-                    if (fresh) {
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) { kf[m][j] = kn[e8 * 8 + j]; vf[m][j] = vn[e8 * 8 + j]; }
-                    } else {
-                        unpack8_kv(ldg4(kr + e8), kf[m], p.kv_f16);
-                        unpack8_kv(ldg4(vr + e8), vf[m], p.kv_f16);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) { kf[m][j] = 0.f; vf[m][j] = 0.f; }
-                }
-            }
-            float d = 0.f;
-#pragma unroll
-            for (int m = 0; m < MAXC; ++m)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) d += q[m][j] * kf[m][j];
-            const float score = warp_sum(d) * scale;
-            const float mnew = fmaxf(mx, score);
-            const float corr = __expf(mx - mnew), pr = __expf(score - mnew);
-            lsum = lsum * corr + pr;
-#pragma unroll
-            for (int m = 0; m < MAXC; ++m)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[m][j] = acc[m][j] * corr + pr * vf[m][j];
-            mx = mnew;
-        }
-        if (lane == 0) { wm[warp] = mx; wl[warp] = lsum; }
-#pragma unroll
-        for (int m = 0; m < MAXC; ++m) {
-            const int e8 = lane + 32 * m;
-            if (e8 < chunks8)
-#pragma unroll
-                for (int j = 0; j < 8; ++j) wacc[warp * hd + e8 * 8 + j] = acc[m][j];
-        }
-        csync();
-        float M = -FLT_MAX;
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w]);
-        float Lsum = 0.f;
-        for (int w = 0; w < NW; ++w) Lsum += wl[w] * __expf(wm[w] - M);
-        const float* gate = qkv + size_t(h) * 2 * hd + hd;
-        if (nch == 1) {
-            for (int e = threadIdx.x; e < hd; e += NT) {
-                float ov = 0.f;
-                for (int w = 0; w < NW; ++w) ov += wacc[w * hd + e] * __expf(wm[w] - M);
-                p.o[size_t(h) * hd + e] = ov / Lsum * sigm(ldg(gate + e));
-            }
-            csync();
-            continue;
-        }
-        float* part = p.att_part + (size_t(h) * nb + c) * (hd + 2);
-        for (int e = threadIdx.x; e < hd; e += NT) {
-            float ov = 0.f;
-            for (int w = 0; w < NW; ++w) ov += wacc[w * hd + e] * __expf(wm[w] - M);
-            part[2 + e] = ov;
-        }
-        if (threadIdx.x == 0) { part[0] = M; part[1] = Lsum; }
-        __threadfence();
-        csync();
-        if (threadIdx.x == 0) s_last = atomicAdd(p.tickets + l * nh + h, 1u) == unsigned(nch - 1);
-        csync();
-        if (s_last) {
-            __threadfence();
-            const float* hp = p.att_part + size_t(h) * nb * (hd + 2);
-            float MM = -FLT_MAX;
-            for (int k = 0; k < nch; ++k) MM = fmaxf(MM, ldg(hp + size_t(k) * (hd + 2)));
-            float LL = 0.f;
-            for (int k = 0; k < nch; ++k) LL += ldg(hp + size_t(k) * (hd + 2) + 1) * __expf(ldg(hp + size_t(k) * (hd + 2)) - MM);
-            for (int e = threadIdx.x; e < hd; e += NT) {
-                float ov = 0.f;
-                for (int k = 0; k < nch; ++k)
-                    ov += ldg(hp + size_t(k) * (hd + 2) + 2 + e) * __expf(ldg(hp + size_t(k) * (hd + 2)) - MM);
-                p.o[size_t(h) * hd + e] = ov / LL * sigm(ldg(gate + e));
-            }
-            if (threadIdx.x == 0) atomicExch(p.tickets + l * nh + h, 0u);
+    const float* qkv = p.buf_in;
+    head_norm_rope(qkv + size_t(h) * 2 * hd, L.q_norm, hd, p.rot, p.theta, p.eps, pos, a.qs, a.red);
+    if (s1 == ctx) {
+        head_norm_rope(qkv + size_t(2 * nh) * hd + size_t(kvh) * hd, L.k_norm, hd, p.rot, p.theta, p.eps, pos, a.kn, a.red);
+        const bool writer = (h % group) == 0;
+        unsigned short* krow = (unsigned short*)L.kc + (size_t(pos) * nkv + kvh) * hd;
+        unsigned short* vrow = (unsigned short*)L.vc + (size_t(pos) * nkv + kvh) * hd;
+        for (int i = threadIdx.x; i < hd; i += NT) {
+            float kb, vb;
+            const unsigned short kbits = kv_round(a.kn[i], p.kv_f16, &kb);
+            const unsigned short vbits = kv_round(ldg(qkv + size_t(2 * nh + nkv) * hd + size_t(kvh) * hd + i), p.kv_f16, &vb);
+            a.kn[i] = kb;
+            a.vn[i] = vb;
+            if (writer) { krow[i] = kbits; vrow[i] = vbits; }
         }
         csync();
     }
+    float q[MAXC][8], acc[MAXC][8];
+#pragma unroll
+    for (int m = 0; m < MAXC; ++m) {
+        const int e8 = lane + 32 * m;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            q[m][j] = e8 < chunks8 ? a.qs[e8 * 8 + j] : 0.f;
+            acc[m][j] = 0.f;
+        }
+    }
+    float mx = -FLT_MAX, lsum = 0.f;
+    for (int s = s0 + warp; s < s1; s += NW) {
+        float kf[MAXC][8], vf[MAXC][8];
+        const bool fresh = s == pos;
+        const uint4* kr = (const uint4*)((const unsigned short*)L.kc + (size_t(s) * row_elems + size_t(kvh) * hd));
+        const uint4* vr = (const uint4*)((const unsigned short*)L.vc + (size_t(s) * row_elems + size_t(kvh) * hd));
+#pragma unroll
+        for (int m = 0; m < MAXC; ++m) {
+            const int e8 = lane + 32 * m;
+            if (e8 < chunks8) {
+                if (fresh) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) { kf[m][j] = a.kn[e8 * 8 + j]; vf[m][j] = a.vn[e8 * 8 + j]; }
+                } else {
+                    unpack8_kv(ldg4(kr + e8), kf[m], p.kv_f16);
+                    unpack8_kv(ldg4(vr + e8), vf[m], p.kv_f16);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) { kf[m][j] = 0.f; vf[m][j] = 0.f; }
+            }
+        }
+        float d = 0.f;
+#pragma unroll
+        for (int m = 0; m < MAXC; ++m)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) d += q[m][j] * kf[m][j];
+        const float score = warp_sum(d) * scale;
+        const float mnew = fmaxf(mx, score);
+        const float corr = __expf(mx - mnew), pr = __expf(score - mnew);
+        lsum = lsum * corr + pr;
+#pragma unroll
+        for (int m = 0; m < MAXC; ++m)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[m][j] = acc[m][j] * corr + pr * vf[m][j];
+        mx = mnew;
+    }
+    if (lane == 0) { a.wm[warp] = mx; a.wl[warp] = lsum; }
+#pragma unroll
+    for (int m = 0; m < MAXC; ++m) {
+        const int e8 = lane + 32 * m;
+        if (e8 < chunks8)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) a.wacc[warp * hd + e8 * 8 + j] = acc[m][j];
+    }
+    csync();
+    float M = -FLT_MAX;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, a.wm[w]);
+    float Lsum = 0.f;
+    for (int w = 0; w < NW; ++w) Lsum += a.wl[w] * __expf(a.wm[w] - M);
+    *M_out = M;
+    *L_out = Lsum;
+}
+__device__ __forceinline__ float chunk_out(const AttAux& a, int hd, float M, int e) {
+    float ov = 0.f;
+    for (int w = 0; w < NW; ++w) ov += a.wacc[w * hd + e] * __expf(a.wm[w] - M);
+    return ov;
+}
+
+// Chunks of positions per q head: at least 16 positions each, at most `limit` chunks.
+__device__ __forceinline__ void att_chunks(int ctx, int limit, int* nch, int* cs) {
+    int n = max(1, min((ctx + 15) / 16, limit));
+    *cs = (ctx + n - 1) / n;
+    *nch = (ctx + *cs - 1) / *cs;
+}
+
+// Stage 1 (full attention). Block b runs at most one chunk of positions of one q head; a head has nch
+// chunks (att_chunks, at most blocks / nh).
+//  - Unfused: chunk (h, c) = (b / nch, b % nch). The last chunk of a head to finish (atomic ticket) merges
+//    the chunks and writes the gated output to p.o for the out-projection stage.
+//  - Fused (Params::fuse_att; in_cnt, cnt, acc, ys, part given): no grid barrier before or after. Q head h
+//    owns blocks [h bph, (h + 1) bph), bph = blocks / nh, and its first nch blocks run its chunks: each
+//    waits for its KV head's in-projection rows (in_cnt), runs its chunk and publishes the record (max,
+//    sum, unnormalised output) in att_part, counted in on the head's counter (cnt). Then every block of
+//    the head merges its cpb columns of the head output over the chunks, in chunk order (the result does
+//    not depend on arrival order), applies the output gate and adds its columns of o_proj (out_t rows
+//    h hd + j) times them into acc. Blocks past nh bph have nothing to do in this stage.
+// One call site for attention_chunk in both modes: two inlined copies cost the kernel registers.
+template <int MAXC>
+__device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int pos, float* aux,
+                                const unsigned* in_cnt = nullptr, unsigned* cnt = nullptr,
+                                unsigned long long* acc = nullptr, float* ys = nullptr, float* part = nullptr) {
+    const int nb = gridDim.x, b = blockIdx.x;
+    const int hd = p.hd, nh = p.nh, group = nh / p.nkv, bph = nb / nh;
+    const bool fused = acc != nullptr;
+    const int ctx = pos + 1;
+    int nch, cs;
+    att_chunks(ctx, bph, &nch, &cs);
+    const int h = fused ? b / bph : b / nch, c = fused ? b % bph : b % nch;
+    const bool runs_chunk = fused ? (b < nh * bph && c < nch) : b < nh * nch;
+    const AttAux a(aux, hd);
+    const float* gate = p.buf_in + size_t(h) * 2 * hd + hd;
+    float* hp = p.att_part + size_t(h) * nb * (hd + 2);  // the head's chunk records [nch][hd + 2]
+    __shared__ int s_last;
+    if (runs_chunk) {
+        if (fused) {
+            if (threadIdx.x == 0) wait_count(in_cnt + h / group, unsigned((2 * group + 2) * hd));
+            csync();
+        }
+        float M, Lsum;
+        attention_chunk<MAXC>(p, L, pos, h, c * cs, min(ctx, c * cs + cs), a, &M, &Lsum);
+        if (!fused && nch == 1) {
+            for (int e = threadIdx.x; e < hd; e += NT) p.o[size_t(h) * hd + e] = chunk_out(a, hd, M, e) / Lsum * sigm(ldg(gate + e));
+            csync();
+            return;
+        }
+        float* rec = hp + size_t(c) * (hd + 2);
+        for (int e = threadIdx.x; e < hd; e += NT) rec[2 + e] = chunk_out(a, hd, M, e);
+        if (threadIdx.x == 0) { rec[0] = M; rec[1] = Lsum; }
+        if (fused) {
+            csync();
+            if (threadIdx.x == 0) red_release_add(cnt + h, 1u);
+        } else {
+            __threadfence();
+            csync();
+            if (threadIdx.x == 0) s_last = atomicAdd(p.tickets + l * nh + h, 1u) == unsigned(nch - 1);
+            csync();
+            if (s_last) {
+                __threadfence();
+                float MM = -FLT_MAX;
+                for (int k = 0; k < nch; ++k) MM = fmaxf(MM, ldg(hp + size_t(k) * (hd + 2)));
+                float LL = 0.f;
+                for (int k = 0; k < nch; ++k) LL += ldg(hp + size_t(k) * (hd + 2) + 1) * __expf(ldg(hp + size_t(k) * (hd + 2)) - MM);
+                for (int e = threadIdx.x; e < hd; e += NT) {
+                    float ov = 0.f;
+                    for (int k = 0; k < nch; ++k)
+                        ov += ldg(hp + size_t(k) * (hd + 2) + 2 + e) * __expf(ldg(hp + size_t(k) * (hd + 2)) - MM);
+                    p.o[size_t(h) * hd + e] = ov / LL * sigm(ldg(gate + e));
+                }
+                if (threadIdx.x == 0) atomicExch(p.tickets + l * nh + h, 0u);
+            }
+            csync();
+            return;
+        }
+    }
+    if (!fused || b >= nh * bph) return;
+    const int cpb = (hd + bph - 1) / bph, j0 = min(hd, c * cpb), nc = min(hd, j0 + cpb) - j0;
+    if (nc <= 0) return;
+    if (threadIdx.x == 0) wait_count(cnt + h, unsigned(nch));
+    csync();
+    // every chunk's max, sum and values of these columns, and the gates: one round trip
+    float* sM = a.wacc;     // [bph] (the chunk is done with wacc)
+    float* sL = sM + bph;   // [bph]
+    float* sV = sL + bph;   // [nch][cpb]
+    for (int t = threadIdx.x; t < nch * nc; t += NT) {
+        const int k = t / nc, j = t % nc;
+        sV[k * cpb + j] = ldg(hp + size_t(k) * (hd + 2) + 2 + j0 + j);
+    }
+    if (threadIdx.x < nch) {
+        sM[threadIdx.x] = ldg(hp + size_t(threadIdx.x) * (hd + 2));
+        sL[threadIdx.x] = ldg(hp + size_t(threadIdx.x) * (hd + 2) + 1);
+    }
+    const float g = threadIdx.x < nc ? ldg(gate + j0 + threadIdx.x) : 0.f;
+    csync();
+    if (threadIdx.x < nc) {
+        float MM = -FLT_MAX;
+        for (int k = 0; k < nch; ++k) MM = fmaxf(MM, sM[k]);
+        float LL = 0.f, ov = 0.f;
+        for (int k = 0; k < nch; ++k) {
+            const float w = __expf(sM[k] - MM);
+            LL += sL[k] * w;
+            ov += sV[k * cpb + threadIdx.x] * w;
+        }
+        ys[threadIdx.x] = ov / LL * sigm(g);
+    }
+    csync();
+    splitk_accumulate(L.out_t + size_t(h * hd + j0) * p.H, nc, ys, p.H, part, acc);
 }
 
 // xs = the out-projection's input: the mixer output, for DeltaNet through the per-head gated RMSNorm.
@@ -990,7 +1087,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         // previous layer's in their in-projection prologue, so layers alternate between two buffers.
         float* xw = p.x2 && (l & 1) ? p.x2 : p.x;                                   // layer l's
         const float* xr = l > 0 && p.x2 && ((l - 1) & 1) ? p.x2 : (l > 0 ? p.x : xw);  // layer l - 1's
-        const bool in_fused_here = p.fuse_in && !L.full;
+        const bool in_fused_here = p.fuse_in && (!L.full || p.fuse_att);
         const wtype* erow = l == 0 ? p.embed + size_t(tok) * H : nullptr;
         if (erow)  // each block writes its own residual rows (read by others only after the next barrier)
             for (int i = threadIdx.x; i < h1 - h0; i += NT) {
@@ -1011,10 +1108,15 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         // (Slower blocks may still be reading the other half when fuse_in skipped the barrier above.)
         if (p.fuse)
             for (int i = h0 + threadIdx.x; i < h1; i += NT) p.mlp_acc[cur + i] = 0ull;
-        const bool out_fused_here = p.fuse_out && !L.full;
+        const bool out_fused_here = p.fuse_out && (!L.full || p.fuse_att);
         if (L.full) {
-            if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
-            else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
+            // fuse_att: as for DeltaNet below, the o_proj output stays in out_acc until the MLP's prologue adds it
+            unsigned* cnt = p.fuse_att ? p.head_cnt + size_t(l) * p.hv : nullptr;
+            unsigned long long* acc = p.fuse_att ? p.out_acc + cur : nullptr;
+            if (p.fuse_att)
+                for (int i = threadIdx.x; i < h1 - h0; i += NT) xw[h0 + i] = own[i];
+            if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
+            else stage_attention<ATT_MAXC>(p, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
         } else if (out_fused_here) {
             // the residual as this layer found it: the out-projection's output stays in out_acc until the
             // MLP's prologue adds it (nobody reads xw in this stage)

@@ -8,10 +8,13 @@
 //               conv1d + SiLU (conv state advanced), z kept, beta = sigmoid(b), g = -A softplus(a + dt_bias)
 //   1 mixer     DeltaNet: (head, 16 value columns) per block: q/k L2 norm, state decay, delta update, output
 //               attention: (q head, chunk of positions) per block, split softmax merged by the last chunk
+//               (fused, the default: every block of a q head merges its columns and applies them to o_proj)
 //   2 out-proj  gated RMSNorm (DeltaNet) + GEMV out_proj / o_proj, residual add
 //   3 gate_up   RMSNorm + GEMV of gate and up rows together, SiLU(gate) * up
 //   4 down      GEMV down_proj, residual add
 // then the LM head (RMSNorm + GEMV over the vocabulary, per-block argmax, last block reduces).
+// By default stages fuse (Params::fuse, fuse_out, fuse_in, fuse_att): every layer runs in-proj -> mixer +
+// out-proj (per-head counters, no grid barrier) -> barrier -> gate/up + down -> barrier: 48 barriers a token.
 //
 // Memory. Weights are read once with 128-bit non-coherent loads that skip L1 (ld.global.nc.L1::no_allocate);
 // activations written by other blocks in this launch are read through L2 (ld.global.cg) since L1 is not
@@ -46,7 +49,7 @@ struct LayerPtrs {
     const wtype* gate_up;  // [2I, H]
     const wtype* down;     // [H, I]
     const wtype* down_t;   // [I, H]: down transposed (fused MLP only, else null)
-    const wtype* out_t;    // [vd, H]: DeltaNet out_proj transposed (fused out-projection only, else null)
+    const wtype* out_t;    // out_proj [vd, H] / o_proj [nh hd, H] transposed (fused out-projection / attention only, else null)
     // DeltaNet
     const float* conv_w;   // [cd, K]
     const float* neg_A;    // [hv]
@@ -98,6 +101,11 @@ struct Params {
     int fuse_in;
     unsigned* in_cnt;   // [n_layers][hv] in-projection rows of each value head done (reset by the last block)
     float* x2;          // [H] the residual of odd layers (fuse_in), else null
+    // Fused attention (default with fuse_in; LB_MK_FUSE_ATT=0 turns it off): attention layers get the
+    // DeltaNet treatment, no grid barrier between in-projection, attention and out-projection: items wait
+    // on their KV head's in-projection rows (in_cnt), the chunks of a q head meet on head_cnt, and each
+    // block of the head applies its columns of o_proj (out_t = o_proj transposed) into out_acc.
+    int fuse_att;
     long long* trace;   // LB_MK_TRACE: [2][n_layers * 16 + 2] clock64 stamps, or null
     // sequence state (device)
     int* pos;         // tokens already in the sequence

@@ -27,6 +27,7 @@ struct LaunchInfo {
     bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); LB_MK_FUSE=0: off
     bool fused_out = false;    // DeltaNet mixer + out-projection in one stage (3 barriers a DeltaNet layer); LB_MK_FUSE_OUT=0: off
     bool fused_in = false;     // no in-projection -> DeltaNet grid barrier (2 a DeltaNet layer); LB_MK_FUSE_IN=0: off
+    bool fused_att = false;    // attention layers without in -> attention -> out-projection barriers (2 a layer); LB_MK_FUSE_ATT=0: off
     int barriers_per_token = 0;
 };
 

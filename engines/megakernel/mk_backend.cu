@@ -367,13 +367,25 @@ private:
         // ... and the in-projection -> DeltaNet barrier through per-head counters (LB_MK_FUSE_IN=0: off)
         const char* fuse_in_env = std::getenv("LB_MK_FUSE_IN");
         const bool fuse_in = fuse_out && !(fuse_in_env && fuse_in_env[0] == '0');
+        // ... and the same for attention layers (LB_MK_FUSE_ATT=0: off): q head h's blocks are [h bph,
+        // (h + 1) bph); the counters are indexed by q head / KV head within the [n_layers][hv] arrays; the
+        // merge reuses the attention's per-warp outputs (NW hd floats), the gated head columns go to the
+        // fused MLP's activation slice (actv)
+        const int bph = info_.blocks / std::max(1, c.n_heads), cpb = (c.head_dim + bph - 1) / std::max(1, bph);
+        const char* fuse_att_env = std::getenv("LB_MK_FUSE_ATT");
+        const bool fuse_att = fuse_in && !(fuse_att_env && fuse_att_env[0] == '0') && bph >= 1 &&
+                              c.n_heads <= c.lin_v_heads && c.n_kv_heads <= c.lin_v_heads &&
+                              2 * bph + bph * cpb <= NW * c.head_dim && cpb <= actv;
         int n_lin = 0;
         for (int l = 0; l < c.n_layers; ++l) n_lin += c.is_full[size_t(l)] ? 0 : 1;
-        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers - (fuse_out ? n_lin : 0) - (fuse_in ? n_lin : 0);
+        const int n_full = c.n_layers - n_lin;
+        info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers - (fuse_out ? n_lin : 0) - (fuse_in ? n_lin : 0) -
+                                   (fuse_att ? 2 * n_full : 0);
         info_.diag = info_diag();
         info_.fused = fuse;
         info_.fused_out = fuse_out;
         info_.fused_in = fuse_in;
+        info_.fused_att = fuse_att;
         const int nb = info_.blocks;
 
         std::vector<LayerPtrs> lp(size_t(c.n_layers));
@@ -394,6 +406,7 @@ private:
                 d.out_in = c.n_heads * c.head_dim;
                 d.q_norm = F(L.q_norm);
                 d.k_norm = F(L.k_norm);
+                if (fuse_att) d.out_t = transposed(L.o_proj);  // [nh hd, H]: a block's columns of a head are contiguous rows
                 d.kc = kc_[size_t(l)];
                 d.vc = vc_[size_t(l)];
             } else {
@@ -446,6 +459,7 @@ private:
         p.fuse = fuse;
         p.fuse_out = fuse_out;
         p.fuse_in = fuse_in;
+        p.fuse_att = fuse_att;
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : 3;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
@@ -496,9 +510,9 @@ private:
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
-                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, diag %d\n",
+                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
-                int(fuse), int(fuse_out), int(fuse_in), info_.diag);
+                int(fuse), int(fuse_out), int(fuse_in), int(fuse_att), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
