@@ -1281,6 +1281,66 @@ __device__ __forceinline__ void unpack8(const uint4& p, float* f) {
     for (int j = 0; j < 8; ++j) f[j] = w2f(w[j]);
 }
 
+__device__ __forceinline__ void unpack4(const uint2& p, float* f) {
+    const wtype* w = (const wtype*)&p;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[j] = w2f(w[j]);
+}
+
+// The fused MLP's output is summed over blocks in 64-bit fixed point by integer atomics: integer addition is
+// associative, so the total does not depend on the order in which blocks finish and greedy decoding stays
+// repeatable (as the megakernel's). 2^-32 resolution, |v| < 2^31.
+constexpr float FIX_SCALE = 4294967296.f, FIX_INV = 1.f / 4294967296.f;
+__device__ __forceinline__ unsigned long long to_fix(float v) {
+    return (unsigned long long)__float2ll_rn(fminf(fmaxf(v, -2.1e9f), 2.1e9f) * FIX_SCALE);
+}
+__device__ __forceinline__ float from_fix(unsigned long long v) { return __ll2float_rn((long long)v) * FIX_INV; }
+
+// xs[0, in) = rmsnorm(v) * gain over the block's NT threads, v = x, or x + from_fix(acc) where an MLP output
+// is still in its accumulator (written by other blocks' atomics: read at L2). in % 4 == 0; xs is complete
+// after the caller's next __syncthreads.
+template <int NT>
+__device__ __forceinline__ void rmsnorm_smem(const float* x, const unsigned long long* acc, const float* gain, float eps,
+                                             int in, float* xs) {
+    const int tid = threadIdx.x;
+    float ss = 0;
+    if (acc) {
+        for (int i = tid * 4; i < in; i += NT * 4) {
+            float4 v = *(const float4*)(x + i);
+            const ulonglong2 p = ld_cg((const ulonglong2*)(acc + i)), q = ld_cg((const ulonglong2*)(acc + i + 2));
+            v.x += from_fix(p.x); v.y += from_fix(p.y); v.z += from_fix(q.x); v.w += from_fix(q.y);
+            *(float4*)(xs + i) = v;
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        const float inv = rsqrtf(block_sum(ss) / in + eps);  // block_sum's barriers publish the xs stores
+        for (int i = tid; i < in; i += NT) xs[i] = xs[i] * inv * gain[i];
+    } else {
+        for (int i = tid * 4; i < in; i += NT * 4) {
+            const float4 v = *(const float4*)(x + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        const float inv = rsqrtf(block_sum(ss) / in + eps);
+        for (int i = tid; i < in; i += NT) xs[i] = x[i] * inv * gain[i];
+    }
+}
+
+// One lane's part of the dot product of a row (nvec chunks of 8 weights, shared memory) with xs: chunks
+// lane, lane + step, ...; the caller sums the lanes (warp_sum). Same sums as gemv_fused_kernel's rows; the
+// chunk is copied to registers first (one 16-byte shared load: unpack8 on the shared address compiles to
+// eight 2-byte loads).
+__device__ __forceinline__ float dot8_lane(const uint4* wr, const float* xs, int nvec, int lane, int step) {
+    float acc0 = 0.f, acc1 = 0.f;
+    for (int c = lane; c < nvec; c += step) {
+        float wf[8];
+        const uint4 w = wr[c];
+        unpack8(w, wf);
+        const float4 xa = ((const float4*)xs)[2 * c], xb = ((const float4*)xs)[2 * c + 1];
+        acc0 += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w;
+        acc1 += wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z + wf[7] * xb.w;
+    }
+    return acc0 + acc1;
+}
+
 constexpr int GV_THREADS = 256, GV_WARPS = GV_THREADS / 32, GV_STAGES = 3, GV_MAX_HEADS = 64;
 
 // Persistent GEMV for one token: block b handles row tiles b, b + grid, ... Each tile (rb rows) is copied
@@ -1312,13 +1372,7 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
 
     // ---- prologue: the input vector
     if (PRO == GV_RMSNORM) {
-        float ss = 0;
-        for (int i = tid * 4; i < in; i += GV_THREADS * 4) {
-            const float4 v = *(const float4*)(a.x + i);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        const float inv = rsqrtf(block_sum(ss) / in + a.eps);
-        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i] * inv * a.gain[i];
+        rmsnorm_smem<GV_THREADS>(a.x, a.acc, a.gain, a.eps, in, xs);  // a.acc: the previous fused MLP's output
     } else if (PRO == GV_SILU) {
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = silu(a.x[i]) * a.x[in + i];
     } else if (PRO == GV_GATED) {
@@ -1351,19 +1405,21 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
         const wtype* tw = wt + size_t(stage) * tile_elems;
         for (int r = warp; r < nr; r += GV_WARPS) {
             const uint4* wr = (const uint4*)(tw + size_t(r) * in);
-            float acc0 = 0.f, acc1 = 0.f;
-            for (int c = lane; c < nvec; c += 32) {
-                float wf[8];
-                unpack8(wr[c], wf);
-                const float4 xa = ((const float4*)xs)[2 * c], xb = ((const float4*)xs)[2 * c + 1];
-                acc0 += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w;
-                acc1 += wf[4] * xb.x + wf[5] * xb.y + wf[6] * xb.z + wf[7] * xb.w;
-            }
-            const float v = warp_sum(acc0 + acc1);
+            const float v = warp_sum(dot8_lane(wr, xs, nvec, lane, 32));
             const int row = row0 + r;
             if (lane == 0) {
                 if (EPI == GV_ADD) {
-                    a.y[row] += v;
+                    if (a.fold) {
+                        // The previous layer's fused MLP output joins the residual here, in the order of the
+                        // unfused graph (x + mlp, then + Wx), and its accumulator is cleared for this layer's
+                        // MLP. Race-free: this lane is the row's only writer, and between the in-projection
+                        // (which read x + acc) and this kernel nothing reads x or acc; the MLP kernel adds
+                        // into acc only after its dependency wait, i.e. after this kernel has finished.
+                        a.y[row] = (a.y[row] + from_fix(ld_cg(a.fold + row))) + v;
+                        a.fold[row] = 0ull;
+                    } else {
+                        a.y[row] += v;
+                    }
                 } else {
                     a.y[row] = v;
                     if (EPI == GV_CONV && row < a.conv_rows) {
@@ -1401,12 +1457,115 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
     }
 }
 
-__global__ void embed_decode_kernel(const int* token, const wtype* E, int H, float* x, unsigned long long* key) {
+// Copies nch 16-byte chunks global -> shared, the block's NT threads striding. sm_80+: cp.async (the caller
+// commits and waits); else through registers, 8 chunks a thread at a time so that 8 loads are in flight.
+template <int NT>
+__device__ __forceinline__ void copy_to_smem(uint4* dst, const uint4* src, int nch) {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    for (int c = threadIdx.x; c < nch; c += NT) cp_async16(dst + c, src + c);
+#else
+    for (int c0 = threadIdx.x; c0 < nch; c0 += 8 * NT) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (c0 + u * NT < nch) v[u] = src[c0 + u * NT];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (c0 + u * NT < nch) dst[c0 + u * NT] = v[u];
+    }
+#endif
+}
+
+// Fused MLP for one token (FusedMlp in gpu_ops.h). Block b owns the intermediate rows [r0, r1), n = r1 - r0
+// <= rb (the grid splits I evenly). Dynamic shared memory (mlp_smem_bytes): xs [H] floats | gain [H] floats |
+// act [rb] floats (padded to 16 bytes) | gate rows [rb][H] | up rows [rb][H] | down_t rows [rb][H].
+constexpr int MF_THREADS = 256, MF_WARPS = MF_THREADS / LB_WARP;
+__global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int rb) {
+    extern __shared__ __align__(16) unsigned char mf_smem[];
+    const int H = a.H, I = a.I, tid = threadIdx.x, lane = tid % LB_WARP, warp = tid / LB_WARP;
+    const int r0 = int((long long)blockIdx.x * I / gridDim.x), r1 = int((long long)(blockIdx.x + 1) * I / gridDim.x);
+    const int n = r1 - r0, nch = n * (H / 8);
+    float* xs = (float*)mf_smem;
+    float* gs = xs + H;    // H % 8 == 0: 16-byte aligned
+    float* act = gs + H;
+    wtype* wg = (wtype*)(act + (rb + 3) / 4 * 4);
+    wtype* wu = wg + size_t(rb) * H;
+    wtype* wd = wu + size_t(rb) * H;
+    // The weights do not depend on earlier kernels: the block's whole share (three contiguous runs of n rows)
+    // and the norm's gain are requested before the dependency wait, so they stream in while the previous
+    // kernel finishes and the prologue's only round trip is x. Groups: gain; gate and up rows; down_t rows
+    // (each phase waits only for its own).
+    copy_to_smem<MF_THREADS>((uint4*)gs, (const uint4*)a.gain, H / 4);
+    cp_async_commit();
+    copy_to_smem<MF_THREADS>((uint4*)wg, (const uint4*)(a.gate_up + size_t(r0) * H), nch);
+    copy_to_smem<MF_THREADS>((uint4*)wu, (const uint4*)(a.gate_up + (size_t(I) + r0) * H), nch);
+    cp_async_commit();
+    copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
+    cp_async_commit();
+    griddep_launch();
+    griddep_wait();  // from here on: x (complete: the out-projection before this kernel folded the previous
+                     // MLP's accumulator into it) and acc (zero: that same fold, or embed_decode for layer 0)
+
+    cp_async_wait<2>();
+    __syncthreads();  // every thread's gain copies
+    rmsnorm_smem<MF_THREADS>(a.x, nullptr, gs, a.eps, H, xs);
+    cp_async_wait<1>();
+    __syncthreads();  // xs, and every thread's gate and up copies
+    // act[j] = silu(gate . xs) * (up . xs) for row r0 + j, one warp a row (the dots as in gemv_fused_kernel)
+    const int nvec = H / 8;
+    for (int j = warp; j < n; j += MF_WARPS) {
+        const float g = warp_sum(dot8_lane((const uint4*)(wg + size_t(j) * H), xs, nvec, lane, LB_WARP));
+        const float u = warp_sum(dot8_lane((const uint4*)(wu + size_t(j) * H), xs, nvec, lane, LB_WARP));
+        if (lane == 0) act[j] = silu(g) * u;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // act, and every thread's down_t copies; xs is no longer read
+    // This block's share of all H outputs: thread c sums outputs [4c, 4c + 4) over the n rows in order (fixed
+    // order: the partial does not depend on scheduling) into xs; then one atomic add per output (a RED at
+    // L2), consecutive lanes on consecutive outputs so that a warp's 32 adds cover 8 sectors, not 32.
+    for (int c = tid; c < H / 4; c += MF_THREADS) {
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {
+            float f[4];
+            const uint2 w = ((const uint2*)(wd + size_t(j) * H))[c];  // to registers first, as in dot8_lane
+            unpack4(w, f);
+            const float aj = act[j];
+            o.x += aj * f[0]; o.y += aj * f[1]; o.z += aj * f[2]; o.w += aj * f[3];
+        }
+        ((float4*)xs)[c] = o;
+    }
+    __syncthreads();
+    for (int i = tid; i < H; i += MF_THREADS) atomicAdd(a.acc + i, to_fix(xs[i]));
+}
+
+// out[c][r] = in[r][c], 2-byte elements; 32 x 32 tiles through shared memory, block (32, 8).
+__global__ void transpose16_kernel(const unsigned short* in, int rows, int cols, unsigned short* out) {
+    __shared__ unsigned short tile[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const int r = blockIdx.y * 32 + k;
+        if (r < rows && c < cols) tile[k][threadIdx.x] = in[size_t(r) * cols + c];
+    }
+    __syncthreads();
+    const int r = blockIdx.y * 32 + threadIdx.x;
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+        const int cc = blockIdx.x * 32 + k;
+        if (r < rows && cc < cols) out[size_t(cc) * rows + r] = tile[threadIdx.x][k];
+    }
+}
+
+__global__ void embed_decode_kernel(const int* token, const wtype* E, int H, float* x, unsigned long long* key,
+                                    unsigned long long* acc) {
     griddep_launch();
     griddep_wait();
     const wtype* row = E + size_t(*token) * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[i] = w2f(row[i]);
     if (threadIdx.x == 0) *key = 0ull;
+    // The fused MLP's accumulator: the previous token's LM head read the last layer's MLP output from it
+    // and nothing folded it; layer 0's MLP needs it zero (layer 0's in- and out-projection leave it alone).
+    if (acc)
+        for (int i = threadIdx.x; i < H; i += blockDim.x) acc[i] = 0ull;
 }
 
 __global__ void decode_finish_kernel(const unsigned long long* key, int* next, int* pos) {
@@ -1784,6 +1943,7 @@ struct DecodeCfg {
     size_t smem_block = 48 * 1024, smem_sm = 64 * 1024;
     size_t tile = 16 * 1024;  // GEMV weight tile bytes (LB_GV_TILE)
     int max_per_sm = 8;       // GEMV blocks per SM cap (LB_GV_PER_SM)
+    size_t mlp_smem_block = 48 * 1024, mlp_static = 0;  // fused MLP: dynamic shared memory a block may take
 } g_dec;
 
 // Launch with the programmatic-stream-serialization attribute when PDL is on (sm_90+, CUDA).
@@ -2084,6 +2244,17 @@ void decode_setup(int device) {
     }
     for (auto k : kernels)
         GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(g_dec.smem_block)));
+    {
+        cudaFuncAttributes fa;
+        GPU_CHECK(cudaFuncGetAttributes(&fa, mlp_fused_kernel));
+        g_dec.mlp_static = fa.sharedSizeBytes;
+        g_dec.mlp_smem_block = size_t(p.sharedMemPerBlockOptin) - fa.sharedSizeBytes;
+        GPU_CHECK(cudaFuncSetAttribute(mlp_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(g_dec.mlp_smem_block)));
+    }
+#else
+    g_dec.mlp_static = 1024;  // room for the kernel's static arrays (block_sum)
+    g_dec.mlp_smem_block = p.sharedMemPerBlock > g_dec.mlp_static ? p.sharedMemPerBlock - g_dec.mlp_static : 0;
 #endif
     if (const char* t = std::getenv("LB_GV_TILE")) g_dec.tile = size_t(std::max(1024, std::atoi(t)));
     if (const char* t = std::getenv("LB_GV_PER_SM")) g_dec.max_per_sm = std::max(1, std::atoi(t));
@@ -2126,8 +2297,49 @@ void gemv_fused(const FusedGemv& a, gpuStream_t s) {
     }
 }
 
-void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key, gpuStream_t s) {
-    embed_decode_kernel<<<1, 256, 0, s>>>(d_token, E, H, x, key);
+void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key,
+                  unsigned long long* acc, gpuStream_t s) {
+    embed_decode_kernel<<<1, 256, 0, s>>>(d_token, E, H, x, key, acc);
+}
+
+namespace {
+// mlp_fused_kernel's dynamic shared memory for rb intermediate rows a block
+size_t mlp_smem_bytes(int H, int rb) {
+    return size_t(H) * 8 + size_t((rb + 3) / 4) * 16 + 3 * size_t(rb) * H * sizeof(wtype);
+}
+}  // namespace
+
+bool mlp_fused_ok(int H, int I) {
+    return g_dec.ready && H > 0 && I > 0 && H % 8 == 0 && mlp_smem_bytes(H, 1) <= g_dec.mlp_smem_block;
+}
+
+void mlp_fused(const FusedMlp& a, gpuStream_t s) {
+    if (!mlp_fused_ok(a.H, a.I) || !a.acc) lb::fail("internal", "mlp_fused: unsupported shape");
+    // LB_GPU_MLP_PER_SM: blocks a multiprocessor to aim for (default 1: 978 tok/s against 944 with 2 on an
+    // H200, half the atomics; docs/engines.md session 5). The I rows are split over sms * per_sm blocks, as
+    // long as per_sm blocks' rows fit in a multiprocessor's shared memory (the runtime keeps 1 KB a block);
+    // where they do not (smaller GPUs, larger models), fewer rows a block and more blocks, which then run in
+    // waves. H200, 0.8B: 28 rows, 128 blocks of 176 KB, one wave.
+    static const int want = std::max(1, std::getenv("LB_GPU_MLP_PER_SM") ? std::atoi(std::getenv("LB_GPU_MLP_PER_SM")) : 1);
+    int rb = 0;
+    for (int per = want; per >= 1 && rb == 0; --per) {
+        const size_t share = g_dec.smem_sm / size_t(per);
+        if (share <= 1024 + g_dec.mlp_static) continue;
+        const size_t cap = std::min(g_dec.mlp_smem_block, share - 1024 - g_dec.mlp_static);
+        int r = (a.I + g_dec.sms * per - 1) / (g_dec.sms * per);
+        while (r > 0 && mlp_smem_bytes(a.H, r) > cap) --r;
+        rb = r;
+    }
+    rb = std::max(rb, 1);  // one row a block fits (mlp_fused_ok)
+    const int grid = (a.I + rb - 1) / rb;  // then every block's share, I * (b + 1) / grid - I * b / grid, <= rb
+    launch_k(mlp_fused_kernel, dim3(grid), dim3(MF_THREADS), mlp_smem_bytes(a.H, rb), s, a, rb);
+}
+
+void transpose(const wtype* in, int rows, int cols, wtype* out, gpuStream_t s) {
+    static_assert(sizeof(wtype) == 2, "transpose16_kernel moves 2-byte elements");
+    transpose16_kernel<<<dim3(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32)), dim3(32, 8), 0, s>>>(
+        (const unsigned short*)in, rows, cols, (unsigned short*)out);
+    GPU_CHECK(gpuGetLastError());
 }
 
 bool delta_decode_ok(int dk, int dv) { return (dk == 128 || dk == 64 || dk == 256) && dv % 32 == 0; }

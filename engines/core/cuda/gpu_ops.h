@@ -68,12 +68,38 @@ struct FusedGemv {
     float* conv_out = nullptr;
     // ARGMAX: atomicMax of (ordered value << 32 | ~index) into *key (reset by embed_decode)
     unsigned long long* key = nullptr;
+    // Fused MLP (mlp_fused): the previous MLP's output still sits in its fixed-point accumulator [out].
+    // RMSNORM: normalises x + acc. ADD (fold): y[row] = (y[row] + fold[row]) + Wx, then fold[row] = 0.
+    const unsigned long long* acc = nullptr;
+    unsigned long long* fold = nullptr;
 };
 // Whether gemv_fused handles this shape (in % 8 == 0, the input fits in shared memory).
 bool gemv_fused_ok(int in, int pro, int head_dim);
 void gemv_fused(const FusedGemv& a, gpuStream_t s);
-// embed for one token; also zeroes *key.
-void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key, gpuStream_t s);
+// embed for one token; also zeroes *key and, when given, the fused MLP's accumulator acc[H].
+void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key,
+                  unsigned long long* acc, gpuStream_t s);
+
+// The SwiGLU MLP of one token in one kernel (instead of the gate_up and down GEMVs):
+//   acc[i] += fix(sum_r down_t[r][i] * silu(gate_r . xs) * (up_r . xs)),  xs = rmsnorm(x) * gain.
+// Block b takes a contiguous slice of the I intermediate rows; its gate, up and down_t rows are copied to
+// shared memory before the dependency wait (PDL), then act for the slice, then its share of all H outputs,
+// added into acc with one 64-bit integer atomic per output: 2^-32 fixed point, so the sum does not depend on
+// the order in which blocks finish. acc must be zero on entry; the output reaches the residual through
+// FusedGemv::acc (next RMSNORM prologue, LM head) and FusedGemv::fold (next out-projection, which zeroes it).
+struct FusedMlp {
+    const float* x = nullptr;            // residual [H], complete when the kernel runs
+    const float* gain = nullptr;         // post-attention norm [H]
+    float eps = 0.f;
+    const wtype* gate_up = nullptr;      // [2I, H]: gate rows, then up rows
+    const wtype* down_t = nullptr;       // [I, H]: down_proj transposed (gpu::transpose)
+    unsigned long long* acc = nullptr;   // [H], zero on entry
+    int H = 0, I = 0;
+};
+bool mlp_fused_ok(int H, int I);  // after decode_setup
+void mlp_fused(const FusedMlp& a, gpuStream_t s);
+// out[cols, rows] = in[rows, cols]^T (load time: the fused MLP's down_t).
+void transpose(const wtype* in, int rows, int cols, wtype* out, gpuStream_t s);
 // Gated DeltaNet decode step: conv = conv+SiLU output row [q | k | v] (q, k not yet L2-normalised),
 // proj = projection row (b at b_off, a at b_off + hv). out[hv * dv] = S^T q (before the gated norm).
 bool delta_decode_ok(int dk, int dv);

@@ -1,8 +1,13 @@
 // The GPU backend (CUDA, or HIP through gpu_compat.h): the forward pass of ../cpu/qwen35_cpu.cpp as a
 // sequence of kernels on one stream. Decode steps (one token) are captured once as a graph and replayed.
-// The decode graph uses the fused one-token kernels (gpu_ops.h, "fused decode"): 5 kernels per DeltaNet
-// layer, 6 per attention layer, norms inside the GEMVs, the LM head's argmax in its epilogue, and
-// programmatic dependent launch on sm_90+. LB_GPU_DECODE=legacy selects the unfused kernel sequence.
+// The decode graph uses the fused one-token kernels (gpu_ops.h, "fused decode"): 4 kernels per DeltaNet
+// layer (in-projection + conv, delta rule, gated norm + out-projection, MLP), 5 per attention layer
+// (qkv, prep, attention, o_proj, MLP), plus embed, LM head and finish: 105 a token for Qwen3.5-0.8B. Norms
+// sit inside the GEMVs, the LM head's argmax in its epilogue, and sm_90+ uses programmatic dependent launch.
+// The MLP is one kernel (gpu::mlp_fused: gate/up and down over a transposed down_proj, the output summed in
+// a fixed-point accumulator that the next layer's in-projection reads and its out-projection folds into the
+// residual); LB_GPU_FUSED_MLP=0 selects the gate_up + down GEMVs (5 / 6 kernels a layer, 129 a token). CUDA
+// only by default; HIP opts in with LB_GPU_FUSED_MLP=1. LB_GPU_DECODE=legacy selects the unfused sequence.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +42,12 @@ public:
         const char* fd = std::getenv("LB_GPU_FUSED_DELTA");
         fused_attn_ = !(fa && fa[0] == '0');
         fused_delta_ = !(fd && fd[0] == '0');
+        const char* fm = std::getenv("LB_GPU_FUSED_MLP");
+#if defined(__HIPCC__) || defined(LB_USE_HIP)
+        fused_mlp_ = fm && fm[0] && !(fm[0] == '0' && fm[1] == 0);  // not yet run on an AMD GPU: opt-in
+#else
+        fused_mlp_ = !(fm && fm[0] == '0');
+#endif
     }
     ~GpuBackend() override {
         if (graph_exec_) (void)gpuGraphExecDestroy(graph_exec_);
@@ -69,6 +80,23 @@ public:
             return m;
         };
         w_ = load_qwen35_weights(src, cfg, up, stats);
+        // Fused MLP: a transposed copy of each down_proj ([I, H]: a block's slice of the intermediate is
+        // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
+        // instead of down, so the bytes a token streams (decode_bytes) stay the same.
+        const int H = cfg.hidden, I = cfg.intermediate;
+        mlp_fused_ = fused_mlp_ && !legacy_ && gpu::mlp_fused_ok(H, I);
+        for (const Qwen35Layer& L : w_.layers)
+            if (L.down.rows != H || L.down.cols != I) mlp_fused_ = false;
+        if (mlp_fused_) {
+            down_t_.assign(w_.layers.size(), nullptr);
+            for (size_t l = 0; l < w_.layers.size(); ++l) {
+                down_t_[l] = (wtype*)alloc(size_t(H) * I * sizeof(wtype));
+                gpu::transpose(W(w_.layers[l].down), H, I, down_t_[l], s_);
+            }
+            mlp_acc_ = (unsigned long long*)alloc(sizeof(unsigned long long) * size_t(H));
+            GPU_CHECK(gpuMemsetAsync(mlp_acc_, 0, sizeof(unsigned long long) * size_t(H), s_));
+            GPU_CHECK(gpuStreamSynchronize(s_));
+        }
     }
 
     void allocate(int max_ctx, DType kv_k, DType kv_v) override {
@@ -94,7 +122,8 @@ public:
         }
         // fused decode: which shapes it handles, attention split scratch
         const int H = cfg_.hidden, I = cfg_.intermediate, vd = cfg_.lin_value_dim();
-        fused_ = !legacy_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) && gpu::gemv_fused_ok(I, gpu::GV_SILU, 0) &&
+        fused_ = !legacy_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
+                 (mlp_fused_ || gpu::gemv_fused_ok(I, gpu::GV_SILU, 0)) &&
                  (cfg_.n_full_layers() == 0 || (gpu::gemv_fused_ok(cfg_.n_heads * hd, gpu::GV_PLAIN, 0) &&
                                                  gpu::attention_decode_ok(cfg_.n_heads, cfg_.n_kv_heads, hd))) &&
                  (cfg_.n_full_layers() == cfg_.n_layers ||
@@ -201,9 +230,18 @@ private:
     }
 
     // One token through the fused decode kernels (captured into the decode graph).
+    // Fused MLP (mlp_fused_): layer l's MLP output stays in mlp_acc_ (fixed point) instead of x. Protocol:
+    //   embed_decode      x = embedding row, acc = 0 (the previous token's LM head read acc, nothing folded it)
+    //   layer l > 0       in-projection normalises x + acc; out-projection x = (x + acc) + Wx, acc = 0
+    //                     (between the two only the mixer runs: attn_prep / attention or the delta rule,
+    //                     none reads x or acc); layer 0 passes neither (acc is 0)
+    //   every layer's MLP reads x (complete), adds into acc (zero on entry)
+    //   LM head           normalises x + acc of the last layer
+    // Every kernel reads these only after its dependency wait, and each waits for the one before it.
     void run_decode(const int* d_token) {
         const int H = cfg_.hidden, I = cfg_.intermediate;
-        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, s_);
+        unsigned long long* acc = mlp_fused_ ? mlp_acc_ : nullptr;
+        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, acc, s_);
         auto gemv = [&](int pro, int epi, const float* x, int in, const Mat& m, int out, float* y) {
             gpu::FusedGemv a;
             a.pro = pro; a.epi = epi; a.x = x; a.in = in; a.W = W(m); a.out = out; a.y = y; a.eps = cfg_.eps;
@@ -211,10 +249,12 @@ private:
         };
         for (int l = 0; l < cfg_.n_layers; ++l) {
             const Qwen35Layer& L = w_.layers[size_t(l)];
+            unsigned long long* prev_mlp = l > 0 ? acc : nullptr;  // the previous layer's MLP output, if fused
             if (L.full) {
                 const int nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, rows = cfg_.attn_qkv_rows();
                 gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.attn_qkv, rows, ws_.big);
                 a.gain = F(L.input_norm);
+                a.acc = prev_mlp;
                 gpu::gemv_fused(a, s_);
                 gpu::attn_prep(ws_.big, rows, 1, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
                                cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
@@ -223,12 +263,15 @@ private:
                                           att_splits_, att_scratch_, att_counters_, ws_.o, s_);
                 else
                     gpu::attention(ws_.big, rows, 1, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, ws_.o, s_);
-                gpu::gemv_fused(gemv(gpu::GV_PLAIN, gpu::GV_ADD, ws_.o, nh * hd, L.o_proj, H, ws_.x), s_);
+                a = gemv(gpu::GV_PLAIN, gpu::GV_ADD, ws_.o, nh * hd, L.o_proj, H, ws_.x);
+                a.fold = prev_mlp;
+                gpu::gemv_fused(a, s_);
             } else {
                 const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
                 const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
                 gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_CONV, ws_.x, H, L.lin_in, rows, ws_.big);
                 a.gain = F(L.input_norm);
+                a.acc = prev_mlp;
                 a.conv_rows = cd; a.conv_k = cfg_.conv_kernel; a.conv_w = F(L.conv_w);
                 a.conv_state = conv_[size_t(l)]; a.conv_out = ws_.conv;
                 gpu::gemv_fused(a, s_);
@@ -242,15 +285,24 @@ private:
                 }
                 a = gemv(gpu::GV_GATED, gpu::GV_ADD, ws_.o, vd, L.out_proj, H, ws_.x);
                 a.gain = F(L.ssm_norm); a.z = ws_.big + cd; a.head_dim = dv;
+                a.fold = prev_mlp;
                 gpu::gemv_fused(a, s_);
             }
-            gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.gate_up, 2 * I, ws_.big);
-            a.gain = F(L.post_norm);
-            gpu::gemv_fused(a, s_);
-            gpu::gemv_fused(gemv(gpu::GV_SILU, gpu::GV_ADD, ws_.big, I, L.down, H, ws_.x), s_);
+            if (acc) {
+                gpu::FusedMlp m;
+                m.x = ws_.x; m.gain = F(L.post_norm); m.eps = cfg_.eps;
+                m.gate_up = W(L.gate_up); m.down_t = down_t_[size_t(l)]; m.acc = acc; m.H = H; m.I = I;
+                gpu::mlp_fused(m, s_);
+            } else {
+                gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.gate_up, 2 * I, ws_.big);
+                a.gain = F(L.post_norm);
+                gpu::gemv_fused(a, s_);
+                gpu::gemv_fused(gemv(gpu::GV_SILU, gpu::GV_ADD, ws_.big, I, L.down, H, ws_.x), s_);
+            }
         }
         gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_ARGMAX, ws_.x, H, w_.lm_head, cfg_.vocab, ws_.logits);
         a.gain = F(w_.final_norm);
+        a.acc = cfg_.n_layers > 0 ? acc : nullptr;
         a.key = d_key_;
         gpu::gemv_fused(a, s_);
         gpu::decode_finish(d_key_, d_next_, d_pos_, s_);
@@ -262,6 +314,9 @@ private:
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
     unsigned long long* d_key_ = nullptr;
     bool legacy_ = false, fused_ = false, fused_attn_ = true, fused_delta_ = true;
+    bool fused_mlp_ = true, mlp_fused_ = false;   // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
+    std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
+    unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point
     int att_splits_ = 8, last_next_ = 0;
     bool have_next_ = false;
     float* att_scratch_ = nullptr;
