@@ -2280,8 +2280,12 @@ void gemv_fused(const FusedGemv& a, gpuStream_t s) {
     const size_t smem = xs + size_t(GV_STAGES) * rb * row_bytes;
     const int ntiles = (a.out + rb - 1) / rb;
     const int per_sm = int(std::max<size_t>(1, std::min<size_t>(g_dec.max_per_sm, g_dec.smem_sm / (smem + 1024))));
-    const int grid = std::min(ntiles, g_dec.sms * per_sm);
     auto go = [&](void (*kernel)(FusedGemv, int, int)) {
+        int fit = per_sm;  // and as many as registers allow: a grid past one wave would run a second wave
+#if defined(LB_CUDA)
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, GV_THREADS, smem));
+#endif
+        const int grid = std::min(ntiles, g_dec.sms * std::max(1, std::min(per_sm, fit)));
         launch_k(kernel, dim3(grid), dim3(GV_THREADS), smem, s, a, rb, ntiles);
     };
     const int mode = a.pro * 4 + a.epi;
