@@ -1,6 +1,7 @@
 // The persistent decode kernel (see decode_kernel.cuh for the plan). The reference for every stage is
 // the core's CPU backend (core/cpu/), the same math the multi-kernel CUDA backend runs one kernel at a time.
 #include "decode_kernel.cuh"
+#include "core/cuda/fixed_point.cuh"
 
 #if defined(__HIPCC__)
 // HIP (AMD, wave32 targets; compiled in CI, never run): the same kernel without PTX. Data other blocks
@@ -308,14 +309,9 @@ __device__ __forceinline__ void gemv_rows(const wtype* W, int K, int r0, int r1,
     }
 }
 
-// The fused MLP (LB_MK_FUSE) adds the down-projection into the residual through 64-bit integer atomics on
-// fixed-point values: integer addition is associative, so the sum does not depend on the order in which
-// blocks arrive, and greedy runs stay repeatable. 2^-32 resolution, |v| < 2^31.
-constexpr float FIX_SCALE = 4294967296.f, FIX_INV = 1.f / 4294967296.f;
-__device__ __forceinline__ unsigned long long to_fix(float v) {
-    return (unsigned long long)__float2ll_rn(fminf(fmaxf(v, -2.1e9f), 2.1e9f) * FIX_SCALE);
-}
-__device__ __forceinline__ float from_fix(unsigned long long v) { return __ll2float_rn((long long)v) * FIX_INV; }
+// The fused stages sum across blocks in 64-bit fixed point (core/cuda/fixed_point.cuh).
+using gpu::from_fix;
+using gpu::to_fix;
 
 // xs[0..H) = rmsnorm(v) * gain, v from the residual (other blocks wrote it) or an embedding row. The gains
 // are requested together with v (one round trip, not two: under the weight stream each costs ~1-2 us).

@@ -48,23 +48,6 @@ const void* decode_kernel_ring_ptr();  // decode_kernel.cu: v3 weight ring
 
 namespace {
 
-// out[c][r] = in[r][c] for a rows x cols matrix (the fused stages read down_proj and the DeltaNet out_proj
-// transposed: MegaBackendImpl::transposed).
-__global__ void transpose_kernel(const wtype* in, int rows, int cols, wtype* out) {
-    __shared__ wtype tile[32][33];
-    const int c = blockIdx.x * 32 + threadIdx.x;
-    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
-        const int r = blockIdx.y * 32 + k;
-        if (r < rows && c < cols) tile[k][threadIdx.x] = in[size_t(r) * cols + c];
-    }
-    __syncthreads();
-    const int r = blockIdx.y * 32 + threadIdx.x;
-    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
-        const int cc = blockIdx.x * 32 + k;
-        if (r < rows && cc < cols) out[size_t(cc) * rows + r] = tile[threadIdx.x][k];
-    }
-}
-
 class MegaBackendImpl : public MegaBackend {
 public:
     explicit MegaBackendImpl(int device) : device_(device) {
@@ -292,9 +275,7 @@ private:
     // slice of the input dimension as contiguous rows).
     const wtype* transposed(const Mat& m) {
         auto* t = (wtype*)alloc(size_t(m.rows) * size_t(m.cols) * sizeof(wtype));
-        transpose_kernel<<<dim3(unsigned((m.cols + 31) / 32), unsigned((m.rows + 31) / 32)), dim3(32, 8), 0, s_>>>(
-            W(m), int(m.rows), int(m.cols), t);
-        GPU_CHECK(cudaGetLastError());
+        gpu::transpose(W(m), int(m.rows), int(m.cols), t, s_);
         return t;
     }
     static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "fixed_point.cuh"
 #include "gpu_ops.h"
 
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
@@ -1287,14 +1288,6 @@ __device__ __forceinline__ void unpack4(const uint2& p, float* f) {
     for (int j = 0; j < 4; ++j) f[j] = w2f(w[j]);
 }
 
-// The fused MLP's output is summed over blocks in 64-bit fixed point by integer atomics: integer addition is
-// associative, so the total does not depend on the order in which blocks finish and greedy decoding stays
-// repeatable (as the megakernel's). 2^-32 resolution, |v| < 2^31.
-constexpr float FIX_SCALE = 4294967296.f, FIX_INV = 1.f / 4294967296.f;
-__device__ __forceinline__ unsigned long long to_fix(float v) {
-    return (unsigned long long)__float2ll_rn(fminf(fmaxf(v, -2.1e9f), 2.1e9f) * FIX_SCALE);
-}
-__device__ __forceinline__ float from_fix(unsigned long long v) { return __ll2float_rn((long long)v) * FIX_INV; }
 
 // xs[0, in) = rmsnorm(v) * gain over the block's NT threads, v = x, or x + from_fix(acc) where an MLP output
 // is still in its accumulator (written by other blocks' atomics: read at L2). in % 4 == 0; xs is complete
