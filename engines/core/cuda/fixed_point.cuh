@@ -4,6 +4,8 @@
 // greedy decoding stays repeatable. 2^-32 resolution, |v| < 2^31.
 #pragma once
 
+#include "gpu_compat.h"
+
 namespace lb::gpu {
 
 constexpr float FIX_SCALE = 4294967296.f, FIX_INV = 1.f / 4294967296.f;
