@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cuda/gpu_ops.h"
+#include "core/env.h"
 #include "core/cuda/qwen35_forward.h"
 #include "core/half.h"
 #include "decode_kernel.cuh"
@@ -298,8 +299,7 @@ private:
         // kernel): gate/up and down in one stage; needs the [G][H] partial sums (G = threads per block /
         // (H / 8)) to fit in xs + red + aux
         const int fuse_groups = std::max(1, NT / std::max(1, c.hidden / 8));
-        const char* fuse_env = std::getenv("LB_MK_FUSE");
-        const bool fuse = !(fuse_env && fuse_env[0] == '0') && !env_flag("LB_MK_RING") &&
+        const bool fuse = !env_off("LB_MK_FUSE") && !env_flag("LB_MK_RING") &&
                           fuse_groups * c.hidden <= xs_pad + 64 + aux;
         const int actv = fuse ? (per(c.intermediate) + 3) / 4 * 4 : 0;
         const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + actv);
@@ -342,19 +342,16 @@ private:
         kernel_ = fn;
         // Fused DeltaNet out-projection (docs/megakernel.md, v4; with the fused MLP, LB_MK_FUSE_OUT=0 turns
         // it off): the per-head counters need every DeltaNet item (head, 16 columns) in its own block
-        const char* fuse_out_env = std::getenv("LB_MK_FUSE_OUT");
-        const bool fuse_out = fuse && !(fuse_out_env && fuse_out_env[0] == '0') &&
+        const bool fuse_out = fuse && !env_off("LB_MK_FUSE_OUT") &&
                               c.lin_v_heads * (c.lin_v_dim / DN_COLS) <= info_.blocks;
         // ... and the in-projection -> DeltaNet barrier through per-head counters (LB_MK_FUSE_IN=0: off)
-        const char* fuse_in_env = std::getenv("LB_MK_FUSE_IN");
-        const bool fuse_in = fuse_out && !(fuse_in_env && fuse_in_env[0] == '0');
+        const bool fuse_in = fuse_out && !env_off("LB_MK_FUSE_IN");
         // ... and the same for attention layers (LB_MK_FUSE_ATT=0: off): q head h's blocks are [h bph,
         // (h + 1) bph); the counters are indexed by q head / KV head within the [n_layers][hv] arrays; the
         // merge reuses the attention's per-warp outputs (NW hd floats), the gated head columns go to the
         // fused MLP's activation slice (actv)
         const int bph = info_.blocks / std::max(1, c.n_heads), cpb = (c.head_dim + bph - 1) / std::max(1, bph);
-        const char* fuse_att_env = std::getenv("LB_MK_FUSE_ATT");
-        const bool fuse_att = fuse_in && !(fuse_att_env && fuse_att_env[0] == '0') && bph >= 1 &&
+        const bool fuse_att = fuse_in && !env_off("LB_MK_FUSE_ATT") && bph >= 1 &&
                               c.n_heads <= c.lin_v_heads && c.n_kv_heads <= c.lin_v_heads &&
                               2 * bph + bph * cpb <= NW * c.head_dim && cpb <= actv;
         int n_lin = 0;

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "../env.h"
 #include "fixed_point.cuh"
 #include "gpu_ops.h"
 
@@ -62,14 +63,29 @@ __device__ __forceinline__ void griddep_launch() {
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+
+// Copies nch 16-byte chunks global -> shared, the block's NT threads striding. sm_80+: cp.async (the caller
+// commits and waits); else through registers, 8 chunks a thread at a time so that 8 loads are in flight.
+template <int NT>
+__device__ __forceinline__ void copy_to_smem(uint4* dst, const uint4* src, int nch) {
 #if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = unsigned(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+    for (int c = threadIdx.x; c < nch; c += NT) {
+        const unsigned d = unsigned(__cvta_generic_to_shared(dst + c));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + c) : "memory");
+    }
 #else
-    *(uint4*)dst = *(const uint4*)src;
+    for (int c0 = threadIdx.x; c0 < nch; c0 += 8 * NT) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (c0 + u * NT < nch) v[u] = src[c0 + u * NT];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (c0 + u * NT < nch) dst[c0 + u * NT] = v[u];
+    }
 #endif
 }
+
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -1354,7 +1370,7 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
             const int nch = int(size_t(nr) * in / 8);
             const uint4* src = (const uint4*)(a.W + size_t(row0) * in);
             uint4* dst = (uint4*)(wt + size_t(stage) * tile_elems);
-            for (int c = tid; c < nch; c += GV_THREADS) cp_async16(dst + c, src + c);
+            copy_to_smem<GV_THREADS>(dst, src, nch);
         }
         cp_async_commit();
     };
@@ -1448,25 +1464,6 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
             }
         }
     }
-}
-
-// Copies nch 16-byte chunks global -> shared, the block's NT threads striding. sm_80+: cp.async (the caller
-// commits and waits); else through registers, 8 chunks a thread at a time so that 8 loads are in flight.
-template <int NT>
-__device__ __forceinline__ void copy_to_smem(uint4* dst, const uint4* src, int nch) {
-#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    for (int c = threadIdx.x; c < nch; c += NT) cp_async16(dst + c, src + c);
-#else
-    for (int c0 = threadIdx.x; c0 < nch; c0 += 8 * NT) {
-        uint4 v[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (c0 + u * NT < nch) v[u] = src[c0 + u * NT];
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (c0 + u * NT < nch) dst[c0 + u * NT] = v[u];
-    }
-#endif
 }
 
 // Fused MLP for one token (FusedMlp in gpu_ops.h). Block b owns the intermediate rows [r0, r1), n = r1 - r0
@@ -1963,11 +1960,6 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuS
 
 
 namespace {
-// An A/B switch: set and not "0". Callers read it once (static).
-bool env_on(const char* name) {
-    const char* e = std::getenv(name);
-    return e && *e && !(e[0] == '0' && e[1] == 0);
-}
 
 #if defined(LB_CUDA)
 int current_device_attr(cudaDeviceAttr attr) {
@@ -2128,7 +2120,7 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
     if (dv % cb == 0 && dk <= 256 && !std::getenv("LB_GPU_OLD_DELTA")) {
         const int limit = smem_optin_limit();
         // the two-pass (WY) form, unless LB_GPU_DR_WY=0 or its chunk data cannot be allocated (graph capture)
-        static const bool wy = !(std::getenv("LB_GPU_DR_WY") && std::getenv("LB_GPU_DR_WY")[0] == '0');
+        static const bool wy = !env_off("LB_GPU_DR_WY");
         const size_t sp = dr_prep_smem(32, dk), sw = dr_wy_smem(32, dk, DR_CB);
         const int chunks = (n + 31) / 32;
         float* prep = nullptr;
@@ -2217,8 +2209,7 @@ void decode_setup(int device) {
     // dynamic shared memory a GEMV block may take: the opt-in limit less room for its static arrays
     g_dec.smem_block = p.sharedMemPerBlockOptin - 2048;
     g_dec.smem_sm = p.sharedMemPerMultiprocessor;
-    const char* env = std::getenv("LB_GPU_PDL");
-    g_dec.pdl = p.major >= 9 && !(env && env[0] == '0');
+    g_dec.pdl = p.major >= 9 && !env_off("LB_GPU_PDL");
 #else
     g_dec.smem_block = p.sharedMemPerBlock;
     g_dec.smem_sm = p.maxSharedMemoryPerMultiProcessor;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../backend.h"
+#include "../env.h"
 #include "../half.h"
 #include "gpu_ops.h"
 #include "qwen35_forward.h"
@@ -38,15 +39,12 @@ public:
         const char* mode = std::getenv("LB_GPU_DECODE");
         legacy_ = mode && std::strcmp(mode, "legacy") == 0;
         // isolation switches for the fused decode graph (0 = the unfused kernel for that stage)
-        const char* fa = std::getenv("LB_GPU_FUSED_ATTN");
-        const char* fd = std::getenv("LB_GPU_FUSED_DELTA");
-        fused_attn_ = !(fa && fa[0] == '0');
-        fused_delta_ = !(fd && fd[0] == '0');
-        const char* fm = std::getenv("LB_GPU_FUSED_MLP");
+        fused_attn_ = !env_off("LB_GPU_FUSED_ATTN");
+        fused_delta_ = !env_off("LB_GPU_FUSED_DELTA");
 #if defined(__HIPCC__) || defined(LB_USE_HIP)
-        fused_mlp_ = fm && fm[0] && !(fm[0] == '0' && fm[1] == 0);  // not yet run on an AMD GPU: opt-in
+        want_fused_mlp_ = env_on("LB_GPU_FUSED_MLP");  // not yet run on an AMD GPU: opt-in
 #else
-        fused_mlp_ = !(fm && fm[0] == '0');
+        want_fused_mlp_ = !env_off("LB_GPU_FUSED_MLP");
 #endif
     }
     ~GpuBackend() override {
@@ -84,7 +82,7 @@ public:
         // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
         // instead of down, so the bytes a token streams (decode_bytes) stay the same.
         const int H = cfg.hidden, I = cfg.intermediate;
-        mlp_fused_ = fused_mlp_ && !legacy_ && gpu::mlp_fused_ok(H, I);
+        mlp_fused_ = want_fused_mlp_ && !legacy_ && gpu::mlp_fused_ok(H, I);
         for (const Qwen35Layer& L : w_.layers)
             if (L.down.rows != H || L.down.cols != I) mlp_fused_ = false;
         if (mlp_fused_) {
@@ -314,7 +312,7 @@ private:
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
     unsigned long long* d_key_ = nullptr;
     bool legacy_ = false, fused_ = false, fused_attn_ = true, fused_delta_ = true;
-    bool fused_mlp_ = true, mlp_fused_ = false;   // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
+    bool want_fused_mlp_ = true, mlp_fused_ = false;  // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point
     int att_splits_ = 8, last_next_ = 0;
