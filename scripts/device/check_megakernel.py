@@ -323,9 +323,11 @@ def phase_run(build: Path) -> None:
             if env.get("LB_MK_TRACE") and Path(env["LB_MK_TRACE"]).exists():
                 res["timing"][name]["trace_us"] = trace_summary(Path(env["LB_MK_TRACE"]), 1.98)
             log(f"{name}: {json.dumps(res['timing'][name])} ({time.time() - t:.0f} s)")
-        if ar_out is not None:  # AR_VARIANTS: JSON {name: {env}}, default {"ar": {}}
+        if ar_out is not None:  # AR_VARIANTS: JSON {name: {env}}, default {"ar": {}}; the key "EXE" runs
+            # another ar binary (e.g. the previous commit's build, for a same-card before/after)
             for name, env in json.loads(os.environ.get("AR_VARIANTS", '{"ar": {}}')).items():
-                res["timing"][name] = timing(ar, env or None, reps, p520, p520)
+                exe = Path(env.pop("EXE", str(ar)))
+                res["timing"][name] = timing(exe, env or None, reps, p520, p520)
                 log(f"{name}: {json.dumps(res['timing'][name])}")
     finally:
         (OUT / "check_megakernel.json").write_text(json.dumps(res, indent=2, default=str))

@@ -550,40 +550,69 @@ __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, co
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = gain[i] * (xr[i] * inv) * silu(zr[i]);
 }
 
-// grid (n, nh + nkv): one block (one warp-multiple of threads) per q or k head.
-__global__ void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
-                                 const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache,
-                                 DType vt) {
+// grid (n, nh + nkv), AP_THREADS threads: one block per q or k head of a token. The head's row (and a k
+// head's v row) is read once, with the position, into shared memory: one round trip, where the old kernel
+// re-read the row from global memory after each step. It is normalised (gain), rotated (partial RoPE) and
+// written back once; a k head's block also stores its k and v rows in the caches. The gains and rotary
+// frequencies, which depend on no earlier kernel, are read before the dependency wait.
+constexpr int AP_THREADS = 128, AP_MAX_HD = 512, AP_PER = AP_MAX_HD / AP_THREADS;
+__global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot,
+                                                                float theta, const float* q_gain, const float* k_gain,
+                                                                float eps, const int* d_pos, void* kcache, DType kt,
+                                                                void* vcache, DType vt) {
+    __shared__ float xr[AP_MAX_HD], vr[AP_MAX_HD];
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, half = rot / 2;
+    const bool is_q = h < nh;
+    const float* gain = is_q ? q_gain : k_gain;
+    float g[AP_PER], inv_freq[AP_PER];
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        g[k] = i < hd ? gain[i] : 0.f;
+        inv_freq[k] = i < half ? 1.0f / powf(theta, float(2 * i) / float(rot)) : 0.f;
+    }
     griddep_launch();
     griddep_wait();
-    const int t = blockIdx.x, h = blockIdx.y;
     const int pos = *d_pos + t;
     float* row = qkv + size_t(t) * ld;
-    const bool is_q = h < nh;
     float* v = is_q ? row + size_t(h) * 2 * hd : row + 2 * nh * hd + size_t(h - nh) * hd;
-    const float* gain = is_q ? q_gain : k_gain;
+    const float* vv = row + 2 * nh * hd + size_t(nkv) * hd + size_t(is_q ? 0 : h - nh) * hd;
     float ss = 0;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += v[i] * v[i];
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        if (i < hd) {
+            const float x = v[i];
+            xr[i] = x;
+            ss += x * x;
+            if (!is_q) vr[i] = vv[i];
+        }
+    }
     const float inv = rsqrtf(block_sum(ss) / hd + eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = v[i] * inv * gain[i];
-    __syncthreads();
-    const int half = rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
-        const float angle = float(pos) * inv_freq;
-        float sn, cs;
-        sincosf(angle, &sn, &cs);
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cs - b * sn;
-        v[i + half] = b * cs + a * sn;
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        if (i < hd) xr[i] = xr[i] * inv * g[k];
     }
     __syncthreads();
-    if (!is_q && threadIdx.x < LB_WARP) {
-        const int j = h - nh;
-        const size_t r = size_t(pos) * nkv + j;
-        kv_store_warp(v, hd, kt, (uint8_t*)kcache + r * kv_row_bytes(kt, hd));
-        const float* vv = row + 2 * nh * hd + size_t(nkv) * hd + size_t(j) * hd;
-        kv_store_warp(vv, hd, vt, (uint8_t*)vcache + r * kv_row_bytes(vt, hd));
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        if (i < half) {
+            const float angle = float(pos) * inv_freq[k];
+            float sn, cs;
+            sincosf(angle, &sn, &cs);
+            const float a = xr[i], b = xr[i + half];
+            xr[i] = a * cs - b * sn;
+            xr[i + half] = b * cs + a * sn;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < hd; i += AP_THREADS) v[i] = xr[i];
+    if (!is_q && tid < LB_WARP) {
+        const size_t r = size_t(pos) * nkv + (h - nh);
+        kv_store_warp(xr, hd, kt, (uint8_t*)kcache + r * kv_row_bytes(kt, hd));
+        kv_store_warp(vr, hd, vt, (uint8_t*)vcache + r * kv_row_bytes(vt, hd));
     }
 }
 
@@ -1350,14 +1379,17 @@ __device__ __forceinline__ float dot8_lane(const uint4* wr, const float* xs, int
     return acc0 + acc1;
 }
 
-constexpr int GV_THREADS = 256, GV_WARPS = GV_THREADS / 32, GV_STAGES = 3, GV_MAX_HEADS = 64;
+constexpr int GV_THREADS = 256, GV_WARPS = GV_THREADS / 32, GV_STAGES = 3, GV_MAX_HEADS = 64, GV_MAX_CONV = 8;
 
 // Persistent GEMV for one token: block b handles row tiles b, b + grid, ... Each tile (rb rows) is copied
-// to shared memory with cp.async, GV_STAGES tiles in flight; the first tiles are requested before the
-// dependency wait. The prologue builds the (normalised) input vector in shared memory once per block;
-// each warp then dots one row at a time against it.
+// to shared memory with cp.async, GV_STAGES tiles in flight. The first `pre` tiles are requested before
+// the dependency wait, the rest after the prologue: the prologue's dependent reads (x, the MLP
+// accumulator) queue behind this SM's outstanding copies, so fewer copies ahead of them shorten the chain,
+// and pre tiles of every block (8 MB for the 0.8B in-projection at pre = 1) already keep DRAM busy. The
+// prologue builds the (normalised) input vector in shared memory once per block; each warp then dots one
+// row at a time against it.
 template <int PRO, int EPI>
-__global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int rb, int ntiles) {
+__global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int rb, int ntiles, int pre) {
     extern __shared__ __align__(16) unsigned char gv_smem[];
     const int in = a.in;
     float* xs = (float*)gv_smem;
@@ -1374,8 +1406,20 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
         }
         cp_async_commit();
     };
-#pragma unroll
-    for (int s = 0; s < GV_STAGES; ++s) issue(blockIdx.x + s * gridDim.x, s);
+    for (int s = 0; s < pre; ++s) issue(blockIdx.x + s * gridDim.x, s);
+    // CONV: lane j < K holds w[j] and state[j] of the warp's next row, fetched one row ahead so that their
+    // latency hides behind a dot product (the first row's before the wait: neither depends on earlier
+    // kernels; this layer's state was last written by this kernel a token ago).
+    float conv_w = 0.f, conv_s = 0.f;
+    auto conv_fetch = [&](int tile, int r) {
+        if (EPI != GV_CONV || tile >= ntiles) return;
+        const int row = tile * rb + r;
+        if (r < min(rb, a.out - tile * rb) && row < a.conv_rows && lane < a.conv_k) {
+            conv_w = a.conv_w[size_t(row) * a.conv_k + lane];
+            if (lane < a.conv_k - 1) conv_s = a.conv_state[size_t(row) * (a.conv_k - 1) + lane];
+        }
+    };
+    conv_fetch(blockIdx.x, warp);
     griddep_launch();
     griddep_wait();
 
@@ -1385,21 +1429,34 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
     } else if (PRO == GV_SILU) {
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = silu(a.x[i]) * a.x[in + i];
     } else if (PRO == GV_GATED) {
-        __shared__ float head_inv[GV_MAX_HEADS];
-        const int hd = a.head_dim, heads = in / hd;
-        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i];
-        __syncthreads();
-        for (int h = warp; h < heads; h += GV_WARPS) {
-            float ss = 0;
-            for (int i = lane; i < hd; i += 32) ss += xs[h * hd + i] * xs[h * hd + i];
-            ss = warp_sum(ss);
-            if (lane == 0) head_inv[h] = rsqrtf(ss / hd + a.eps);
+        // One round trip: x, z and the gain of a chunk of 8 are loaded together. xs = x * gain * silu(z),
+        // and each head's sum of squares of x is reduced over the cph lanes that hold it (in % 256 == 0 and
+        // cph = head_dim / 8 divides 32, gemv_fused_ok: whole warps, whole heads in a warp), then scaled.
+        __shared__ float head_ss[GV_MAX_HEADS];
+        const int hd = a.head_dim, cph = hd / 8;
+        for (int c = tid; c < in / 8; c += GV_THREADS) {
+            float xv[8], zv[8], gv[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                xv[j] = a.x[8 * c + j];
+                zv[j] = a.z[8 * c + j];
+                gv[j] = a.gain[(8 * c + j) % hd];
+            }
+            float ss = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                ss += xv[j] * xv[j];
+                xs[8 * c + j] = gv[j] * xv[j] * silu(zv[j]);
+            }
+            for (int o = cph / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o, LB_WARP);
+            if (c % cph == 0) head_ss[c / cph] = ss;
         }
         __syncthreads();
-        for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.gain[i % hd] * (xs[i] * head_inv[i / hd]) * silu(a.z[i]);
+        for (int i = tid; i < in; i += GV_THREADS) xs[i] *= rsqrtf(head_ss[i / hd] / hd + a.eps);
     } else {
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i];
     }
+    for (int s = pre; s < GV_STAGES; ++s) issue(blockIdx.x + s * gridDim.x, s);
     __syncthreads();
 
     float best = -FLT_MAX;
@@ -1416,6 +1473,18 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
             const uint4* wr = (const uint4*)(tw + size_t(r) * in);
             const float v = warp_sum(dot8_lane(wr, xs, nvec, lane, 32));
             const int row = row0 + r;
+            // CONV: this row's w and state from lanes 0..K-1 (K <= GV_MAX_CONV), then the next row's fetch
+            float cw[GV_MAX_CONV], cs[GV_MAX_CONV], w_last = 0.f;
+            if (EPI == GV_CONV) {
+#pragma unroll
+                for (int j = 0; j < GV_MAX_CONV; ++j) {
+                    cw[j] = __shfl_sync(0xffffffff, conv_w, j, LB_WARP);
+                    cs[j] = __shfl_sync(0xffffffff, conv_s, j, LB_WARP);
+                }
+                w_last = __shfl_sync(0xffffffff, conv_w, a.conv_k - 1, LB_WARP);
+                if (r + GV_WARPS < nr) conv_fetch(tile, r + GV_WARPS);
+                else conv_fetch(tile + gridDim.x, warp);
+            }
             if (lane == 0) {
                 if (EPI == GV_ADD) {
                     if (a.fold) {
@@ -1434,11 +1503,14 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
                     if (EPI == GV_CONV && row < a.conv_rows) {
                         const int K = a.conv_k;
                         float* st = a.conv_state + size_t(row) * (K - 1);
-                        const float* w = a.conv_w + size_t(row) * K;
-                        float acc = w[K - 1] * v;
-                        for (int j = 0; j < K - 1; ++j) acc += w[j] * st[j];
+                        float acc = w_last * v;
+#pragma unroll
+                        for (int j = 0; j < GV_MAX_CONV; ++j)
+                            if (j < K - 1) acc += cw[j] * cs[j];
                         a.conv_out[row] = silu(acc);
-                        for (int j = 0; j + 1 < K - 1; ++j) st[j] = st[j + 1];
+#pragma unroll
+                        for (int j = 0; j + 1 < GV_MAX_CONV; ++j)
+                            if (j + 1 < K - 1) st[j] = cs[j + 1];
                         if (K > 1) st[K - 2] = v;
                     }
                     if (EPI == GV_ARGMAX && v > best) { best = v; best_i = row; }
@@ -1578,8 +1650,12 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
     float4 s[MR];
 #pragma unroll
     for (int m = 0; m < MR; ++m) s[m] = *(const float4*)(S + size_t(rg + 32 * m) * dv);
+    const float neg_a = negA[h], dtb = dt_bias[h];
     griddep_launch();
     griddep_wait();
+    // every input of the step in one round trip: q, k, this thread's v columns, the b and a projections
+    const float b = proj[b_off + h], a_raw = proj[b_off + hv + h];
+    const float4 v = *(const float4*)(conv + size_t(2 * hk) * dk + size_t(h) * dv + c0 + 4 * cq);
     __shared__ float qs[dk], ks[dk], red[2][8][32], nrm[8][2];
     float sq = 0, sk = 0;
     for (int i = tid; i < dk; i += 256) {
@@ -1596,10 +1672,9 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
     sq = 0; sk = 0;
     for (int w = 0; w < 8; ++w) { sq += nrm[w][0]; sk += nrm[w][1]; }
     const float inv_q = rsqrtf(sq + 1e-6f) * rsqrtf(float(dk)), inv_k = rsqrtf(sk + 1e-6f);
-    const float b = proj[b_off + h];
-    const float av = proj[b_off + hv + h] + dt_bias[h];
+    const float av = a_raw + dtb;
     const float sp = av > 20.f ? av : log1pf(expf(av));
-    const float beta = sigmoidf(b), decay = __expf(negA[h] * sp);
+    const float beta = sigmoidf(b), decay = __expf(neg_a * sp);
     float kr[MR], qr[MR];
 #pragma unroll
     for (int m = 0; m < MR; ++m) { kr[m] = ks[rg + 32 * m] * inv_k; qr[m] = qs[rg + 32 * m] * inv_q; }
@@ -1620,7 +1695,6 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
         const float4 r = *(const float4*)&red[0][w][4 * cq];
         kv.x += r.x; kv.y += r.y; kv.z += r.z; kv.w += r.w;
     }
-    const float4 v = *(const float4*)(conv + size_t(2 * hk) * dk + size_t(h) * dv + c0 + 4 * cq);
     const float4 u = make_float4(beta * (v.x - kv.x), beta * (v.y - kv.y), beta * (v.z - kv.z), beta * (v.w - kv.w));
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -1933,6 +2007,7 @@ struct DecodeCfg {
     size_t smem_block = 48 * 1024, smem_sm = 64 * 1024;
     size_t tile = 16 * 1024;  // GEMV weight tile bytes (LB_GV_TILE)
     int max_per_sm = 8;       // GEMV blocks per SM cap (LB_GV_PER_SM)
+    int prewait = 1;          // GEMV tiles requested before the dependency wait, of GV_STAGES (LB_GV_PREWAIT)
     size_t mlp_smem_block = 48 * 1024, mlp_static = 0;  // fused MLP: dynamic shared memory a block may take
 } g_dec;
 
@@ -2150,8 +2225,9 @@ void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, f
 void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
                gpuStream_t s) {
-    launch_k(attn_prep_kernel, dim3(n, nh + nkv), dim3(128), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps,
-             d_pos, kcache, kt, vcache, vt);
+    if (hd > AP_MAX_HD || rot > hd) lb::fail("unsupported", "attention head_dim > 512 on the GPU");
+    launch_k(attn_prep_kernel, dim3(n, nh + nkv), dim3(AP_THREADS), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain,
+             k_gain, eps, d_pos, kcache, kt, vcache, vt);
 }
 
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
@@ -2216,7 +2292,7 @@ void decode_setup(int device) {
     g_dec.pdl = false;
 #endif
 #if defined(LB_CUDA)
-    void (*kernels[])(FusedGemv, int, int) = {
+    void (*kernels[])(FusedGemv, int, int, int) = {
         gemv_fused_kernel<GV_PLAIN, GV_STORE>,    gemv_fused_kernel<GV_PLAIN, GV_ADD>,
         gemv_fused_kernel<GV_RMSNORM, GV_STORE>,  gemv_fused_kernel<GV_RMSNORM, GV_CONV>,
         gemv_fused_kernel<GV_RMSNORM, GV_ARGMAX>, gemv_fused_kernel<GV_GATED, GV_ADD>,
@@ -2242,13 +2318,18 @@ void decode_setup(int device) {
 #endif
     if (const char* t = std::getenv("LB_GV_TILE")) g_dec.tile = size_t(std::max(1024, std::atoi(t)));
     if (const char* t = std::getenv("LB_GV_PER_SM")) g_dec.max_per_sm = std::max(1, std::atoi(t));
+    if (const char* t = std::getenv("LB_GV_PREWAIT")) g_dec.prewait = std::min(GV_STAGES, std::max(0, std::atoi(t)));
     g_dec.ready = true;
 }
 bool decode_pdl() { return g_dec.pdl; }
 
 bool gemv_fused_ok(int in, int pro, int head_dim) {
     if (in % 8 != 0 || in <= 0) return false;
-    if (pro == GV_GATED && (head_dim <= 0 || in % head_dim != 0 || in / head_dim > GV_MAX_HEADS)) return false;
+    // GATED: whole warps of 8-element chunks (in % 256 == 0), each head's chunks within one warp (head_dim / 8
+    // divides 32)
+    if (pro == GV_GATED && (head_dim <= 0 || head_dim % 8 != 0 || 32 % (head_dim / 8) != 0 || in % head_dim != 0 ||
+                            in % (8 * GV_THREADS) != 0 || in / head_dim > GV_MAX_HEADS))
+        return false;
     // the input vector plus at least GV_STAGES tiles of one row
     return gv_xs_bytes(in) + size_t(GV_STAGES) * in * sizeof(wtype) + 1024 <= g_dec.smem_block;
 }
@@ -2264,13 +2345,13 @@ void gemv_fused(const FusedGemv& a, gpuStream_t s) {
     const size_t smem = xs + size_t(GV_STAGES) * rb * row_bytes;
     const int ntiles = (a.out + rb - 1) / rb;
     const int per_sm = int(std::max<size_t>(1, std::min<size_t>(g_dec.max_per_sm, g_dec.smem_sm / (smem + 1024))));
-    auto go = [&](void (*kernel)(FusedGemv, int, int)) {
+    auto go = [&](void (*kernel)(FusedGemv, int, int, int)) {
         int fit = per_sm;  // and as many as registers allow: a grid past one wave would run a second wave
 #if defined(LB_CUDA)
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, GV_THREADS, smem));
 #endif
         const int grid = std::min(ntiles, g_dec.sms * std::max(1, std::min(per_sm, fit)));
-        launch_k(kernel, dim3(grid), dim3(GV_THREADS), smem, s, a, rb, ntiles);
+        launch_k(kernel, dim3(grid), dim3(GV_THREADS), smem, s, a, rb, ntiles, g_dec.prewait);
     };
     const int mode = a.pro * 4 + a.epi;
     switch (mode) {

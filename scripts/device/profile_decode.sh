@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Per-kernel decode profile of `ar` and the megakernel under Nsight Compute (clocks untouched), one call:
+#   OUT=/tmp/out bash scripts/device/profile_decode.sh [arch]      (from the repository root)
+# Builds with -lineinfo (source-level stall sampling; code generation is unchanged) while the GPU
+# synthesises the 0.8B checkpoint, then runs scripts/device/profile_decode.py.
+set -uo pipefail
+ARCH=${1:-90}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+BUILD=/tmp/pfbuild
+t0=$(date +%s)
+( cmake -S engines -B "$BUILD" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+    -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=profile -DCMAKE_CUDA_FLAGS=-lineinfo \
+  && cmake --build "$BUILD" -j 14 --target lucebench-megakernel lucebench-ar ) > "$OUT/build.log" 2>&1 &
+BPID=$!
+if [ ! -f /tmp/qwen35-0.8b-synth/config.json ]; then
+  PYTHONPATH=.:tests/engines python3 - <<'PY' || { echo "synth failed"; exit 1; }
+import torch, qwen35_synth as synth
+import sys; sys.path.insert(0, "scripts/device")
+from check_megakernel import SHAPE, CKPT
+synth.save(synth.make_model(seed=0, **SHAPE), CKPT, torch.bfloat16)
+PY
+fi
+if ! wait $BPID; then echo "build failed:"; grep -iE "error" "$OUT/build.log" | head -30; exit 1; fi
+echo "build + synth: $(( $(date +%s) - t0 )) s"
+PYTHONPATH=.:scripts/device python3 scripts/device/profile_decode.py "$BUILD"
+echo "total: $(( $(date +%s) - t0 )) s"
