@@ -16,17 +16,19 @@ t0=$(date +%s)
     -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=device-check \
   && cmake --build "$BUILD" -j 14 --target lucebench-megakernel lucebench-ar ) > "$OUT/build.log" 2>&1 &
 BPID=$!
-# BASE_SRC=DIR (a copy of another commit's engines/): its ar is built too, as /tmp/mkbase/lucebench-ar, for
-# AR_VARIANTS entries with "EXE" (a same-card before/after)
-if [ -n "${BASE_SRC:-}" ]; then
-  ( cmake -S "$BASE_SRC" -B /tmp/mkbase -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-      -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=device-base && cmake --build /tmp/mkbase -j 14 --target lucebench-ar ) \
-    > "$OUT/build_base.log" 2>&1 &
-  BASEPID=$!
-fi
+# BASE_SRC="NAME=DIR ..." (copies of other commits' engines/): each one's ar is built too, as
+# /tmp/mkbase_NAME/lucebench-ar, for AR_VARIANTS entries with "EXE" (same-card before/after comparisons)
+BASEPIDS=()
+for entry in ${BASE_SRC:-}; do
+  name=${entry%%=*}; dir=${entry#*=}
+  ( cmake -S "$dir" -B "/tmp/mkbase_$name" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+      -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH="device-$name" \
+    && cmake --build "/tmp/mkbase_$name" -j 14 --target lucebench-ar ) > "$OUT/build_$name.log" 2>&1 &
+  BASEPIDS+=($!)
+done
 PYTHONPATH=. python3 scripts/device/check_megakernel.py synth || { echo "synth phase failed"; exit 1; }
 if ! wait $BPID; then echo "build failed:"; grep -iE "error" "$OUT/build.log" | head -30; tail -30 "$OUT/build.log"; exit 1; fi
-if [ -n "${BASE_SRC:-}" ] && ! wait $BASEPID; then echo "base build failed"; tail -20 "$OUT/build_base.log"; exit 1; fi
+for pid in "${BASEPIDS[@]}"; do wait "$pid" || { echo "a BASE_SRC build failed"; tail -5 "$OUT"/build_*.log; exit 1; }; done
 echo "build + synth + references: $(( $(date +%s) - t0 )) s"
 grep -A2 "decode_kernel" "$OUT/build.log" | grep -E "registers|spill" | head -4
 PYTHONPATH=. python3 scripts/device/check_megakernel.py run "$BUILD"
