@@ -1541,7 +1541,11 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
 // Fused MLP for one token (FusedMlp in gpu_ops.h). Block b owns the intermediate rows [r0, r1), n = r1 - r0
 // <= rb (the grid splits I evenly). Dynamic shared memory (mlp_smem_bytes): xs [H] floats | gain [H] floats |
 // act [rb] floats (padded to 16 bytes) | gate rows [rb][H] | up rows [rb][H] | down_t rows [rb][H].
-constexpr int MF_THREADS = 256, MF_WARPS = MF_THREADS / LB_WARP;
+// 512 threads and x read before the down_t copies are requested: 1,094.5 tok/s against 1,030.1 with 256
+// threads and every copy before the wait (same H200 card; 256 threads with x first 1,066.7, 512 threads
+// without 1,056.8; docs/engines.md session 6).
+constexpr int MF_THREADS = 512, MF_WARPS = MF_THREADS / LB_WARP;
+constexpr int MF_XPER = 3;  // x float4s a thread holds: H <= 4 * MF_THREADS * MF_XPER (6,144; the 27B has 5,120)
 __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int rb) {
     extern __shared__ __align__(16) unsigned char mf_smem[];
     const int H = a.H, I = a.I, tid = threadIdx.x, lane = tid % LB_WARP, warp = tid / LB_WARP;
@@ -1553,24 +1557,48 @@ __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int r
     wtype* wg = (wtype*)(act + (rb + 3) / 4 * 4);
     wtype* wu = wg + size_t(rb) * H;
     wtype* wd = wu + size_t(rb) * H;
-    // The weights do not depend on earlier kernels: the block's whole share (three contiguous runs of n rows)
-    // and the norm's gain are requested before the dependency wait, so they stream in while the previous
-    // kernel finishes and the prologue's only round trip is x. Groups: gain; gate and up rows; down_t rows
-    // (each phase waits only for its own).
+    // The weights do not depend on earlier kernels: the norm's gain and the block's gate and up rows (two
+    // contiguous runs of n rows) are requested before the dependency wait, so they stream in while the
+    // previous kernel finishes. x, the prologue's only round trip, is read right after the wait and only
+    // then are the down_t rows requested: a read queues behind the block's outstanding copies, and x
+    // behind 114 KB instead of 172 KB shortens the chain more than the later start of the down_t rows
+    // costs. Groups: gain; gate and up rows; down_t rows (each phase waits only for its own).
     copy_to_smem<MF_THREADS>((uint4*)gs, (const uint4*)a.gain, H / 4);
     cp_async_commit();
     copy_to_smem<MF_THREADS>((uint4*)wg, (const uint4*)(a.gate_up + size_t(r0) * H), nch);
     copy_to_smem<MF_THREADS>((uint4*)wu, (const uint4*)(a.gate_up + (size_t(I) + r0) * H), nch);
     cp_async_commit();
-    copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
-    cp_async_commit();
     griddep_launch();
     griddep_wait();  // from here on: x (complete: the out-projection before this kernel folded the previous
                      // MLP's accumulator into it) and acc (zero: that same fold, or embed_decode for layer 0)
+    float4 xv[MF_XPER];
+#pragma unroll
+    for (int k = 0; k < MF_XPER; ++k) {
+        const int i = (tid + k * MF_THREADS) * 4;
+        xv[k] = i < H ? *(const float4*)(a.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
+    cp_async_commit();
 
     cp_async_wait<2>();
     __syncthreads();  // every thread's gain copies
-    rmsnorm_smem<MF_THREADS>(a.x, nullptr, gs, a.eps, H, xs);
+    {  // xs = rmsnorm(x) * gain
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < MF_XPER; ++k)
+            ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+        const float inv = rsqrtf(block_sum(ss) / H + a.eps);
+#pragma unroll
+        for (int k = 0; k < MF_XPER; ++k) {
+            const int i = (tid + k * MF_THREADS) * 4;
+            if (i < H) {
+                xs[i] = xv[k].x * inv * gs[i];
+                xs[i + 1] = xv[k].y * inv * gs[i + 1];
+                xs[i + 2] = xv[k].z * inv * gs[i + 2];
+                xs[i + 3] = xv[k].w * inv * gs[i + 3];
+            }
+        }
+    }
     cp_async_wait<1>();
     __syncthreads();  // xs, and every thread's gate and up copies
     // act[j] = silu(gate . xs) * (up . xs) for row r0 + j, one warp a row (the dots as in gemv_fused_kernel)
@@ -2379,7 +2407,8 @@ size_t mlp_smem_bytes(int H, int rb) {
 }  // namespace
 
 bool mlp_fused_ok(int H, int I) {
-    return g_dec.ready && H > 0 && I > 0 && H % 8 == 0 && mlp_smem_bytes(H, 1) <= g_dec.mlp_smem_block;
+    return g_dec.ready && H > 0 && I > 0 && H % 8 == 0 && H <= 4 * MF_THREADS * MF_XPER &&
+           mlp_smem_bytes(H, 1) <= g_dec.mlp_smem_block;
 }
 
 void mlp_fused(const FusedMlp& a, gpuStream_t s) {
