@@ -63,6 +63,7 @@
 #endif
 // HIP before 6.2 has no *_sync warp functions (later ones want a 64-bit mask); every use in the kernels has
 // the whole warp taking part, so the mask is dropped.
+#define __shfl_sync(mask, ...) __shfl(__VA_ARGS__)
 #define __shfl_xor_sync(mask, ...) __shfl_xor(__VA_ARGS__)
 #define __shfl_down_sync(mask, ...) __shfl_down(__VA_ARGS__)
 #define __shfl_up_sync(mask, ...) __shfl_up(__VA_ARGS__)
