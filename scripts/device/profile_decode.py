@@ -9,7 +9,8 @@ duration is an upper bound of its share of a real (PDL-overlapped) decode step; 
   2. `ar`: the full section set (speed of light, memory, warp states) on one DeltaNet layer, one attention
      layer and the LM head of that last step.
   3. megakernel: the full set plus source-level stall sampling on one decode launch.
-Writes $OUT/profile.json (the summaries), $OUT/ar_details.txt, $OUT/mk_details.txt, $OUT/mk_source_top.txt.
+Writes $OUT/profile.json (the summaries), $OUT/ar_details.txt, $OUT/ar_source_lines.txt (warp stalls per
+CUDA source line of 8 kernels), $OUT/mk_details.txt, $OUT/mk_source_lines.txt.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def describe_step(ks: list[dict]) -> dict:
         a["MB"] += k["dram_rd_MB"] + k["dram_wr_MB"]
         a["occ"] += k["occ_pct"]
     out["by_kernel"] = sorted(([key, a["n"], round(a["us"], 1), round(a["us"] / a["n"], 2), round(a["MB"] / a["n"], 2),
-                                round(a["MB"] / a["n"] / (a["us"] / a["n"]) * 1e-3, 2), round(a["occ"] / a["n"], 1)]
+                                round(a["MB"] / a["us"], 2), round(a["occ"] / a["n"], 1)]
                                for key, a in agg.items()), key=lambda x: -x[2])
     out["by_kernel_columns"] = ["kernel", "count", "us total", "us each", "DRAM MB each", "TB/s", "warps active %"]
     out["sequence"] = [[k["name"], round(k["us"], 2), round(k["dram_rd_MB"] + k["dram_wr_MB"], 2), k["grid"]] for k in step]
@@ -118,36 +119,6 @@ def details(rep: Path, dest: Path) -> None:
     txt = subprocess.run([NCU, "--import", str(rep), "--page", "details", "--print-units", "base",
                           "--print-details", "all"], capture_output=True, text=True, timeout=300)
     dest.write_text(txt.stdout + ("\n--- stderr\n" + txt.stderr if txt.stderr else ""))
-
-
-def source_top(rep: Path, dest: Path) -> None:
-    """The CUDA source lines with the most stall samples (and their SASS lines' top stall reasons)."""
-    parts = []
-    for view in ("cuda", "sass"):
-        r = subprocess.run([NCU, "--import", str(rep), "--page", "source", "--csv", "--print-source", view],
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0 or not r.stdout.strip():
-            parts.append(f"== {view}: exit {r.returncode} {r.stderr[-500:]}")
-            continue
-        lines = r.stdout.splitlines()
-        hdr_i = next((i for i, ln in enumerate(lines) if "Warp Stall Sampling" in ln or "Source" in ln), 0)
-        rows = list(csv.DictReader(io.StringIO("\n".join(lines[hdr_i:]))))
-        if not rows:
-            parts.append(f"== {view}: no rows\n" + "\n".join(lines[:20]))
-            continue
-        cols = list(rows[0].keys())
-        samp = next((c for c in cols if c.startswith("Warp Stall Sampling (All")), None)
-        parts.append(f"== {view}: columns {cols}")
-        if samp is None:
-            parts.append("\n".join(lines[:40]))
-            continue
-        total = sum(num(r[samp]) for r in rows if num(r[samp]) == num(r[samp]))
-        top = sorted(rows, key=lambda r: -(num(r[samp]) if num(r[samp]) == num(r[samp]) else 0))[:60]
-        parts.append(f"total samples {total:.0f}")
-        for r in top:
-            keep = {c: r[c] for c in cols if r[c] not in ("", "0") and len(r[c]) < 200}
-            parts.append(json.dumps(keep))
-    dest.write_text("\n".join(parts))
 
 
 def tool(name: str) -> str:
@@ -161,7 +132,8 @@ def demangled_short(mangled: str) -> str:
         n = int(m.group(1))
         ident = m.group(2)[:n]
         rest = mangled[m.start(2) + n:]
-        if re.search(r"_kernel\w*$", ident):
+        if re.search(r"_kernel\w*$", ident) and not ident.startswith("_GLOBAL__N"):  # not an anonymous namespace
+            # (nvcc names those after the file: _GLOBAL__N__<hash>_16_decode_kernel_cu_<hash>)
             args = re.match(r"I((?:Li-?\d+E)+)E", rest)
             if args:
                 return ident + "<" + ", ".join(re.findall(r"Li(-?\d+)E", args.group(1))) + ">"
@@ -199,41 +171,52 @@ def sass_lines(build: Path) -> dict[str, dict[int, tuple[str, int]]]:
     return out
 
 
-def stall_by_line(exe: Path, launch: int, req: Path, lines: dict[str, dict[int, tuple[str, int]]], src: Path) -> str:
-    """Warp-stall samples of one kernel launch, summed per CUDA source line (top 25 lines)."""
+def stall_by_line(exe: Path, launch: int, req: Path, lines: dict[str, dict[int, tuple[str, int]]]) -> str:
+    """Warp-stall samples of one kernel launch (the launch-th of the run), summed per CUDA source line."""
     rep = Path("/tmp/pf_src")
     ncu(exe, ["--section", "SourceCounters", "--section", "WarpStateStats", "--launch-skip", str(launch),
               "--launch-count", "1", "-f", "-o", str(rep)], req)
-    r = subprocess.run([NCU, "--import", str(rep.with_suffix(".ncu-rep")), "--page", "source", "--csv",
-                        "--print-source", "sass"], capture_output=True, text=True, timeout=300)
-    lines_out = r.stdout.splitlines()
-    hdr = next((i for i, ln in enumerate(lines_out) if ln.startswith('"Address"')), None)
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines_out[hdr:])))) if hdr is not None else []
+    return source_lines(rep.with_suffix(".ncu-rep"), lines, f"launch {launch}")
+
+
+def source_lines(rep: Path, lines: dict[str, dict[int, tuple[str, int]]], label: str, top: int = 25) -> str:
+    """The `top` CUDA source lines of the report's (one) kernel with the most warp-stall samples, their share
+    and their three main stall reasons; SASS offsets are mapped to lines with the build's own line tables."""
+    r = subprocess.run([NCU, "--import", str(rep), "--page", "source", "--csv", "--print-source", "sass"],
+                       capture_output=True, text=True, timeout=300)
+    out_lines = r.stdout.splitlines()
+    hdr = next((i for i, ln in enumerate(out_lines) if ln.startswith('"Address"')), None)
+    rows = list(csv.DictReader(io.StringIO("\n".join(out_lines[hdr:])))) if hdr is not None else []
     rows = [x for x in rows if x.get("Address", "").startswith("0x")]
     if not rows:
-        return f"no source rows: {r.stderr[-300:]} | " + " / ".join(lines_out[:6])[:1500]
-    d = subprocess.run([NCU, "--import", str(rep.with_suffix(".ncu-rep")), "--page", "details", "--print-units",
-                        "base", "--section", "SourceCounters"], capture_output=True, text=True, timeout=300).stdout
+        return f"no source rows: {r.stderr[-300:]} | " + " / ".join(out_lines[:6])[:1500]
+    d = subprocess.run([NCU, "--import", str(rep), "--page", "details", "--print-units", "base", "--section",
+                        "SourceCounters"], capture_output=True, text=True, timeout=300).stdout
     kname = next((short(ln) for ln in d.splitlines() if "_kernel" in ln), "?")
     base = min(int(x["Address"], 16) for x in rows)
     table = lines.get(kname, {})
-    per: dict[tuple[str, int], dict] = {}
+    per: dict[tuple[str, int | str], dict] = {}
     total = 0.0
     for x in rows:
         n = num(x.get("Warp Stall Sampling (All Samples)", "0"))
         if n != n or n == 0:
             continue
         total += n
-        loc = table.get(int(x["Address"], 16) - base, ("?", 0))
+        off = int(x["Address"], 16) - base
+        # without a line table for the kernel (its cubin not found), the SASS instruction itself
+        loc = table.get(off, ("?", 0)) if table else ("sass+" + hex(off), x.get("Source", "").strip())
         e = per.setdefault(loc, {"samples": 0.0, "why": {}})
         e["samples"] += n
         for c, v in x.items():
             if c.startswith("stall_") and "Not Issued" not in c and num(v) == num(v):
                 e["why"][c[6:]] = e["why"].get(c[6:], 0) + num(v)
-    text = {f.name: f.read_text().splitlines() for f in src.rglob("*") if f.suffix in (".cu", ".cuh", ".h")}
-    outl = [f"== {kname} (launch {launch}), {total:.0f} samples, {len(table)} SASS offsets mapped"]
-    for (f, ln), e in sorted(per.items(), key=lambda kv: -kv[1]["samples"])[:25]:
+    text = {f.name: f.read_text().splitlines() for f in Path("engines").rglob("*") if f.suffix in (".cu", ".cuh", ".h")}
+    outl = [f"== {kname} ({label}), {total:.0f} samples, {len(table)} SASS offsets mapped"]
+    for (f, ln), e in sorted(per.items(), key=lambda kv: -kv[1]["samples"])[:top]:
         why = ", ".join(f"{k} {v:.0f}" for k, v in sorted(e["why"].items(), key=lambda kv: -kv[1])[:3])
+        if isinstance(ln, str):  # a SASS instruction
+            outl.append(f"{100 * e['samples'] / total:5.1f}%  {f}  [{why}]  {ln[:110]}")
+            continue
         code = text.get(f, [""] * (ln + 1))[ln - 1].strip() if ln > 0 else ""
         outl.append(f"{100 * e['samples'] / total:5.1f}%  {f}:{ln}  [{why}]  {code[:110]}")
     return "\n".join(outl)
@@ -280,7 +263,7 @@ def main() -> None:
         picks = [int(x) for x in os.environ.get("PF_PICKS", "5,6,7,8,13,14,15,16").split(",")]
         with open(OUT / "ar_source_lines.txt", "w") as f:
             for i in picks:
-                f.write(stall_by_line(ar, first + i, requests(p520, 4), table, Path("engines")) + "\n\n")
+                f.write(stall_by_line(ar, first + i, requests(p520, 4), table) + "\n\n")
         log("ar source-line stalls written")
 
     # 3. megakernel: one decode launch (the 3rd decode_kernel launch: after warm-up), full set + source
@@ -289,7 +272,8 @@ def main() -> None:
         ncu(mk, ["--set", "full", "--import-source", "yes", "-k", "regex:^decode_kernel", "--launch-skip", "2",
                  "--launch-count", "1", "-f", "-o", str(rep)], requests(p520, 4))
         details(rep.with_suffix(".ncu-rep"), OUT / "mk_details.txt")
-        source_top(rep.with_suffix(".ncu-rep"), OUT / "mk_source_top.txt")
+        (OUT / "mk_source_lines.txt").write_text(source_lines(rep.with_suffix(".ncu-rep"), sass_lines(build),
+                                                              "3rd decode launch", top=60))
         shutil.copy(rep.with_suffix(".ncu-rep"), OUT / "mk.ncu-rep")
         log("megakernel details written")
     (OUT / "profile.json").write_text(json.dumps(summary, indent=1))
