@@ -1430,8 +1430,8 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = silu(a.x[i]) * a.x[in + i];
     } else if (PRO == GV_GATED) {
         // One round trip: x, z and the gain of a chunk of 8 are loaded together. xs = x * gain * silu(z),
-        // and each head's sum of squares of x is reduced over the cph lanes that hold it (in % 256 == 0 and
-        // cph = head_dim / 8 divides 32, gemv_fused_ok: whole warps, whole heads in a warp), then scaled.
+        // and each head's sum of squares of x is reduced over the cph lanes that hold it (gemv_fused_ok:
+        // whole warps in every pass, cph = head_dim / 8 divides 32, so whole heads in a warp), then scaled.
         __shared__ float head_ss[GV_MAX_HEADS];
         const int hd = a.head_dim, cph = hd / 8;
         for (int c = tid; c < in / 8; c += GV_THREADS) {
@@ -2353,8 +2353,9 @@ bool decode_pdl() { return g_dec.pdl; }
 
 bool gemv_fused_ok(int in, int pro, int head_dim) {
     if (in % 8 != 0 || in <= 0) return false;
-    // GATED: whole warps of 8-element chunks (in % 256 == 0), each head's chunks within one warp (head_dim / 8
-    // divides 32)
+    // GATED: each thread takes whole 8-element chunks and every pass covers all threads (in % (8 GV_THREADS)
+    // == 0; whole warps, in % 256, would be enough for the shuffles), each head's chunks within one warp
+    // (head_dim / 8 divides 32)
     if (pro == GV_GATED && (head_dim <= 0 || head_dim % 8 != 0 || 32 % (head_dim / 8) != 0 || in % head_dim != 0 ||
                             in % (8 * GV_THREADS) != 0 || in / head_dim > GV_MAX_HEADS))
         return false;

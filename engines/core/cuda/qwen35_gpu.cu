@@ -8,10 +8,11 @@
 // a fixed-point accumulator that the next layer's in-projection reads and its out-projection folds into the
 // residual); LB_GPU_FUSED_MLP=0 selects the gate_up + down GEMVs (5 / 6 kernels a layer, 129 a token). CUDA
 // only by default; HIP opts in with LB_GPU_FUSED_MLP=1. LB_GPU_DECODE=legacy selects the unfused sequence.
-#include <string>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "../backend.h"
@@ -45,9 +46,10 @@ public:
         // critical path, overlaps included, which per-kernel profiles of kernels run alone cannot show.
         if (const char* d = std::getenv("LB_GPU_DIAG_SKIP")) {
             const std::string list = std::string(",") + d + ",";
-            const char* names[] = {"in", "mixer", "out", "mlp"};
-            for (int i = 0; i < 4; ++i)
-                if (list.find(std::string(",") + names[i] + ",") != std::string::npos) diag_skip_ |= 1u << i;
+            const std::pair<const char*, unsigned> stages[] = {
+                {"in", SKIP_IN}, {"mixer", SKIP_MIXER}, {"out", SKIP_OUT}, {"mlp", SKIP_MLP}};
+            for (const auto& [name, bit] : stages)
+                if (list.find(std::string(",") + name + ",") != std::string::npos) diag_skip_ |= bit;
         }
         fused_attn_ = !env_off("LB_GPU_FUSED_ATTN");
         fused_delta_ = !env_off("LB_GPU_FUSED_DELTA");
@@ -263,20 +265,20 @@ private:
                 gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.attn_qkv, rows, ws_.big);
                 a.gain = F(L.input_norm);
                 a.acc = prev_mlp;
-                if (!(diag_skip_ & SKIP_IN)) gpu::gemv_fused(a, s_);
-                if (!(diag_skip_ & SKIP_MIXER))
+                if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
+                if (runs(SKIP_MIXER)) {
                     gpu::attn_prep(ws_.big, rows, 1, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm),
                                    F(L.k_norm), cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
-                if (diag_skip_ & SKIP_MIXER) {
-                } else if (fused_attn_) {
-                    gpu::attention_decode(ws_.big, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_,
-                                          att_splits_, att_scratch_, att_counters_, ws_.o, s_);
-                } else {
-                    gpu::attention(ws_.big, rows, 1, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, ws_.o, s_);
+                    if (fused_attn_)
+                        gpu::attention_decode(ws_.big, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_,
+                                              att_splits_, att_scratch_, att_counters_, ws_.o, s_);
+                    else
+                        gpu::attention(ws_.big, rows, 1, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_,
+                                       ws_.o, s_);
                 }
                 a = gemv(gpu::GV_PLAIN, gpu::GV_ADD, ws_.o, nh * hd, L.o_proj, H, ws_.x);
                 a.fold = prev_mlp;
-                if (!(diag_skip_ & SKIP_OUT)) gpu::gemv_fused(a, s_);
+                if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
             } else {
                 const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
                 const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
@@ -285,23 +287,24 @@ private:
                 a.acc = prev_mlp;
                 a.conv_rows = cd; a.conv_k = cfg_.conv_kernel; a.conv_w = F(L.conv_w);
                 a.conv_state = conv_[size_t(l)]; a.conv_out = ws_.conv;
-                if (!(diag_skip_ & SKIP_IN)) gpu::gemv_fused(a, s_);
-                if (diag_skip_ & SKIP_MIXER) {
-                } else if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
-                    gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
-                                      ssm_[size_t(l)], ws_.o, s_);
-                } else {
-                    gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk, hv,
-                                       ws_.g, ws_.beta, s_);
-                    gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
+                if (runs(SKIP_MIXER)) {
+                    if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
+                        gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
+                                          ssm_[size_t(l)], ws_.o, s_);
+                    } else {
+                        gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk,
+                                           hv, ws_.g, ws_.beta, s_);
+                        gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                    }
                 }
                 a = gemv(gpu::GV_GATED, gpu::GV_ADD, ws_.o, vd, L.out_proj, H, ws_.x);
                 a.gain = F(L.ssm_norm); a.z = ws_.big + cd; a.head_dim = dv;
                 a.fold = prev_mlp;
-                if (!(diag_skip_ & SKIP_OUT)) gpu::gemv_fused(a, s_);
+                if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
             }
-            if (diag_skip_ & SKIP_MLP) {
-            } else if (acc) {
+            if (!runs(SKIP_MLP)) continue;
+            if (acc) {
                 gpu::FusedMlp m;
                 m.x = ws_.x; m.gain = F(L.post_norm); m.eps = cfg_.eps;
                 m.gate_up = W(L.gate_up); m.down_t = down_t_[size_t(l)]; m.acc = acc; m.H = H; m.I = I;
@@ -329,6 +332,7 @@ private:
     bool legacy_ = false, fused_ = false, fused_attn_ = true, fused_delta_ = true;
     enum : unsigned { SKIP_IN = 1, SKIP_MIXER = 2, SKIP_OUT = 4, SKIP_MLP = 8 };
     unsigned diag_skip_ = 0;  // LB_GPU_DIAG_SKIP (timing diagnostics)
+    bool runs(unsigned stage) const { return !(diag_skip_ & stage); }  // a stage LB_GPU_DIAG_SKIP leaves in
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point
