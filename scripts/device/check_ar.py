@@ -16,7 +16,6 @@ Prints a table last; writes $OUT/check_ar.json.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -151,45 +150,23 @@ def time_variant(exe: Path, ckpt: Path, env: dict, p520: list[int], prompts: lis
 
 
 def ncu_breakdown(exe: Path, ckpt: Path, p520: list[int]) -> dict:
-    """Per-kernel device time (Nsight Compute, clocks untouched) of one 520-token prefill and 3 decode steps."""
-    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    req = OUT / "ncu_req.jsonl"
-    req.write_text(json.dumps({"type": "generate", "id": "n", "prompt_ids": p520, "n_gen": 4}) + "\n"
-                   + '{"type": "shutdown"}\n')
-    logf = Path("/tmp/ncu_log.csv")
-    cmd = [ncu, "--clock-control", "none", "--metrics", "gpu__time_duration.sum", "--csv", "--log-file", str(logf),
-           str(exe), "--model", str(ckpt), "--max-ctx", "1024"]
-    with open(req) as fin:
-        subprocess.run(cmd, stdin=fin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=240)
-    lines = [ln for ln in logf.read_text().splitlines() if ln.startswith('"')]
-    rows = list(csv.DictReader(lines))
-    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
-    ks = []
-    for r in rows:
-        if r.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        v = float(r["Metric Value"].replace(",", "")) * scale.get(r.get("Metric Unit", "nsecond"), 1e-3)
-        name = r["Kernel Name"].replace("(anonymous namespace)::", "").replace("lb::gpu::", "").replace("void ", "")
-        name = name.split("(")[0]
-        ks.append((name, v, r.get("Grid Size", ""), r.get("Block Size", "")))
-    shutil.copy(logf, OUT / "ncu_log.csv")
-    # the decode graph's kernels start at the last embed_decode_kernel launches
-    starts = [i for i, k in enumerate(ks) if k[0].startswith("embed_decode")]
+    """Per-kernel device time (Nsight Compute, clocks untouched) of one 520-token prefill and 4 decode steps:
+    the prefill's kernels and the last decode step's, grouped by kernel (profile_decode.py's light pass)."""
+    from profile_decode import BY_KERNEL_COLUMNS, ar_light, by_kernel
+
+    ks = ar_light(exe, p520, ckpt)
+    shutil.copy("/tmp/pf_ar_light.csv", OUT / "ncu_log.csv")
     out: dict = {"n_kernels": len(ks)}
+    # the decode graph's kernels start at each embed_decode_kernel launch
+    starts = [i for i, k in enumerate(ks) if k["name"].startswith("embed_decode")]
     if starts:
         pre, dec = ks[:starts[0]], ks[starts[-1]:]
-        out["prefill_us_total"] = round(sum(k[1] for k in pre), 1)
+        out["prefill_us_total"] = round(sum(k["us"] for k in pre), 1)
         out["decode_step_kernels"] = len(dec)
-        out["decode_step_us_total"] = round(sum(k[1] for k in dec), 1)
-        for label, part in (("prefill", pre), ("decode", dec)):
-            agg: dict = {}
-            for name, v, grid, block in part:
-                key = f"{name} {grid}"
-                a = agg.setdefault(key, [0, 0.0])
-                a[0] += 1
-                a[1] += v
-            out[f"{label}_by_kernel"] = sorted(([k, n, round(v, 1)] for k, (n, v) in agg.items()),
-                                               key=lambda x: -x[2])[:25]
+        out["decode_step_us_total"] = round(sum(k["us"] for k in dec), 1)
+        out["by_kernel_columns"] = BY_KERNEL_COLUMNS
+        out["prefill_by_kernel"] = by_kernel(pre)[:25]
+        out["decode_by_kernel"] = by_kernel(dec)[:25]
     return out
 
 

@@ -12,18 +12,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,po
 nvcc --version | tail -2 >> "$OUT/env.txt"
 cat "$OUT/env.txt"
 t0=$(date +%s)
-( cmake -S engines -B "$BUILD" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-    -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=device-check \
-  && cmake --build "$BUILD" -j 14 --target lucebench-megakernel lucebench-ar ) > "$OUT/build.log" 2>&1 &
+source scripts/device/build_engines.sh
+build_engines engines "$BUILD" device-check "" lucebench-megakernel lucebench-ar > "$OUT/build.log" 2>&1 &
 BPID=$!
 # BASE_SRC="NAME=DIR ..." (copies of other commits' engines/): each one's ar is built too, as
 # /tmp/mkbase_NAME/lucebench-ar, for AR_VARIANTS entries with "EXE" (same-card before/after comparisons)
 BASEPIDS=()
 for entry in ${BASE_SRC:-}; do
   name=${entry%%=*}; dir=${entry#*=}
-  ( cmake -S "$dir" -B "/tmp/mkbase_$name" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-      -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH="device-$name" \
-    && cmake --build "/tmp/mkbase_$name" -j 14 --target lucebench-ar ) > "$OUT/build_$name.log" 2>&1 &
+  build_engines "$dir" "/tmp/mkbase_$name" "device-$name" "" lucebench-ar > "$OUT/build_$name.log" 2>&1 &
   BASEPIDS+=($!)
 done
 PYTHONPATH=. python3 scripts/device/check_megakernel.py synth || { echo "synth phase failed"; exit 1; }

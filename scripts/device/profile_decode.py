@@ -47,8 +47,8 @@ def requests(prompt: list[int], n_gen: int) -> Path:
     return req
 
 
-def ncu(exe: Path, args: list[str], req: Path, timeout: int = 400) -> None:
-    cmd = [NCU, "--clock-control", "none", *args, str(exe), "--model", str(CKPT), "--max-ctx", "1024"]
+def ncu(exe: Path, args: list[str], req: Path, timeout: int = 400, ckpt: Path = CKPT) -> None:
+    cmd = [NCU, "--clock-control", "none", *args, str(exe), "--model", str(ckpt), "--max-ctx", "1024"]
     log(" ".join(cmd[:12]) + " ...")
     with open(req) as fin:
         r = subprocess.run(cmd, stdin=fin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, text=True)
@@ -69,11 +69,12 @@ def num(v: str) -> float:
         return float("nan")
 
 
-def ar_light(exe: Path, p520: list[int]) -> list[dict]:
-    """One row per kernel launch, in launch order (ncu's CSV log has one line per kernel and metric)."""
+def ar_light(exe: Path, p520: list[int], ckpt: Path = CKPT) -> list[dict]:
+    """One row per kernel launch of a 520-token prefill and 4 decode steps, in launch order (ncu's CSV log
+    has one line per kernel and metric; the log stays in /tmp/pf_ar_light.csv)."""
     logf = Path("/tmp/pf_ar_light.csv")
     ncu(exe, ["--metrics", ",".join(LIGHT), "--csv", "--print-units", "base", "--log-file", str(logf)],
-        requests(p520, 4))
+        requests(p520, 4), ckpt=ckpt)
     lines = [ln for ln in logf.read_text().splitlines() if ln.startswith('"')]
     by_id: dict[int, dict] = {}
     for r in csv.DictReader(io.StringIO("\n".join(lines))):
@@ -92,33 +93,53 @@ def ar_light(exe: Path, p520: list[int]) -> list[dict]:
             for _, k in sorted(by_id.items())]
 
 
-def describe_step(ks: list[dict]) -> dict:
-    starts = [i for i, k in enumerate(ks) if k["name"].startswith("embed_decode")]
-    if not starts:
-        return {"error": "no embed_decode kernel"}
-    step = ks[starts[-1]:]
-    out: dict = {"first_index": starts[-1], "n_kernels": len(step), "us_total": round(sum(k["us"] for k in step), 1),
-                 "dram_MB_total": round(sum(k["dram_rd_MB"] + k["dram_wr_MB"] for k in step), 1)}
+def by_kernel(ks: list[dict]) -> list[list]:
+    """Launches grouped by kernel and launch shape, most time first: [kernel, count, us total, us each,
+    DRAM MB each, TB/s, warps active %] (BY_KERNEL_COLUMNS)."""
     agg: dict = {}
-    for k in step:
+    for k in ks:
         key = f"{k['name']} grid={k['grid']} block={k['block']} regs={k['regs']}"
         a = agg.setdefault(key, {"n": 0, "us": 0.0, "MB": 0.0, "occ": 0.0})
         a["n"] += 1
         a["us"] += k["us"]
         a["MB"] += k["dram_rd_MB"] + k["dram_wr_MB"]
         a["occ"] += k["occ_pct"]
-    out["by_kernel"] = sorted(([key, a["n"], round(a["us"], 1), round(a["us"] / a["n"], 2), round(a["MB"] / a["n"], 2),
-                                round(a["MB"] / a["us"], 2), round(a["occ"] / a["n"], 1)]
-                               for key, a in agg.items()), key=lambda x: -x[2])
-    out["by_kernel_columns"] = ["kernel", "count", "us total", "us each", "DRAM MB each", "TB/s", "warps active %"]
-    out["sequence"] = [[k["name"], round(k["us"], 2), round(k["dram_rd_MB"] + k["dram_wr_MB"], 2), k["grid"]] for k in step]
-    return out
+    return sorted(([key, a["n"], round(a["us"], 1), round(a["us"] / a["n"], 2), round(a["MB"] / a["n"], 2),
+                    round(a["MB"] / a["us"], 2), round(a["occ"] / a["n"], 1)] for key, a in agg.items()),
+                  key=lambda x: -x[2])
 
 
-def details(rep: Path, dest: Path) -> None:
+BY_KERNEL_COLUMNS = ["kernel", "count", "us total", "us each", "DRAM MB each", "TB/s", "warps active %"]
+
+
+def decode_step_start(ks: list[dict]) -> int | None:
+    """Index of the last decode step's first kernel (the decode graph starts with embed_decode_kernel)."""
+    starts = [i for i, k in enumerate(ks) if k["name"].startswith("embed_decode")]
+    return starts[-1] if starts else None
+
+
+def describe_step(ks: list[dict]) -> dict:
+    first = decode_step_start(ks)
+    if first is None:
+        return {"error": "no embed_decode kernel"}
+    step = ks[first:]
+    return {"first_index": first, "n_kernels": len(step), "us_total": round(sum(k["us"] for k in step), 1),
+            "dram_MB_total": round(sum(k["dram_rd_MB"] + k["dram_wr_MB"] for k in step), 1),
+            "by_kernel": by_kernel(step), "by_kernel_columns": BY_KERNEL_COLUMNS,
+            "sequence": [[k["name"], round(k["us"], 2), round(k["dram_rd_MB"] + k["dram_wr_MB"], 2), k["grid"]]
+                         for k in step]}
+
+
+def details(rep: Path, dest: Path, append: str = "") -> None:
+    """ncu's details page of a report into dest (appended under the heading `append` when given)."""
     txt = subprocess.run([NCU, "--import", str(rep), "--page", "details", "--print-units", "base",
                           "--print-details", "all"], capture_output=True, text=True, timeout=300)
-    dest.write_text(txt.stdout + ("\n--- stderr\n" + txt.stderr if txt.stderr else ""))
+    body = txt.stdout + ("\n--- stderr\n" + txt.stderr if txt.stderr else "")
+    if append:
+        with open(dest, "a") as f:
+            f.write(f"\n\n===== {append}\n" + body)
+    else:
+        dest.write_text(body)
 
 
 def tool(name: str) -> str:
@@ -251,10 +272,7 @@ def main() -> None:
             rep2 = Path("/tmp/pf_ar_head")
             ncu(ar, ["--set", "full", "--launch-skip", str(first + n_head), "--launch-count", "1", "-f", "-o",
                      str(rep2)], requests(p520, 4))
-            with open(OUT / "ar_details.txt", "a") as f:
-                d = subprocess.run([NCU, "--import", str(rep2.with_suffix(".ncu-rep")), "--page", "details",
-                                    "--print-units", "base"], capture_output=True, text=True, timeout=300)
-                f.write("\n\n===== LM head\n" + d.stdout)
+            details(rep2.with_suffix(".ncu-rep"), OUT / "ar_details.txt", append="LM head")
             log("ar full-set details written")
         # source lines: layer 1 (DeltaNet: in-projection, delta rule, gated out-projection, MLP), layer 3
         # (attention: qkv, prep, attention, o-projection)

@@ -9,9 +9,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 BUILD=/tmp/pfbuild
 t0=$(date +%s)
-( cmake -S engines -B "$BUILD" -DLUCEBENCH_BACKEND=cuda -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-    -DCMAKE_BUILD_TYPE=Release -DLUCEBENCH_SOURCE_HASH=profile -DCMAKE_CUDA_FLAGS=-lineinfo \
-  && cmake --build "$BUILD" -j 14 --target lucebench-megakernel lucebench-ar ) > "$OUT/build.log" 2>&1 &
+source scripts/device/build_engines.sh
+build_engines engines "$BUILD" profile -DCMAKE_CUDA_FLAGS=-lineinfo lucebench-megakernel lucebench-ar > "$OUT/build.log" 2>&1 &
 BPID=$!
 if [ ! -f /tmp/qwen35-0.8b-synth/config.json ]; then
   PYTHONPATH=.:tests/engines python3 - <<'PY' || { echo "synth failed"; exit 1; }
