@@ -1542,8 +1542,8 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
 // <= rb (the grid splits I evenly). Dynamic shared memory (mlp_smem_bytes): xs [H] floats | gain [H] floats |
 // act [rb] floats (padded to 16 bytes) | gate rows [rb][H] | up rows [rb][H] | down_t rows [rb][H].
 // 512 threads and x read before the down_t copies are requested: 1,094.5 tok/s against 1,030.1 with 256
-// threads and every copy before the wait (same H200 card; 256 threads with x first 1,066.7, 512 threads
-// without 1,056.8; docs/engines.md session 6).
+// threads and every copy before the wait (one H200, synthetic-weight 0.8B, same card; 256 threads with x
+// first 1,066.7, 512 threads without 1,056.8; docs/engines.md session 6).
 constexpr int MF_THREADS = 512, MF_WARPS = MF_THREADS / LB_WARP;
 constexpr int MF_XPER = 3;  // x float4s a thread holds: H <= 4 * MF_THREADS * MF_XPER (6,144; the 27B has 5,120)
 __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int rb) {
