@@ -1457,6 +1457,17 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i];
     }
     for (int s = pre; s < GV_STAGES; ++s) issue(blockIdx.x + s * gridDim.x, s);
+    // ADD: lane 0 holds y and the fold accumulator of the warp's next row, fetched a row ahead (after the wait:
+    // earlier kernels wrote them) so that the read-modify-write after the dot product waits on nothing
+    float add_y = 0.f;
+    unsigned long long add_fold = 0ull;
+    auto add_fetch = [&](int tile, int r) {
+        if (EPI != GV_ADD || lane != 0 || tile >= ntiles || r >= min(rb, a.out - tile * rb)) return;
+        const int row = tile * rb + r;
+        add_y = a.y[row];
+        if (a.fold) add_fold = ld_cg(a.fold + row);
+    };
+    add_fetch(blockIdx.x, warp);
     __syncthreads();
 
     float best = -FLT_MAX;
@@ -1485,6 +1496,12 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
                 if (r + GV_WARPS < nr) conv_fetch(tile, r + GV_WARPS);
                 else conv_fetch(tile + gridDim.x, warp);
             }
+            const float row_y = add_y;
+            const unsigned long long row_fold = add_fold;
+            if (EPI == GV_ADD) {
+                if (r + GV_WARPS < nr) add_fetch(tile, r + GV_WARPS);
+                else add_fetch(tile + gridDim.x, warp);
+            }
             if (lane == 0) {
                 if (EPI == GV_ADD) {
                     if (a.fold) {
@@ -1493,10 +1510,10 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
                         // MLP. Race-free: this lane is the row's only writer, and between the in-projection
                         // (which read x + acc) and this kernel nothing reads x or acc; the MLP kernel adds
                         // into acc only after its dependency wait, i.e. after this kernel has finished.
-                        a.y[row] = (a.y[row] + from_fix(ld_cg(a.fold + row))) + v;
+                        a.y[row] = (row_y + from_fix(row_fold)) + v;
                         a.fold[row] = 0ull;
                     } else {
-                        a.y[row] += v;
+                        a.y[row] = row_y + v;
                     }
                 } else {
                     a.y[row] = v;
