@@ -1335,30 +1335,46 @@ __device__ __forceinline__ void unpack4(const uint2& p, float* f) {
 
 
 // xs[0, in) = rmsnorm(v) * gain over the block's NT threads, v = x, or x + from_fix(acc) where an MLP output
-// is still in its accumulator (written by other blocks' atomics: read at L2). in % 4 == 0; xs is complete
-// after the caller's next __syncthreads.
-template <int NT>
-__device__ __forceinline__ void rmsnorm_smem(const float* x, const unsigned long long* acc, const float* gain, float eps,
-                                             int in, float* xs) {
+// is still in its accumulator (written by other blocks' atomics: read at L2). gr: the thread's gains for
+// elements 4 (tid + k NT) .. + 3, k < GR, loaded by the caller before its dependency wait (they are weights),
+// so that the only round trip here is x (and acc); elements past 4 GR NT read their gains late. in % 4 == 0;
+// xs is complete after the caller's next __syncthreads.
+template <int NT, int GR>
+__device__ __forceinline__ void rmsnorm_smem(const float* x, const unsigned long long* acc, const float4 (&gr)[GR],
+                                             const float* gain, float eps, int in, float* xs) {
     const int tid = threadIdx.x;
-    float ss = 0;
-    if (acc) {
-        for (int i = tid * 4; i < in; i += NT * 4) {
-            float4 v = *(const float4*)(x + i);
+    auto load = [&](int i) {
+        float4 v = *(const float4*)(x + i);
+        if (acc) {
             const ulonglong2 p = ld_cg((const ulonglong2*)(acc + i)), q = ld_cg((const ulonglong2*)(acc + i + 2));
             v.x += from_fix(p.x); v.y += from_fix(p.y); v.z += from_fix(q.x); v.w += from_fix(q.y);
-            *(float4*)(xs + i) = v;
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
-        const float inv = rsqrtf(block_sum(ss) / in + eps);  // block_sum's barriers publish the xs stores
-        for (int i = tid; i < in; i += NT) xs[i] = xs[i] * inv * gain[i];
-    } else {
-        for (int i = tid * 4; i < in; i += NT * 4) {
-            const float4 v = *(const float4*)(x + i);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        const float inv = rsqrtf(block_sum(ss) / in + eps);
-        for (int i = tid; i < in; i += NT) xs[i] = x[i] * inv * gain[i];
+        return v;
+    };
+    float ss = 0.f;
+    float4 v[GR];
+#pragma unroll
+    for (int k = 0; k < GR; ++k) {
+        const int i = (tid + k * NT) * 4;
+        v[k] = i < in ? load(i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    for (int i = (tid + GR * NT) * 4; i < in; i += NT * 4) {
+        const float4 w = load(i);
+        *(float4*)(xs + i) = w;
+        ss += w.x * w.x + w.y * w.y + w.z * w.z + w.w * w.w;
+    }
+    const float inv = rsqrtf(block_sum(ss) / in + eps);  // block_sum's barriers publish the xs stores
+#pragma unroll
+    for (int k = 0; k < GR; ++k) {
+        const int i = (tid + k * NT) * 4;
+        if (i < in)
+            *(float4*)(xs + i) = make_float4(v[k].x * inv * gr[k].x, v[k].y * inv * gr[k].y, v[k].z * inv * gr[k].z,
+                                             v[k].w * inv * gr[k].w);
+    }
+    for (int i = (tid + GR * NT) * 4; i < in; i += NT * 4) {
+        const float4 w = *(const float4*)(xs + i), g = *(const float4*)(gain + i);
+        *(float4*)(xs + i) = make_float4(w.x * inv * g.x, w.y * inv * g.y, w.z * inv * g.z, w.w * inv * g.w);
     }
 }
 
@@ -1380,6 +1396,7 @@ __device__ __forceinline__ float dot8_lane(const uint4* wr, const float* xs, int
 }
 
 constexpr int GV_THREADS = 256, GV_WARPS = GV_THREADS / 32, GV_STAGES = 3, GV_MAX_HEADS = 64, GV_MAX_CONV = 8;
+constexpr int GV_GAIN_REGS = 1;  // RMSNORM gains a thread holds from before the wait, float4s (hidden <= 1,024)
 
 // Persistent GEMV for one token: block b handles row tiles b, b + grid, ... Each tile (rb rows) is copied
 // to shared memory with cp.async, GV_STAGES tiles in flight. The first `pre` tiles are requested before
@@ -1420,12 +1437,19 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
         }
     };
     conv_fetch(blockIdx.x, warp);
+    // RMSNORM: the thread's norm gains (weights) before the wait, so that the prologue makes one round trip
+    float4 gr[GV_GAIN_REGS];
+#pragma unroll
+    for (int k = 0; k < GV_GAIN_REGS; ++k) {
+        const int i = (tid + k * GV_THREADS) * 4;
+        gr[k] = PRO == GV_RMSNORM && i < in ? *(const float4*)(a.gain + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     griddep_launch();
     griddep_wait();
 
     // ---- prologue: the input vector
     if (PRO == GV_RMSNORM) {
-        rmsnorm_smem<GV_THREADS>(a.x, a.acc, a.gain, a.eps, in, xs);  // a.acc: the previous fused MLP's output
+        rmsnorm_smem<GV_THREADS>(a.x, a.acc, gr, a.gain, a.eps, in, xs);  // a.acc: the previous fused MLP's output
     } else if (PRO == GV_SILU) {
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = silu(a.x[i]) * a.x[in + i];
     } else if (PRO == GV_GATED) {
