@@ -1,6 +1,6 @@
 // lucebench-ar: autoregressive greedy decoding of Qwen3.5 hybrid models, speaking docs/protocol.md.
 // Prefill runs the whole prompt through one forward (parallel over tokens), then decode runs one
-// forward per generated token. Logs go to stderr; stdout carries only protocol lines.
+// forward per generated token (Qwen35Backend::decode). Logs go to stderr; stdout carries only protocol lines.
 #include <cstdio>
 #include <memory>
 
@@ -19,12 +19,11 @@ public:
     int max_ctx() const override { return max_ctx_; }
 
     Json generate(const GenerateRequest& req) override {
-        // Decode: one forward of the last token per step, on the host's loop.
+        // Decode: one forward of the last token per step (the backend's decode loop; the GPU backend keeps
+        // two steps in flight).
         Generation g = run_generation(be_, req, [&](std::vector<int>& out) {
-            while (int(out.size()) < req.n_gen) {
-                out.push_back(be_.forward(&out.back(), 1, nullptr));
-                if (!req.ignore_eos && is_eos(req, out.back())) break;
-            }
+            be_.decode(req.n_gen - int(out.size()), [&](int tok) { return !req.ignore_eos && is_eos(req, tok); },
+                       &out);
         });
         return generation_reply(req, g, be_.decode_bytes(mean_decode_ctx(req, g)), be_.peak_mem_bytes());
     }

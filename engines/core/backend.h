@@ -3,6 +3,7 @@
 // for DeltaNet layers), plus device timing. Engines (ar, and later speculative ones) drive it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,19 @@ public:
     // copies those logits to `last_logits` when it is not null.
     virtual int forward(const int* tokens, int n, std::vector<float>* last_logits) = 0;
     virtual int length() const = 0;  // tokens in the current sequence
+
+    // Greedy decode: appends up to n_steps tokens to `out`, each the next token after out->back() (which
+    // must be the last token forwarded, or the one forward() just returned), and stops after a token for
+    // which stop(token) is true. This default runs forward() once a step; a backend may keep several
+    // steps in flight (the GPU backend does) as long as `out` and the timing end at the stop: steps run
+    // past it leave the caches longer than the tokens returned (length() counts them), which only a
+    // reset() makes consistent again.
+    virtual void decode(int n_steps, const std::function<bool(int)>& stop, std::vector<int>* out) {
+        for (int i = 0; i < n_steps; ++i) {
+            out->push_back(forward(&out->back(), 1, nullptr));
+            if (stop(out->back())) break;
+        }
+    }
 
     // Device timing: wall clock on CPU, events on GPU. stop() waits for the device.
     virtual void timer_start() = 0;

@@ -145,6 +145,24 @@ def greedy(exe: Path, ps: list[list[int]], env: dict | None = None, repeat: bool
         eng.close()
 
 
+def eos_stop(exe: Path, ps: list[list[int]], ref: list[list[int]]) -> dict:
+    """A generation that may stop at EOS, eos_ids = [the token at step 40 of the first prompt's greedy
+    output `ref[0]`]: the reply must be ref[0] up to that token's first occurrence, with stop "eos", and the
+    next request in the same process (the second prompt) must still give ref[1] (engines that queue steps
+    past a stop must leave nothing behind)."""
+    eos = ref[0][40]
+    cut = ref[0].index(eos) + 1
+    eng = Engine(exe, CKPT, "--max-ctx", "1024")
+    try:
+        r = eng.gen(ps[0], N_GEN, eos_ids=[eos], ignore_eos=False)
+        r2 = eng.gen(ps[1], N_GEN)
+    finally:
+        eng.close()
+    return {"eos_id": eos, "expected_tokens": cut, "tokens": len(r["output_ids"]), "stop": r.get("stop"),
+            "ok": r["output_ids"] == ref[0][:cut] and r.get("stop") == "eos",
+            "next_request_same": r2["output_ids"] == ref[1]}
+
+
 def trace_summary(path: Path, ghz: float) -> dict:
     """Per-layer averages (us) of the v1 kernel's LB_MK_TRACE stamps (decode_kernel.cu: 15 per layer, then
     the LM head's start and end), for block 0 and the middle block of the last traced token."""
@@ -241,6 +259,8 @@ def phase_run(build: Path) -> None:
         if ar.exists():
             try:  # the ar engine is compared when it loads; its failure must not stop this check
                 ar_out = greedy(ar, ps)
+                res["eos_stop"] = {"ar": eos_stop(ar, ps, ar_out), "megakernel": eos_stop(mk, ps, mk_out)}
+                log(f"EOS stop: {res['eos_stop']}")
             except Exception as e:  # noqa: BLE001
                 log(f"ar engine unavailable: {e}")
                 res["ar_error"] = str(e)

@@ -38,6 +38,9 @@
 #define gpuEventRecord hipEventRecord
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
+#define gpuEventDestroy hipEventDestroy
+#define gpuMallocHost(p, n) hipHostMalloc(p, n, 0)
+#define gpuFreeHost hipHostFree
 #define gpuSetDevice hipSetDevice
 #define gpuGetDeviceProperties hipGetDeviceProperties
 #define gpuDeviceProp hipDeviceProp_t
@@ -92,6 +95,9 @@
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuEventDestroy cudaEventDestroy
+#define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
 #define gpuSetDevice cudaSetDevice
 #define gpuGetDeviceProperties cudaGetDeviceProperties
 #define gpuDeviceProp cudaDeviceProp

@@ -33,6 +33,7 @@ public:
         GPU_CHECK(gpuStreamCreate(&s_));
         GPU_CHECK(gpuEventCreate(&ev0_));
         GPU_CHECK(gpuEventCreate(&ev1_));
+        for (gpuEvent_t& e : step_ev_) GPU_CHECK(gpuEventCreate(&e));
         GPU_CHECK(gpuMalloc(&d_pos_, sizeof(int)));
         GPU_CHECK(gpuMalloc(&d_tok_, sizeof(int) * 1));
         GPU_CHECK(gpuMalloc(&d_next_, sizeof(int)));
@@ -63,6 +64,8 @@ public:
         if (graph_exec_) (void)gpuGraphExecDestroy(graph_exec_);
         for (void* p : allocations_) (void)gpuFree(p);
         if (d_key_) (void)gpuFree(d_key_);
+        if (host_tok_) (void)gpuFreeHost(host_tok_);
+        for (gpuEvent_t e : step_ev_) (void)gpuEventDestroy(e);
     }
 
     std::string name() const override { return LB_GPU_NAME; }
@@ -162,25 +165,9 @@ public:
     int length() const override { return len_; }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        stop_event_ = nullptr;
         if (n == 1 && (fused_ || !last_logits)) {
-            // The fused graph reads its token from d_next_ (where the previous step left its argmax), so
-            // the usual greedy loop needs no upload.
-            if (!fused_)
-                GPU_CHECK(gpuMemcpyAsync(d_tok_, tokens, sizeof(int), gpuMemcpyHostToDevice, s_));
-            else if (!have_next_ || tokens[0] != last_next_)
-                GPU_CHECK(gpuMemcpyAsync(d_next_, tokens, sizeof(int), gpuMemcpyHostToDevice, s_));
-            if (!graph_exec_) {
-                gpuGraph_t graph;
-                GPU_CHECK(gpuStreamBeginCapture(s_, gpuStreamCaptureModeThreadLocal));
-                if (fused_)
-                    run_decode(d_next_);
-                else
-                    run_layers(d_tok_, 1);
-                GPU_CHECK(gpuStreamEndCapture(s_, &graph));
-                GPU_CHECK(gpuGraphInstantiate(&graph_exec_, graph));
-                (void)gpuGraphDestroy(graph);
-            }
-            GPU_CHECK(gpuGraphLaunch(graph_exec_, s_));
+            launch_step(tokens[0], !fused_ || !have_next_ || tokens[0] != last_next_);
         } else {
             ensure_workspace(n);
             GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
@@ -200,12 +187,54 @@ public:
         return next;
     }
 
-    void timer_start() override { GPU_CHECK(gpuEventRecord(ev0_, s_)); }
+    // Decode with the fused graph: up to kInFlight steps queued ahead of the one whose token the host
+    // reads, so that the GPU does not idle through each token's copy back, stream wait and graph launch.
+    // Each step copies its token to pinned memory and records an event; the host takes the tokens in
+    // order and stops at the first that stop() accepts. Steps already queued past it still run (their
+    // tokens are dropped; length() counts them), and timer_stop_ms() ends at the stop step's event.
+    void decode(int n_steps, const std::function<bool(int)>& stop, std::vector<int>* out) override {
+        if (!fused_ || n_steps <= 0) return Qwen35Backend::decode(n_steps, stop, out);
+        stop_event_ = nullptr;
+        if (size_t(n_steps) > host_tok_cap_) {
+            if (host_tok_) GPU_CHECK(gpuFreeHost(host_tok_));
+            host_tok_cap_ = std::max<size_t>(size_t(n_steps), 4096);
+            GPU_CHECK(gpuMallocHost((void**)&host_tok_, sizeof(int) * host_tok_cap_));
+        }
+        int launched = 0, taken = 0;
+        while (taken < n_steps) {
+            for (; launched < n_steps && launched - taken < kInFlight; ++launched) {
+                // the first step's token is uploaded unless d_next_ already holds it; later steps read the
+                // token their predecessor left in d_next_
+                launch_step(out->back(), launched == 0 && (!have_next_ || out->back() != last_next_));
+                GPU_CHECK(gpuMemcpyAsync(host_tok_ + launched, d_next_, sizeof(int), gpuMemcpyDeviceToHost, s_));
+                GPU_CHECK(gpuEventRecord(step_ev_[launched % kInFlight], s_));
+            }
+            gpuEvent_t ev = step_ev_[taken % kInFlight];
+            GPU_CHECK(gpuEventSynchronize(ev));
+            const int tok = host_tok_[taken++];
+            out->push_back(tok);
+            if (stop(tok)) {
+                stop_event_ = ev;  // not recorded again: no launch follows the stop
+                break;
+            }
+        }
+        GPU_CHECK(gpuGetLastError());
+        if (launched > taken) GPU_CHECK(gpuStreamSynchronize(s_));  // steps past the stop: their tokens too
+        len_ += launched;
+        have_next_ = true;
+        last_next_ = host_tok_[launched - 1];  // what d_next_ holds now
+    }
+
+    void timer_start() override {
+        stop_event_ = nullptr;
+        GPU_CHECK(gpuEventRecord(ev0_, s_));
+    }
     double timer_stop_ms() override {
         GPU_CHECK(gpuEventRecord(ev1_, s_));
         GPU_CHECK(gpuEventSynchronize(ev1_));
         float ms = 0;
-        GPU_CHECK(gpuEventElapsedTime(&ms, ev0_, ev1_));
+        GPU_CHECK(gpuEventElapsedTime(&ms, ev0_, stop_event_ ? stop_event_ : ev1_));
+        stop_event_ = nullptr;
         return ms;
     }
     void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
@@ -216,6 +245,25 @@ public:
     }
 
 private:
+    // One step of the single-token graph (captured at first use) on the stream. The fused graph embeds the
+    // token in d_next_, where the previous step left its argmax, so a greedy loop uploads nothing.
+    // upload: copy `token` in first (the unfused graph reads d_tok_, the fused one d_next_).
+    void launch_step(int token, bool upload) {
+        if (upload) GPU_CHECK(gpuMemcpyAsync(fused_ ? d_next_ : d_tok_, &token, sizeof(int), gpuMemcpyHostToDevice, s_));
+        if (!graph_exec_) {
+            gpuGraph_t graph;
+            GPU_CHECK(gpuStreamBeginCapture(s_, gpuStreamCaptureModeThreadLocal));
+            if (fused_)
+                run_decode(d_next_);
+            else
+                run_layers(d_tok_, 1);
+            GPU_CHECK(gpuStreamEndCapture(s_, &graph));
+            GPU_CHECK(gpuGraphInstantiate(&graph_exec_, graph));
+            (void)gpuGraphDestroy(graph);
+        }
+        GPU_CHECK(gpuGraphLaunch(graph_exec_, s_));
+    }
+
     void* alloc(size_t bytes) {
         void* p = nullptr;
         GPU_CHECK(gpuMalloc(&p, std::max<size_t>(bytes, 16)));
@@ -338,6 +386,11 @@ private:
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point
     int att_splits_ = 8, last_next_ = 0;
     bool have_next_ = false;
+    static constexpr int kInFlight = 2;  // decode(): graph steps queued ahead of the token being read
+    gpuEvent_t step_ev_[kInFlight] = {};
+    int* host_tok_ = nullptr;            // decode(): pinned, a token per step
+    size_t host_tok_cap_ = 0;
+    gpuEvent_t stop_event_ = nullptr;    // decode() stopped early: timer_stop_ms() ends here
     float* att_scratch_ = nullptr;
     int* att_counters_ = nullptr;
     gpuGraphExec_t graph_exec_ = nullptr;
