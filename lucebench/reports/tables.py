@@ -315,13 +315,21 @@ def environment_rows(result: Result) -> list[tuple[str, str]]:
             models[c.model.name] = models.get(c.model.name, False) or c.model.synthetic
     for name, synthetic in models.items():
         rows.append(("model", name + (" — synthetic weights (random; speed only, not quality)" if synthetic else "")))
+    # The engine build's source hash (bundled engines) names the sources that ran even where the lucebench
+    # commit above cannot (a copied tree whose git metadata lags its files); several when a resumed run
+    # measured cells with different builds.
     engines: dict[str, str] = {}
+    sources: dict[str, list[str]] = {}
     for c in result.cells:
         if c.engine is not None:
             bits = [b for b in (c.engine.version, c.engine.backend) if b]
             engines[c.engine.name] = ", ".join(bits) or NA
+            src = c.engine.build.get("source_hash")
+            if src and str(src)[:16] not in sources.setdefault(c.engine.name, []):
+                sources[c.engine.name].append(str(src)[:16])
     for name, text in engines.items():
-        rows.append((f"engine {name}", text))
+        hashes = sources.get(name)
+        rows.append((f"engine {name}", text + (f", engine sources {' + '.join(hashes)}" if hashes else "")))
     rows.append(("config", f"{result.config.path or NA} (sha256 {result.config.sha256[:12]})"))
     return rows
 

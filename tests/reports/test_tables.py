@@ -88,6 +88,23 @@ def test_environment_block(fab):
     assert not all("synthetic weights" in m for m in models)
 
 
+def test_environment_block_names_the_engine_sources(fab):
+    r = fab.gpu_result()
+    bundled = [c for c in r.cells if c.engine is not None and c.engine.kind == "bundled"]
+    assert bundled
+    for c in bundled:
+        c.engine.build["source_hash"] = "d82e3965607ee2cf"
+    bundled[0].engine.build["source_hash"] = "f26c7c0291c7ead5"  # a resumed run: another build for one cell
+    rows = dict(T.environment_rows(r))
+    name = bundled[0].engine.name
+    same = [c for c in bundled if c.engine.name == name]
+    want = "f26c7c0291c7ead5 + d82e3965607ee2cf" if len(same) > 1 else "f26c7c0291c7ead5"
+    assert rows[f"engine {name}"] == f"0.1.0, {bundled[0].engine.backend}, engine sources {want}"
+    others = [c.engine.name for c in r.cells if c.engine is not None and c.engine.kind != "bundled"]
+    for name in others:
+        assert "engine sources" not in rows[f"engine {name}"]
+
+
 def test_two_cards_get_a_card_column(fab):
     views = C.collect([fab.gpu_result(), fab.gpu_result(seed=3, gpu="NVIDIA H200")])
     t = T.throughput_table(views)
