@@ -310,8 +310,7 @@ private:
         // memory allows next to the v1 layout, the per-row results, the block's residual rows and conv
         // windows (sized for one block per SM); LB_MK_RING_PAGES caps the count.
         const int widest = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
-        const char* ring_env = std::getenv("LB_MK_RING");
-        const bool ring = cc_ >= 90 && widest <= RING_MAX_K && ring_env && ring_env[0] == '1';
+        const bool ring = cc_ >= 90 && widest <= RING_MAX_K && env_flag("LB_MK_RING");
         int ring_slots = 0, rowacc = 0;
         if (ring) {
             auto S = [](int K) { return K <= 1024 ? 1 : K <= 2048 ? 2 : 4; };

@@ -167,7 +167,7 @@ public:
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
         stop_event_ = nullptr;
         if (n == 1 && (fused_ || !last_logits)) {
-            launch_step(tokens[0], !fused_ || !have_next_ || tokens[0] != last_next_);
+            launch_step(tokens[0], !next_holds(tokens[0]));
         } else {
             ensure_workspace(n);
             GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
@@ -205,7 +205,7 @@ public:
             for (; launched < n_steps && launched - taken < kInFlight; ++launched) {
                 // the first step's token is uploaded unless d_next_ already holds it; later steps read the
                 // token their predecessor left in d_next_
-                launch_step(out->back(), launched == 0 && (!have_next_ || out->back() != last_next_));
+                launch_step(out->back(), launched == 0 && !next_holds(out->back()));
                 GPU_CHECK(gpuMemcpyAsync(host_tok_ + launched, d_next_, sizeof(int), gpuMemcpyDeviceToHost, s_));
                 GPU_CHECK(gpuEventRecord(step_ev_[launched % kInFlight], s_));
             }
@@ -245,6 +245,9 @@ public:
     }
 
 private:
+    // Whether the fused graph's input, d_next_, already holds `token`: the previous step's argmax, as read back.
+    bool next_holds(int token) const { return fused_ && have_next_ && token == last_next_; }
+
     // One step of the single-token graph (captured at first use) on the stream. The fused graph embeds the
     // token in d_next_, where the previous step left its argmax, so a greedy loop uploads nothing.
     // upload: copy `token` in first (the unfused graph reads d_tok_, the fused one d_next_).
