@@ -324,9 +324,10 @@ def environment_rows(result: Result) -> list[tuple[str, str]]:
         if c.engine is not None:
             bits = [b for b in (c.engine.version, c.engine.backend) if b]
             engines[c.engine.name] = ", ".join(bits) or NA
-            src = c.engine.build.get("source_hash")
-            if src and str(src)[:16] not in sources.setdefault(c.engine.name, []):
-                sources[c.engine.name].append(str(src)[:16])
+            src = str(c.engine.build.get("source_hash") or "")[:16]
+            seen = sources.setdefault(c.engine.name, [])
+            if src and src not in seen:
+                seen.append(src)
     for name, text in engines.items():
         hashes = sources.get(name)
         rows.append((f"engine {name}", text + (f", engine sources {' + '.join(hashes)}" if hashes else "")))
