@@ -334,8 +334,9 @@ def phase_run(build: Path) -> None:
             variants = json.loads(os.environ["MK_VARIANTS"])
         for name, env in variants.items():
             t = time.time()
+            exe = Path(env.pop("EXE", str(mk)))  # another megakernel binary (a BASE_SRC build), as for AR_VARIANTS
             try:
-                res["timing"][name] = timing(mk, env, reps, p520, p520)
+                res["timing"][name] = timing(exe, env, reps, p520, p520)
             except Exception as e:  # noqa: BLE001
                 res["timing"][name] = {"error": str(e)}
                 log(f"{name} failed: {e}")

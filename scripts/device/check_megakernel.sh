@@ -15,12 +15,13 @@ t0=$(date +%s)
 source scripts/device/build_engines.sh
 build_engines engines "$BUILD" device-check "" lucebench-megakernel lucebench-ar > "$OUT/build.log" 2>&1 &
 BPID=$!
-# BASE_SRC="NAME=DIR ..." (copies of other commits' engines/): each one's ar is built too, as
-# /tmp/mkbase_NAME/lucebench-ar, for AR_VARIANTS entries with "EXE" (same-card before/after comparisons)
+# BASE_SRC="NAME=DIR ..." (copies of other commits' engines/): each one's ar and megakernel are built too,
+# as /tmp/mkbase_NAME/lucebench-ar and .../lucebench-megakernel, for AR_VARIANTS / MK_VARIANTS entries with
+# "EXE" (same-card before/after comparisons)
 BASEPIDS=()
 for entry in ${BASE_SRC:-}; do
   name=${entry%%=*}; dir=${entry#*=}
-  build_engines "$dir" "/tmp/mkbase_$name" "device-$name" "" lucebench-ar > "$OUT/build_$name.log" 2>&1 &
+  build_engines "$dir" "/tmp/mkbase_$name" "device-$name" "" lucebench-ar lucebench-megakernel > "$OUT/build_$name.log" 2>&1 &
   BASEPIDS+=($!)
 done
 PYTHONPATH=. python3 scripts/device/check_megakernel.py synth || { echo "synth phase failed"; exit 1; }

@@ -555,11 +555,15 @@ __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, co
 // re-read the row from global memory after each step. It is normalised (gain), rotated (partial RoPE) and
 // written back once; a k head's block also stores its k and v rows in the caches. The gains and rotary
 // frequencies, which depend on no earlier kernel, are read before the dependency wait.
+// KVF >= 0: K and V caches both of type DType(KVF), fixed at compile time (one store path in the code; see
+// attn_decode_flash_kernel).
 constexpr int AP_THREADS = 128, AP_MAX_HD = 512, AP_PER = AP_MAX_HD / AP_THREADS;
+template <int KVF>
 __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot,
                                                                 float theta, const float* q_gain, const float* k_gain,
                                                                 float eps, const int* d_pos, void* kcache, DType kt,
                                                                 void* vcache, DType vt) {
+    if (KVF >= 0) kt = vt = DType(KVF);
     __shared__ float xr[AP_MAX_HD], vr[AP_MAX_HD];
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, half = rot / 2;
     const bool is_q = h < nh;
@@ -1788,9 +1792,11 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
     }
 }
 
-// PER consecutive elements of a KV row starting at e0 (PER a multiple of 8 for 16-byte loads).
-template <int PER>
+// PER consecutive elements of a KV row starting at e0 (PER a multiple of 8 for 16-byte loads). FIX >= 0: the
+// element type is DType(FIX), known at compile time, and `t` is ignored: the kernel then holds one path only.
+template <int PER, int FIX = -1>
 __device__ __forceinline__ void kv_load_run(const void* row, DType t, int e0, float* f) {
+    if (FIX >= 0) t = DType(FIX);
     if (t == DType::BF16) {
 #pragma unroll
         for (int c = 0; c < PER / 8; ++c) {
@@ -1924,13 +1930,18 @@ __global__ __launch_bounds__(AD_WARPS * 32) void attn_decode_kernel(const float*
 // memory into one partial (m, l, acc) per query head; the last of the `active` blocks of a KV head (counter)
 // merges the partials in block order and applies the sigmoid gate. The split depends only on the context
 // length and nb, and every sum runs in a fixed order, so the result is the same whichever block ends last.
+// KVF >= 0: K and V are both DType(KVF) (the bf16 default), fixed at compile time. Machine code is time here:
+// the kernel runs once a layer, its code cold (the weight stream evicts it from L2), and the version that
+// switched on the type at run time (every type's path, unrolled 2U times; 117 KB of sm_90 code against 52 KB
+// now) took 17 us a call at short context against ~11 (CUPTI timeline, docs/engines.md session 9).
 constexpr int AF_WARPS = 8, AF_MIN_PER = 32, AF_MAX_NB = 256;
-template <int PER, int GM, int U>
+template <int PER, int GM, int U, int KVF>
 __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const float* qkv, int nh, int nkv,
                                                                           const int* d_pos, const void* kcache,
                                                                           DType kt, const void* vcache, DType vt,
                                                                           float* scratch, int* counters, float* out) {
     constexpr int hd = 32 * PER;
+    if (KVF >= 0) kt = vt = DType(KVF);
     __shared__ float s_ml[AF_WARPS][GM][2];
     __shared__ __align__(16) float s_acc[AF_WARPS][hd];
     __shared__ float s_w[GM][AF_MAX_NB];
@@ -1963,8 +1974,8 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
 #pragma unroll
         for (int u = 0; u < U; ++u) {  // positions past the chunk load row s again (cached) and are skipped
             const int su = s + u * AF_WARPS < p1 ? s + u * AF_WARPS : s;
-            kv_load_run<PER>((const uint8_t*)kcache + (size_t(su) * nkv + kvh) * krow, kt, e0, kf[u]);
-            kv_load_run<PER>((const uint8_t*)vcache + (size_t(su) * nkv + kvh) * vrow, vt, e0, vf[u]);
+            kv_load_run<PER, KVF>((const uint8_t*)kcache + (size_t(su) * nkv + kvh) * krow, kt, e0, kf[u]);
+            kv_load_run<PER, KVF>((const uint8_t*)vcache + (size_t(su) * nkv + kvh) * vrow, vt, e0, vf[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -2005,6 +2016,7 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
         for (int k = 0; k < PER; ++k) s_acc[warp][e0 + k] = acc[g][k] * f;
         __syncthreads();
         const int h = kvh * G + g;
+#pragma unroll 1  // one pass for hd <= 256; unrolled, this loop was half the kernel's machine code
         for (int e = threadIdx.x; e < hd; e += AF_WARPS * 32) {
             float o = 0.f;
 #pragma unroll
@@ -2044,6 +2056,7 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
         if (lane == 0) s_L[warp] = L;
     }
     __syncthreads();
+#pragma unroll 1
     for (int i = threadIdx.x; i < G * hd / 4; i += AF_WARPS * 32) {
         const int g = i / (hd / 4), e = 4 * (i % (hd / 4)), h = kvh * G + g;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -2291,12 +2304,20 @@ void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, f
     gated_rmsnorm_kernel<<<n * heads, 128, 0, s>>>(x, z, ldz, gain, y, heads, dim, eps);
 }
 
+// The attention kernels built for a bf16 K and V cache (the default) carry that path alone; any other cache
+// type, or LB_GPU_ATTN_ANYKV=1 (for A/B timing), takes the kernels that switch on the type at run time.
+static bool kv_bf16_kernels(DType kt, DType vt) {
+    static const bool any_kv = env_on("LB_GPU_ATTN_ANYKV");
+    return kt == DType::BF16 && vt == DType::BF16 && !any_kv;
+}
+
 void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
                gpuStream_t s) {
     if (hd > AP_MAX_HD || rot > hd) lb::fail("unsupported", "attention head_dim > 512 on the GPU");
-    launch_k(attn_prep_kernel, dim3(n, nh + nkv), dim3(AP_THREADS), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain,
-             k_gain, eps, d_pos, kcache, kt, vcache, vt);
+    auto* kernel = kv_bf16_kernels(kt, vt) ? attn_prep_kernel<int(DType::BF16)> : attn_prep_kernel<-1>;
+    launch_k(kernel, dim3(n, nh + nkv), dim3(AP_THREADS), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps,
+             d_pos, kcache, kt, vcache, vt);
 }
 
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
@@ -2527,8 +2548,14 @@ void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_po
     auto go = [&](auto kernel) {
         launch_k(kernel, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
     };
-    if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2>) : go(attn_decode_flash_kernel<8, 4, 4>);
-    else wide ? go(attn_decode_flash_kernel<4, 8, 2>) : go(attn_decode_flash_kernel<4, 4, 4>);
+    constexpr int B16 = int(DType::BF16);
+    if (kv_bf16_kernels(kt, vt)) {
+        if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2, B16>) : go(attn_decode_flash_kernel<8, 4, 4, B16>);
+        else wide ? go(attn_decode_flash_kernel<4, 8, 2, B16>) : go(attn_decode_flash_kernel<4, 4, 4, B16>);
+        return;
+    }
+    if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2, -1>) : go(attn_decode_flash_kernel<8, 4, 4, -1>);
+    else wide ? go(attn_decode_flash_kernel<4, 8, 2, -1>) : go(attn_decode_flash_kernel<4, 4, 4, -1>);
 }
 
 void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s) {
