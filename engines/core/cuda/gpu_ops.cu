@@ -69,6 +69,7 @@ __device__ __forceinline__ void griddep_launch() {
 template <int NT>
 __device__ __forceinline__ void copy_to_smem(uint4* dst, const uint4* src, int nch) {
 #if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#pragma unroll 1  // machine code is time in a kernel run once a layer (docs/engines.md, session 9)
     for (int c = threadIdx.x; c < nch; c += NT) {
         const unsigned d = unsigned(__cvta_generic_to_shared(dst + c));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + c) : "memory");
@@ -1427,6 +1428,7 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
         }
         cp_async_commit();
     };
+#pragma unroll 1
     for (int s = 0; s < pre; ++s) issue(blockIdx.x + s * gridDim.x, s);
     // CONV: lane j < K holds w[j] and state[j] of the warp's next row, fetched one row ahead so that their
     // latency hides behind a dot product (the first row's before the wait: neither depends on earlier
@@ -1484,6 +1486,7 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
     } else {
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = a.x[i];
     }
+#pragma unroll 1
     for (int s = pre; s < GV_STAGES; ++s) issue(blockIdx.x + s * gridDim.x, s);
     // ADD: lane 0 holds y and the fold accumulator of the warp's next row, fetched a row ahead (after the wait:
     // earlier kernels wrote them) so that the read-modify-write after the dot product waits on nothing
