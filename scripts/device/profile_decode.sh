@@ -12,14 +12,7 @@ t0=$(date +%s)
 source scripts/device/build_engines.sh
 build_engines engines "$BUILD" profile -DCMAKE_CUDA_FLAGS=-lineinfo lucebench-megakernel lucebench-ar > "$OUT/build.log" 2>&1 &
 BPID=$!
-if [ ! -f /tmp/qwen35-0.8b-synth/config.json ]; then
-  PYTHONPATH=.:tests/engines python3 - <<'PY' || { echo "synth failed"; exit 1; }
-import torch, qwen35_synth as synth
-import sys; sys.path.insert(0, "scripts/device")
-from check_megakernel import SHAPE, CKPT
-synth.save(synth.make_model(seed=0, **SHAPE), CKPT, torch.bfloat16)
-PY
-fi
+synth_08b || { echo "synth failed"; exit 1; }
 if ! wait $BPID; then echo "build failed:"; grep -iE "error" "$OUT/build.log" | head -30; exit 1; fi
 echo "build + synth: $(( $(date +%s) - t0 )) s"
 PYTHONPATH=.:scripts/device python3 scripts/device/profile_decode.py "$BUILD"

@@ -5,12 +5,12 @@
 Each engine runs twice on the synthetic 0.8B (/tmp/qwen35-0.8b-synth): without and with the CUPTI injection
 library (kernel_timeline.cpp), 2 warm-up generations then a 1-token prompt + 129 decode steps, so that the
 engine's own decode tok/s shows what recording costs. For `ar`, whose decode step is a CUDA graph of ~105
-kernels chained by programmatic dependent launch, every steady-state step (the middle 100 of the recorded
-generation) is cut at its embed_decode kernel, and each kernel gets:
+kernels chained by programmatic dependent launch, the recorded generation is cut into steps at its
+embed_decode kernels; in every steady-state step (all but the first and last 10) each kernel gets:
   start_gap  its first block's start minus the previous kernel's end (negative: it started early, under PDL)
   dur        its last block's end minus its first block's start
   adds       its end minus the previous kernel's end: the time it adds to the step (the adds sum to the step)
-Medians over the steps, per position in the step, then summed by kernel role and by layer type. The
+Medians over the steps, per position in the step, then summed by kernel role. The
 megakernel (one launch a token) gets its launch duration and the gap between launches.
 TL_VARIANTS (JSON {name: {env}}) picks the runs (see main). Writes $OUT/timeline.json and
 $OUT/timeline_<name>.csv (the raw records).
@@ -79,9 +79,9 @@ def ar_steps(rows: list[dict]) -> list[list[dict]]:
     """Decode steps of the last generation: runs of kernels that each begin with embed_decode."""
     starts = [i for i, r in enumerate(rows) if r["name"].startswith("embed_decode")]
     steps = [rows[a:b] for a, b in zip(starts, starts[1:])]
-    n = len({len(s) for s in steps[-N_GEN:]})
-    if n != 1:
-        log(f"warning: decode steps of {n} different lengths")
+    if len(steps) < N_GEN - 1:
+        sys.exit(f"timeline: {len(steps)} decode steps recorded, {N_GEN - 1} expected (kernel names: "
+                 f"{sorted({r['name'] for r in rows})[:8]})")
     return steps[-(N_GEN - 1):]
 
 

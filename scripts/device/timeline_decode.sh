@@ -24,14 +24,7 @@ echo "cupti.h: ${CUPTI_INC:-missing}; libcupti: ${CUPTI_LIB:-missing}"
 [ -n "$CUPTI_INC" ] && [ -n "$CUPTI_LIB" ] || { echo "CUPTI not found"; exit 1; }
 g++ -O2 -shared -fPIC scripts/device/kernel_timeline.cpp -I"$CUPTI_INC" -I"$CUDA_INC" "$CUPTI_LIB" \
   -Wl,-rpath,"$(dirname "$CUPTI_LIB")" -o /tmp/libkernel_timeline.so || { echo "injection library build failed"; exit 1; }
-if [ ! -f /tmp/qwen35-0.8b-synth/config.json ]; then
-  PYTHONPATH=.:tests/engines python3 - <<'PY' || { echo "synth failed"; exit 1; }
-import torch, qwen35_synth as synth
-import sys; sys.path.insert(0, "scripts/device")
-from check_megakernel import SHAPE, CKPT
-synth.save(synth.make_model(seed=0, **SHAPE), CKPT, torch.bfloat16)
-PY
-fi
+synth_08b || { echo "synth failed"; exit 1; }
 if ! wait $BPID; then echo "build failed:"; grep -iE "error" "$OUT/build.log" | head -30; exit 1; fi
 echo "build + synth: $(( $(date +%s) - t0 )) s"
 PYTHONPATH=.:scripts/device python3 scripts/device/timeline_decode.py "$BUILD" /tmp/libkernel_timeline.so

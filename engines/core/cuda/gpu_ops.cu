@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -2551,14 +2552,13 @@ void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_po
     auto go = [&](auto kernel) {
         launch_k(kernel, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
     };
-    constexpr int B16 = int(DType::BF16);
-    if (kv_bf16_kernels(kt, vt)) {
-        if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2, B16>) : go(attn_decode_flash_kernel<8, 4, 4, B16>);
-        else wide ? go(attn_decode_flash_kernel<4, 8, 2, B16>) : go(attn_decode_flash_kernel<4, 4, 4, B16>);
-        return;
-    }
-    if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2, -1>) : go(attn_decode_flash_kernel<8, 4, 4, -1>);
-    else wide ? go(attn_decode_flash_kernel<4, 8, 2, -1>) : go(attn_decode_flash_kernel<4, 4, 4, -1>);
+    auto pick = [&](auto kvf) {  // kvf: std::integral_constant of the KV type fixed at compile time, or -1
+        constexpr int F = decltype(kvf)::value;
+        if (hd == 256) wide ? go(attn_decode_flash_kernel<8, 8, 2, F>) : go(attn_decode_flash_kernel<8, 4, 4, F>);
+        else wide ? go(attn_decode_flash_kernel<4, 8, 2, F>) : go(attn_decode_flash_kernel<4, 4, 4, F>);
+    };
+    if (kv_bf16_kernels(kt, vt)) pick(std::integral_constant<int, int(DType::BF16)>{});
+    else pick(std::integral_constant<int, -1>{});
 }
 
 void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s) {
