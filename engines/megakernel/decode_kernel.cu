@@ -221,6 +221,26 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
     *r1 = int(int64_t(n) * (b + 1) / nb);
 }
 
+// The kernel's run-time switches (Params), or, in the build for the default configuration (kFixed), the
+// same names as compile-time constants: that build drops every path the default never takes (unfused
+// stages, the generation barrier, diagnostics, the f16 KV cache, head_dim > 256) and their branches and
+// register spills: 448 -> 247 KB of sm_90 code, no spills, +3% tg128 on an H200 (docs/megakernel.md,
+// session 10). The host runs it whenever the configuration matches (mk_backend.cu; LB_MK_GENERIC=1 runs
+// the run-time build instead).
+template <bool kFixed>
+struct Knobs {
+    int fuse, fuse_out, fuse_in, fuse_att, diag, bar_kind, early, kv_f16;
+    __device__ explicit Knobs(const Params& p)
+        : fuse(p.fuse), fuse_out(p.fuse_out), fuse_in(p.fuse_in), fuse_att(p.fuse_att), diag(p.diag),
+          bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16) {}
+};
+template <>
+struct Knobs<true> {
+    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, diag = 0, bar_kind = 2, early = 3,
+                         kv_f16 = 0;
+    __device__ explicit Knobs(const Params&) {}
+};
+
 // ----------------------------------------------------------------------------------------- GEMV pieces
 
 // acc[r] += W_r[k] . x[k] over the 16-byte vectors [k0, k1) of R rows; each lane keeps 4 * R loads in flight.
@@ -658,9 +678,9 @@ struct AttAux {
 // on return (every thread) M and Lsum are the block's merged max and sum, and chunk_out(e) gives element e of
 // the chunk's unnormalised output. The chunk that holds position pos also writes the new K/V row (the
 // first q head of each KV group) and uses it from shared memory.
-template <int MAXC>
-__device__ void attention_chunk(const Params& p, const LayerPtrs& L, int pos, int h, int s0, int s1, const AttAux& a,
-                                float* M_out, float* L_out) {
+template <int MAXC, class Kn>
+__device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L, int pos, int h, int s0, int s1,
+                                const AttAux& a, float* M_out, float* L_out) {
     const int hd = p.hd, nh = p.nh, nkv = p.nkv, group = nh / nkv, kvh = h / group;
     const int ctx = pos + 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -676,8 +696,8 @@ __device__ void attention_chunk(const Params& p, const LayerPtrs& L, int pos, in
         unsigned short* vrow = (unsigned short*)L.vc + (size_t(pos) * nkv + kvh) * hd;
         for (int i = threadIdx.x; i < hd; i += NT) {
             float kb, vb;
-            const unsigned short kbits = kv_round(a.kn[i], p.kv_f16, &kb);
-            const unsigned short vbits = kv_round(ldg(qkv + size_t(2 * nh + nkv) * hd + size_t(kvh) * hd + i), p.kv_f16, &vb);
+            const unsigned short kbits = kv_round(a.kn[i], K.kv_f16, &kb);
+            const unsigned short vbits = kv_round(ldg(qkv + size_t(2 * nh + nkv) * hd + size_t(kvh) * hd + i), K.kv_f16, &vb);
             a.kn[i] = kb;
             a.vn[i] = vb;
             if (writer) { krow[i] = kbits; vrow[i] = vbits; }
@@ -708,8 +728,8 @@ __device__ void attention_chunk(const Params& p, const LayerPtrs& L, int pos, in
 #pragma unroll
                     for (int j = 0; j < 8; ++j) { kf[m][j] = a.kn[e8 * 8 + j]; vf[m][j] = a.vn[e8 * 8 + j]; }
                 } else {
-                    unpack8_kv(ldg4(kr + e8), kf[m], p.kv_f16);
-                    unpack8_kv(ldg4(vr + e8), vf[m], p.kv_f16);
+                    unpack8_kv(ldg4(kr + e8), kf[m], K.kv_f16);
+                    unpack8_kv(ldg4(vr + e8), vf[m], K.kv_f16);
                 }
             } else {
 #pragma unroll
@@ -772,8 +792,8 @@ __device__ __forceinline__ void att_chunks(int ctx, int limit, int* nch, int* cs
 //    not depend on arrival order), applies the output gate and adds its columns of o_proj (out_t rows
 //    h hd + j) times them into acc. Blocks past nh bph have nothing to do in this stage.
 // One call site for attention_chunk in both modes: two inlined copies cost the kernel registers.
-template <int MAXC>
-__device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int pos, float* aux,
+template <int MAXC, class Kn>
+__device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L, int l, int pos, float* aux,
                                 const unsigned* in_cnt = nullptr, unsigned* cnt = nullptr,
                                 unsigned long long* acc = nullptr, float* ys = nullptr, float* part = nullptr) {
     const int nb = gridDim.x, b = blockIdx.x;
@@ -794,7 +814,7 @@ __device__ void stage_attention(const Params& p, const LayerPtrs& L, int l, int 
             csync();
         }
         float M, Lsum;
-        attention_chunk<MAXC>(p, L, pos, h, c * cs, min(ctx, c * cs + cs), a, &M, &Lsum);
+        attention_chunk<MAXC>(p, K, L, pos, h, c * cs, min(ctx, c * cs + cs), a, &M, &Lsum);
         if (!fused && nch == 1) {
             for (int e = threadIdx.x; e < hd; e += NT) p.o[size_t(h) * hd + e] = chunk_out(a, hd, M, e) / Lsum * sigm(ldg(gate + e));
             csync();
@@ -971,7 +991,8 @@ __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, cons
 
 // The argmax's end: every warp's lane 0 holds its (best, bidx); the block's winner goes to lm_val/lm_idx and
 // the last block to finish (ticket) reduces over blocks, writes the token and advances the sequence state.
-__device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
+template <class Kn>
+__device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int bidx) {
     const int nb = gridDim.x, b = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __shared__ float s_val[NW];
@@ -1008,30 +1029,31 @@ __device__ void lm_finish(const Params& p, int pos, float best, int bidx) {
         for (int e = 0; e < p.n_eos; ++e)
             if (p.eos[e] == bi) *p.done = 1;
         atomicExch(p.tickets + p.n_layers * p.nh, 0u);
-        if (p.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
-        if (p.fuse_out)  // and past every fused out-projection's (and in-projection's) per-head wait
+        if (K.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
+        if (K.fuse_out)  // and past every fused out-projection's (and in-projection's) per-head wait
             for (int i = 0; i < p.n_layers * p.hv; ++i) {
                 p.head_cnt[i] = 0u;
-                if (p.fuse_in) p.in_cnt[i] = 0u;
+                if (K.fuse_in) p.in_cnt[i] = 0u;
             }
         __threadfence();
     }
 }
 
 // LM head + greedy argmax (lowest index on ties).
-__device__ void stage_lm(const Params& p, int pos, const float* x, float* xs, float* red, const unsigned long long* acc,
+template <class Kn>
+__device__ void stage_lm(const Params& p, const Kn& K, int pos, const float* x, float* xs, float* red, const unsigned long long* acc,
                          const unsigned long long* acc2) {
     norm_to_smem(x, nullptr, p.H, p.final_norm, p.eps, xs, red, acc, acc2);
     int r0, r1;
     part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
     float best = -FLT_MAX;
     int bidx = 0x7fffffff;
-    if (p.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
+    if (K.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
     gemv_rows(p.lm_head, p.H, r0, r1, xs, red, [&](int r, float v) {
         if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
     });
     // gemv_rows calls epi on lane 0 of the owning warp (n > NW) or of the part-0 warp (n <= NW).
-    lm_finish(p, pos, best, bidx);
+    lm_finish(p, K, pos, best, bidx);
 }
 
 // Stages layer L's conv state and taps for this block's in-projection rows [r0, r1) (DeltaNet rows < cd)
@@ -1047,7 +1069,9 @@ __device__ void conv_prefetch(const Params& p, const LayerPtrs& L, int r0, int r
     }
 }
 
+template <bool kFixed>
 __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
+    const Knobs<kFixed> K(p);
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);
     float* red = xs + p.xs_floats;  // 64 floats
@@ -1066,9 +1090,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;
     part_range(H, b, nb, &h0, &h1);
-    GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
-    const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
-    const bool conv_pre = kConvPre && (p.early & 2), state_pre = p.early & 1;  // LB_MK_EARLY
+    GridBarrier gb(p.bar, K.bar_kind, K.diag & 8);
+    const int n_layers = (K.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
+    const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;  // LB_MK_EARLY
     if (conv_pre && n_layers > 0) {
         part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
         conv_prefetch(p, p.layers[0], r0, r1, convpre);
@@ -1083,7 +1107,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         // previous layer's in their in-projection prologue, so layers alternate between two buffers.
         float* xw = p.x2 && (l & 1) ? p.x2 : p.x;                                   // layer l's
         const float* xr = l > 0 && p.x2 && ((l - 1) & 1) ? p.x2 : (l > 0 ? p.x : xw);  // layer l - 1's
-        const bool in_fused_here = p.fuse_in && (!L.full || p.fuse_att);
+        const bool in_fused_here = K.fuse_in && (!L.full || K.fuse_att);
         const wtype* erow = l == 0 ? p.embed + size_t(tok) * H : nullptr;
         if (erow)  // each block writes its own residual rows (read by others only after the next barrier)
             for (int i = threadIdx.x; i < h1 - h0; i += NT) {
@@ -1093,8 +1117,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         // Fused MLP / out-projection: layer l - 1's outputs are still in their fixed-point accumulators
         // (half (l - 1) % 2 of each; zero where the layer had no such stage).
         const size_t prev = size_t((l + 1) & 1) * H, cur = size_t(l & 1) * H;
-        const unsigned long long* mlp_prev = p.fuse && l > 0 ? p.mlp_acc + prev : nullptr;
-        const unsigned long long* out_prev = p.fuse_out && l > 0 ? p.out_acc + prev : nullptr;
+        const unsigned long long* mlp_prev = K.fuse && l > 0 ? p.mlp_acc + prev : nullptr;
+        const unsigned long long* out_prev = K.fuse_out && l > 0 ? p.out_acc + prev : nullptr;
         unsigned* in_cnt = in_fused_here ? p.in_cnt + size_t(l) * p.hv : nullptr;
         stage_in(p, L, l, xr, erow, xs, red, conv_pre ? convpre : nullptr, mlp_prev, out_prev, own, h0, h1, in_cnt);
         trace(p, l, 2);
@@ -1102,17 +1126,17 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         trace(p, l, 3);
         // This layer's MLP half was last read in layer l - 1's prologue: this block clears its rows of it.
         // (Slower blocks may still be reading the other half when fuse_in skipped the barrier above.)
-        if (p.fuse)
+        if (K.fuse)
             for (int i = h0 + threadIdx.x; i < h1; i += NT) p.mlp_acc[cur + i] = 0ull;
-        const bool out_fused_here = p.fuse_out && (!L.full || p.fuse_att);
+        const bool out_fused_here = K.fuse_out && (!L.full || K.fuse_att);
         if (L.full) {
             // fuse_att: as for DeltaNet below, the o_proj output stays in out_acc until the MLP's prologue adds it
-            unsigned* cnt = p.fuse_att ? p.head_cnt + size_t(l) * p.hv : nullptr;
-            unsigned long long* acc = p.fuse_att ? p.out_acc + cur : nullptr;
-            if (p.fuse_att)
+            unsigned* cnt = K.fuse_att ? p.head_cnt + size_t(l) * p.hv : nullptr;
+            unsigned long long* acc = K.fuse_att ? p.out_acc + cur : nullptr;
+            if (K.fuse_att)
                 for (int i = threadIdx.x; i < h1 - h0; i += NT) xw[h0 + i] = own[i];
-            if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
-            else stage_attention<ATT_MAXC>(p, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
+            if (kFixed || p.hd <= 256) stage_attention<1>(p, K, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
+            else stage_attention<ATT_MAXC>(p, K, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
         } else if (out_fused_here) {
             // the residual as this layer found it: the out-projection's output stays in out_acc until the
             // MLP's prologue adds it (nobody reads xw in this stage)
@@ -1131,14 +1155,14 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             gb.sync();
             trace(p, l, 8);
         }
-        if (p.fuse) {
+        if (K.fuse) {
             if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the MLP
                 part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
                 conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
             }
             // every block is past layer l's in-projection prologue, the last reader of the out half `prev`
             // (whose next user is layer l + 1's mixer): this block clears its rows of it
-            if (p.fuse_out)
+            if (K.fuse_out)
                 for (int i = h0 + threadIdx.x; i < h1; i += NT) p.out_acc[prev + i] = 0ull;
             stage_mlp_fused(p, L, l, xw, xs, red, actv, p.mlp_acc + cur, out_fused_here ? p.out_acc + cur : nullptr,
                             own, h0, h1);
@@ -1163,8 +1187,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     trace(p, p.n_layers, 0);
     const size_t last = size_t((n_layers + 1) & 1) * H;  // the halves the last layer accumulated into
     const float* x_last = p.x2 && n_layers > 0 && ((n_layers - 1) & 1) ? p.x2 : p.x;
-    stage_lm(p, pos, x_last, xs, red, p.fuse && n_layers > 0 ? p.mlp_acc + last : nullptr,
-             p.fuse_out && n_layers > 0 ? p.out_acc + last : nullptr);
+    stage_lm(p, K, pos, x_last, xs, red, K.fuse && n_layers > 0 ? p.mlp_acc + last : nullptr,
+             K.fuse_out && n_layers > 0 ? p.out_acc + last : nullptr);
     trace(p, p.n_layers, 1);
 }
 
@@ -1467,8 +1491,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
         trace(p, l, 4);
         // 1: mixer
         if (L.full) {
-            if (p.hd <= 256) stage_attention<1>(p, L, l, pos, aux);
-            else stage_attention<ATT_MAXC>(p, L, l, pos, aux);
+            if (p.hd <= 256) stage_attention<1>(p, Knobs<false>(p), L, l, pos, aux);
+            else stage_attention<ATT_MAXC>(p, Knobs<false>(p), L, l, pos, aux);
         } else {
             stage_deltanet(p, L, aux, spre);
         }
@@ -1548,14 +1572,16 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
         if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
     }
     trace(p, p.n_layers, 1);
-    lm_finish(p, pos, best, bidx);
+    lm_finish(p, Knobs<false>(p), pos, best, bidx);
 }
 
 #endif  // !LB_MK_HIP (the v3 ring)
 
 }  // namespace
 
-const void* decode_kernel_ptr() { return (const void*)decode_kernel; }
+const void* decode_kernel_ptr(bool fixed) {
+    return fixed ? (const void*)decode_kernel<true> : (const void*)decode_kernel<false>;
+}
 #if defined(LB_MK_HIP)
 const void* decode_kernel_ring_ptr() { return nullptr; }
 #else

@@ -80,7 +80,7 @@ int run(int argc, char** argv) {
     options["smem_bytes"] = li.smem_bytes;
     options["ring_pages"] = li.ring_slots;
     options["grid_barrier"] = li.bar_kind;
-    options["kernel"] = li.ring_slots ? "v3-ring" : "v1";
+    options["kernel"] = li.ring_slots ? "v3-ring" : li.fixed ? "v1-fixed" : "v1";
     options["fused_mlp"] = li.fused;
     options["fused_out_proj"] = li.fused_out;
     options["fused_in_proj"] = li.fused_in;

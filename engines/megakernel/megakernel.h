@@ -22,6 +22,7 @@ struct LaunchInfo {
     int threads = 0;           // per block
     int smem_bytes = 0;        // dynamic shared memory per block
     int ring_slots = 0;        // LB_MK_RING=1 (sm_90): v3 weight-ring pages (0: the v1 kernel, the default)
+    bool fixed = false;        // the v1 build with the default configuration fixed at compile time; LB_MK_GENERIC=1: off
     int bar_kind = 1;          // LB_MK_BARRIER: grid barrier implementation (decode_kernel.cu)
     int diag = 0;              // LB_MK_DIAG: timing diagnostics (Params::diag)
     bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); LB_MK_FUSE=0: off

@@ -44,7 +44,7 @@
 
 namespace lb::mk {
 
-const void* decode_kernel_ptr();       // decode_kernel.cu: v1
+const void* decode_kernel_ptr(bool fixed);  // decode_kernel.cu: v1 (fixed: the default configuration's build)
 const void* decode_kernel_ring_ptr();  // decode_kernel.cu: v3 weight ring
 
 namespace {
@@ -305,7 +305,7 @@ private:
         const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + actv);
         int smem = base;
         const int threads = NT;
-        const void* fn = decode_kernel_ptr();
+        const void* fn = decode_kernel_ptr(false);
         // v3 weight ring (sm_90, LB_MK_RING=1; measured slower than v1, docs/megakernel.md): as many 32 KB pages as shared
         // memory allows next to the v1 layout, the per-row results, the block's residual rows and conv
         // windows (sized for one block per SM); LB_MK_RING_PAGES caps the count.
@@ -446,6 +446,20 @@ private:
         const char* bk = std::getenv("LB_MK_BARRIER");
         p.bar_kind = bk ? std::atoi(bk) : 2;  // 2 measured 2x cheaper (docs/megakernel.md, v3)
         info_.bar_kind = p.bar_kind;
+        // The default configuration has its own build of the v1 kernel with every switch fixed at compile time
+        // (decode_kernel.cu: Knobs<true>; 2.4x less machine code); LB_MK_GENERIC=1 runs the run-time build.
+        const bool fixed_config = !ring_slots && fuse && fuse_out && fuse_in && fuse_att && info_.diag == 0 &&
+                                  p.bar_kind == 2 && p.early == 3 && !p.kv_f16 && c.head_dim <= 256;
+        if (fixed_config && !env_flag("LB_MK_GENERIC")) {
+            const void* fixed = decode_kernel_ptr(true);
+            GPU_CHECK(cudaFuncSetAttribute(fixed, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            int fixed_per_sm = 0;
+            GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fixed_per_sm, fixed, threads, size_t(smem)));
+            if (fixed_per_sm == per_sm) {  // same grid (the work split above was sized for it)
+                kernel_ = fixed;
+                info_.fixed = true;
+            }
+        }
         d_pos_ = (int*)alloc(sizeof(int));
         d_tok_ = (int*)alloc(sizeof(int));
         d_step_ = (int*)alloc(sizeof(int));
@@ -486,9 +500,9 @@ private:
         p.bar = (unsigned*)alloc_zeroed(2 * sizeof(unsigned));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
-        fprintf(stderr, "[megakernel] %s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
+        fprintf(stderr, "[megakernel] %s%s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
                 "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, diag %d\n",
-                ring_slots ? "v3 weight ring" : "v1", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
+                ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
                 int(fuse), int(fuse_out), int(fuse_in), int(fuse_att), info_.diag);
     }
 
