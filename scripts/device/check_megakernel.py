@@ -255,6 +255,7 @@ def phase_run(build: Path) -> None:
         mk_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
         eng.close()
         mk_ring = greedy(mk, ps[:3], {"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
+        mk_generic = greedy(mk, ps[:3], {"LB_MK_GENERIC": "1"})  # the v1 run-time build: same tokens expected
         ar_out = None
         if ar.exists():
             try:  # the ar engine is compared when it loads; its failure must not stop this check
@@ -289,6 +290,7 @@ def phase_run(build: Path) -> None:
             "first_mismatch_vs_hf_fp32": first_mismatch(mk_out, refs["hf_fp32"]),
             "deterministic_repeat": mk_out == mk_again,
             "ring_kernel_same_tokens": mk_out[:3] == mk_ring,
+            "runtime_build_same_tokens": mk_out[:3] == mk_generic,
         }
         if ar_out is not None:
             c["agree_vs_ar"] = agree(mk_out, ar_out)
@@ -326,7 +328,7 @@ def phase_run(build: Path) -> None:
         reps = int(os.environ.get("MK_REPS", "7"))
         res["timing"] = {}
         # variants: name -> environment (LB_MK_DIAG runs time parts of the step; their tokens are meaningless)
-        variants = {"megakernel": {}, "megakernel_ring": {"LB_MK_RING": "1"},
+        variants = {"megakernel": {}, "megakernel_generic": {"LB_MK_GENERIC": "1"}, "megakernel_ring": {"LB_MK_RING": "1"},
                     "megakernel_generation_barrier": {"LB_MK_BARRIER": "1"},
                     "diag_lm_head_only": {"LB_MK_DIAG": "1"}, "diag_layers_only": {"LB_MK_DIAG": "2"},
                     "diag_barriers_only": {"LB_MK_DIAG": "6", "LB_MK_RING": "1"}}
@@ -385,7 +387,8 @@ def phase_run(build: Path) -> None:
         log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")
     log(f"agreement vs HF fp32 {c['agree_vs_hf_fp32']:.4f}, vs HF bf16 {c['agree_vs_hf_bf16']:.4f}, "
         f"vs ar {c.get('agree_vs_ar', float('nan')):.4f}; deterministic {c['deterministic_repeat']}, "
-        f"v3 ring kernel identical {c['ring_kernel_same_tokens']}")
+        f"v3 ring kernel identical {c['ring_kernel_same_tokens']}, run-time build identical "
+        f"{c['runtime_build_same_tokens']}")
 
 
 if __name__ == "__main__":
