@@ -235,9 +235,7 @@ struct Knobs {
           bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16) {}
 };
 template <>
-struct Knobs<true> {
-    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, diag = 0, bar_kind = 2, early = 3,
-                         kv_f16 = 0;
+struct Knobs<true> : DefaultConfig {  // decode_kernel.cuh
     __device__ explicit Knobs(const Params&) {}
 };
 
@@ -1135,7 +1133,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             unsigned long long* acc = K.fuse_att ? p.out_acc + cur : nullptr;
             if (K.fuse_att)
                 for (int i = threadIdx.x; i < h1 - h0; i += NT) xw[h0 + i] = own[i];
-            if (kFixed || p.hd <= 256) stage_attention<1>(p, K, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
+            if (kFixed || p.hd <= DefaultConfig::max_head_dim) stage_attention<1>(p, K, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
             else stage_attention<ATT_MAXC>(p, K, L, l, pos, aux, in_cnt, cnt, acc, actv, xs);
         } else if (out_fused_here) {
             // the residual as this layer found it: the out-projection's output stays in out_acc until the

@@ -130,4 +130,21 @@ struct Params {
     unsigned* bar;    // [2]: arrival count, generation
 };
 
+// The default configuration. The kernel's fixed build (decode_kernel.cu: Knobs<true>) compiles these values
+// in; the host launches that build when Params match them (is_default_config) and sets bar_kind and early
+// from them unless LB_MK_BARRIER / LB_MK_EARLY say otherwise.
+struct DefaultConfig {
+    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, diag = 0, kv_f16 = 0;
+    static constexpr int bar_kind = 2;      // the monotonic counter barrier: 2x cheaper (docs/megakernel.md, v3)
+    static constexpr int early = 3;         // DeltaNet state and conv windows loaded a stage early
+    static constexpr int max_head_dim = 256;  // attention built for one 8-element chunk of a head row per lane
+};
+
+inline bool is_default_config(const Params& p) {
+    using D = DefaultConfig;
+    return p.ring_slots == 0 && p.fuse == D::fuse && p.fuse_out == D::fuse_out && p.fuse_in == D::fuse_in &&
+           p.fuse_att == D::fuse_att && p.diag == D::diag && p.kv_f16 == D::kv_f16 && p.bar_kind == D::bar_kind &&
+           p.early == D::early && p.hd <= D::max_head_dim;
+}
+
 }  // namespace lb::mk

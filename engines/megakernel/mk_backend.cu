@@ -438,19 +438,17 @@ private:
         p.fuse_in = fuse_in;
         p.fuse_att = fuse_att;
         const char* early = std::getenv("LB_MK_EARLY");
-        p.early = early ? std::atoi(early) : 3;
+        p.early = early ? std::atoi(early) : DefaultConfig::early;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
             trace_path_ = tr;
             p.trace = (long long*)alloc_zeroed(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));  // unwritten stamps stay 0
         }
         const char* bk = std::getenv("LB_MK_BARRIER");
-        p.bar_kind = bk ? std::atoi(bk) : 2;  // 2 measured 2x cheaper (docs/megakernel.md, v3)
+        p.bar_kind = bk ? std::atoi(bk) : DefaultConfig::bar_kind;
         info_.bar_kind = p.bar_kind;
         // The default configuration has its own build of the v1 kernel with every switch fixed at compile time
         // (decode_kernel.cu: Knobs<true>; 2.4x less machine code); LB_MK_GENERIC=1 runs the run-time build.
-        const bool fixed_config = !ring_slots && fuse && fuse_out && fuse_in && fuse_att && info_.diag == 0 &&
-                                  p.bar_kind == 2 && p.early == 3 && !p.kv_f16 && c.head_dim <= 256;
-        if (fixed_config && !env_flag("LB_MK_GENERIC")) {
+        if (is_default_config(p) && !env_flag("LB_MK_GENERIC")) {
             const void* fixed = decode_kernel_ptr(true);
             GPU_CHECK(cudaFuncSetAttribute(fixed, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             int fixed_per_sm = 0;
@@ -502,8 +500,9 @@ private:
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s%s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
                 "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, diag %d\n",
-                ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "", info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind,
-                int(fuse), int(fuse_out), int(fuse_in), int(fuse_att), info_.diag);
+                ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "",
+                info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, int(fuse), int(fuse_out), int(fuse_in),
+                int(fuse_att), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
