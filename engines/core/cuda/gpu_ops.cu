@@ -2082,6 +2082,156 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
     if (threadIdx.x == 0) counters[kvh] = 0;
 }
 
+
+// Decode attention at a short context with attn_prep folded in (CUDA, bf16 K and V caches, head_dim 256):
+// grid nh, one block of AS_WARPS warps per query head, no step across blocks. At a short context the two
+// kernels it stands in for (attn_prep, then the flash kernel: chunks, block merge, last-block merge) took
+// ~16 us a layer for about 1 us of work (CUPTI timeline, docs/engines.md session 9): a chain of dependent
+// round trips and a kernel boundary. Here:
+//  - before the dependency wait, each warp requests the K and V rows of its first AS_U cached positions
+//    (w, w + AS_WARPS, ...). Safe: the caches up to the step's position and the position itself were
+//    written by earlier graph launches (prefill, or the previous step, whose last kernel advances d_pos),
+//    which are complete before this launch starts;
+//  - after it, one round trip reads the head's q and gate and its KV head's k and v rows; q and k are
+//    normalised (gain) and rotated (partial RoPE) in shared memory as attn_prep does, k and v rounded to
+//    bf16 as the cache stores them, and the first query head of each KV head writes them to the caches;
+//  - each warp runs an online softmax over its positions (the current one, from shared memory, on warp
+//    pos % AS_WARPS), and the warps merge in warp order: o = softmax(q K^T / sqrt(hd)) V * sigmoid(gate).
+// Positions past the first AS_WARPS * AS_U are loaded batch by batch after the wait (the host takes this
+// kernel up to a context of attn_decode_short_ctx()).
+constexpr int AS_WARPS = 16, AS_U = 8, AS_HD = 256;
+__device__ __forceinline__ unsigned short bf16_bits(float x) {  // round to nearest even, as kv_store_warp
+    unsigned int bits = __float_as_uint(x);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (unsigned short)(bits >> 16);
+}
+__global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const float* qkv, int nh, int nkv, int rot,
+                                                                          float theta, const float* q_gain,
+                                                                          const float* k_gain, float eps,
+                                                                          const int* d_pos, unsigned short* kcache,
+                                                                          unsigned short* vcache, float* out) {
+    constexpr int hd = AS_HD, PER = hd / 32, BATCH = AS_WARPS * AS_U;  // a lane's elements: e0 .. e0 + 7
+    __shared__ __align__(16) float sq[hd], sk[hd], sv[hd];
+    __shared__ float s_red[AS_WARPS][2], s_ml[AS_WARPS][2];
+    __shared__ __align__(16) float s_acc[AS_WARPS][hd];
+    const int h = blockIdx.x, G = nh / nkv, kvh = h / G, half = rot / 2;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, e0 = lane * PER;
+    const bool el = tid < hd;  // thread tid holds element tid of the q, k, v and gate rows
+    const int pos = *d_pos;    // this step's position (see above); the context is pos + 1
+    const float gq = el ? q_gain[tid] : 0.f, gk = el ? k_gain[tid] : 0.f;
+    const float inv_freq = tid < half ? 1.0f / powf(theta, float(2 * tid) / float(rot)) : 0.f;
+    uint4 kr[AS_U], vr[AS_U];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+        for (int u = 0; u < AS_U; ++u) {
+            const int s = s0 + warp + u * AS_WARPS;
+            if (s < pos) {
+                const size_t at = (size_t(s) * nkv + kvh) * hd + e0;
+                kr[u] = *(const uint4*)(kcache + at);
+                vr[u] = *(const uint4*)(vcache + at);
+            }
+        }
+    };
+    load_batch(0);
+    griddep_launch();
+    griddep_wait();
+
+    const float* qrow = qkv + size_t(h) * 2 * hd;
+    const float* krow = qkv + size_t(2) * nh * hd + size_t(kvh) * hd;
+    const float* vrow = krow + size_t(nkv) * hd;
+    float xq = 0.f, xk = 0.f, xv = 0.f, gate = 0.f;
+    if (el) { xq = qrow[tid]; gate = qrow[hd + tid]; xk = krow[tid]; xv = vrow[tid]; }
+    {  // the two RMSNorms' sums of squares, one block reduction, warps summed in order
+        const float a = warp_sum(xq * xq), b = warp_sum(xk * xk);
+        if (lane == 0) { s_red[warp][0] = a; s_red[warp][1] = b; }
+        __syncthreads();
+        float ssq = 0.f, ssk = 0.f;
+#pragma unroll
+        for (int w = 0; w < AS_WARPS; ++w) { ssq += s_red[w][0]; ssk += s_red[w][1]; }
+        if (el) {
+            sq[tid] = xq * rsqrtf(ssq / hd + eps) * gq;
+            sk[tid] = xk * rsqrtf(ssk / hd + eps) * gk;
+        }
+    }
+    __syncthreads();
+    if (tid < half) {
+        float sn, cs;
+        sincosf(float(pos) * inv_freq, &sn, &cs);
+        const float qa = sq[tid], qb = sq[tid + half], ka = sk[tid], kb = sk[tid + half];
+        sq[tid] = qa * cs - qb * sn;
+        sq[tid + half] = qb * cs + qa * sn;
+        sk[tid] = ka * cs - kb * sn;
+        sk[tid + half] = kb * cs + ka * sn;
+    }
+    __syncthreads();
+    if (el) {  // this position's k and v as the cache holds them
+        const unsigned short kb = bf16_bits(sk[tid]), vb = bf16_bits(xv);
+        if (h % G == 0) {
+            const size_t at = (size_t(pos) * nkv + kvh) * hd + tid;
+            kcache[at] = kb;
+            vcache[at] = vb;
+        }
+        sk[tid] = __uint_as_float(unsigned(kb) << 16);
+        sv[tid] = __uint_as_float(unsigned(vb) << 16);
+    }
+    __syncthreads();
+
+    const float scale = rsqrtf(float(hd));
+    float q[PER], acc[PER], m = -FLT_MAX, l = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) { q[k] = sq[e0 + k] * scale; acc[k] = 0.f; }
+    auto consume = [&](const float* kf, const float* vf) {
+        float d = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) d += q[k] * kf[k];
+        const float score = warp_sum(d);
+        const float m_new = fmaxf(m, score);
+        const float corr = __expf(m - m_new), p = __expf(score - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) acc[k] = acc[k] * corr + p * vf[k];
+        m = m_new;
+    };
+    for (int s0 = 0;; s0 += BATCH) {
+#pragma unroll
+        for (int u = 0; u < AS_U; ++u) {
+            if (s0 + warp + u * AS_WARPS >= pos) break;
+            float kf[PER], vf[PER];
+            unpack8(kr[u], kf);
+            unpack8(vr[u], vf);
+            consume(kf, vf);
+        }
+        if (s0 + BATCH >= pos) break;
+        load_batch(s0 + BATCH);
+    }
+    if (warp == pos % AS_WARPS) {
+        float kf[PER], vf[PER];
+#pragma unroll
+        for (int k = 0; k < PER; ++k) { kf[k] = sk[e0 + k]; vf[k] = sv[e0 + k]; }
+        consume(kf, vf);
+    }
+
+    // the warps' partials rescaled to the block maximum and summed in warp order
+    if (lane == 0) { s_ml[warp][0] = m; s_ml[warp][1] = l; }
+    __syncthreads();
+    float M = -FLT_MAX;
+#pragma unroll
+    for (int w = 0; w < AS_WARPS; ++w) M = fmaxf(M, s_ml[w][0]);
+    const float f = __expf(m - M);  // 0 for a warp that had no position (m = -FLT_MAX)
+#pragma unroll
+    for (int k = 0; k < PER; ++k) s_acc[warp][e0 + k] = acc[k] * f;
+    __syncthreads();
+    if (el) {
+        float L = 0.f, o = 0.f;
+#pragma unroll
+        for (int w = 0; w < AS_WARPS; ++w) {
+            L += s_ml[w][1] * __expf(s_ml[w][0] - M);
+            o += s_acc[w][tid];
+        }
+        out[size_t(h) * hd + tid] = o / L * sigmoidf(gate);
+    }
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------- launchers
@@ -2559,6 +2709,29 @@ void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_po
     };
     if (kv_bf16_kernels(kt, vt)) pick(std::integral_constant<int, int(DType::BF16)>{});
     else pick(std::integral_constant<int, -1>{});
+}
+
+int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt) {
+#if defined(LB_CUDA)
+    // LB_GPU_ATTN_SHORT=N: the largest context that takes the kernel (0: never); default two batches
+    static const int limit = [] {
+        const char* e = std::getenv("LB_GPU_ATTN_SHORT");
+        return e ? std::max(0, std::atoi(e)) : 2 * AS_WARPS * AS_U;
+    }();
+    const bool fits = hd == AS_HD && nkv > 0 && nh % nkv == 0 && rot % 2 == 0 && rot <= hd &&
+                      kv_bf16_kernels(kt, vt) && !old_attention_decode();
+    return fits ? limit : 0;
+#else
+    (void)nh; (void)nkv; (void)hd; (void)rot; (void)kt; (void)vt;
+    return 0;  // HIP: not ported (the flash path runs)
+#endif
+}
+
+void attn_decode_short(const float* qkv, int nh, int nkv, int rot, float theta, const float* q_gain,
+                       const float* k_gain, float eps, const int* d_pos, void* kcache, void* vcache, float* out,
+                       gpuStream_t s) {
+    launch_k(attn_decode_short_kernel, dim3(nh), dim3(AS_WARPS * 32), 0, s, qkv, nh, nkv, rot, theta, q_gain, k_gain,
+             eps, d_pos, (unsigned short*)kcache, (unsigned short*)vcache, out);
 }
 
 void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s) {

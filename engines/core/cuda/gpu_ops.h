@@ -115,6 +115,15 @@ size_t attention_decode_scratch(int nh, int hd, int blocks);
 void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                       const void* vcache, DType vt, int blocks, float* scratch, int* counters, float* out,
                       gpuStream_t s);
+// Decode attention at a short context with attn_prep folded in (one block per query head, no cross-block
+// step; CUDA, bf16 K and V, head_dim 256): o as attention_decode gives it, the caches written as attn_prep
+// writes them. attn_decode_short_ctx: the largest context the decode graph should take it for (0: never;
+// LB_GPU_ATTN_SHORT=N sets it). The kernel reads *d_pos and the cached rows before its dependency wait:
+// whatever wrote them must have finished before the launch (in the decode graph: an earlier graph launch).
+int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt);
+void attn_decode_short(const float* qkv, int nh, int nkv, int rot, float theta, const float* q_gain,
+                       const float* k_gain, float eps, const int* d_pos, void* kcache, void* vcache, float* out,
+                       gpuStream_t s);
 // *d_next = argmax index from *key; *d_pos += 1.
 void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s);
 

@@ -61,7 +61,8 @@ public:
 #endif
     }
     ~GpuBackend() override {
-        if (graph_exec_) (void)gpuGraphExecDestroy(graph_exec_);
+        for (gpuGraphExec_t g : graph_exec_)
+            if (g) (void)gpuGraphExecDestroy(g);
         for (void* p : allocations_) (void)gpuFree(p);
         if (d_key_) (void)gpuFree(d_key_);
         if (host_tok_) (void)gpuFreeHost(host_tok_);
@@ -144,6 +145,9 @@ public:
                    cfg_.lin_v_heads % cfg_.lin_k_heads == 0));
         att_splits_ = gpu::attention_decode_blocks(cfg_.n_kv_heads, max_ctx);
         if (const char* e = std::getenv("LB_ATT_SPLITS")) att_splits_ = std::max(1, std::atoi(e));
+        attn_short_ctx_ = fused_ && fused_attn_ && cfg_.n_full_layers() > 0
+                              ? gpu::attn_decode_short_ctx(cfg_.n_heads, cfg_.n_kv_heads, hd, cfg_.rope_dims, kt_, vt_)
+                              : 0;
         if (fused_ && cfg_.n_full_layers() > 0) {
             att_scratch_ = (float*)alloc(sizeof(float) * gpu::attention_decode_scratch(cfg_.n_heads, hd, att_splits_));
             att_counters_ = (int*)alloc(sizeof(int) * size_t(cfg_.n_kv_heads));
@@ -167,7 +171,7 @@ public:
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
         stop_event_ = nullptr;
         if (n == 1 && (fused_ || !last_logits)) {
-            launch_step(tokens[0], !next_holds(tokens[0]));
+            launch_step(tokens[0], !next_holds(tokens[0]), len_);
         } else {
             ensure_workspace(n);
             GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
@@ -205,7 +209,7 @@ public:
             for (; launched < n_steps && launched - taken < kInFlight; ++launched) {
                 // the first step's token is uploaded unless d_next_ already holds it; later steps read the
                 // token their predecessor left in d_next_
-                launch_step(out->back(), launched == 0 && !next_holds(out->back()));
+                launch_step(out->back(), launched == 0 && !next_holds(out->back()), len_ + launched);
                 GPU_CHECK(gpuMemcpyAsync(host_tok_ + launched, d_next_, sizeof(int), gpuMemcpyDeviceToHost, s_));
                 GPU_CHECK(gpuEventRecord(step_ev_[launched % kInFlight], s_));
             }
@@ -250,21 +254,25 @@ private:
 
     // One step of the single-token graph (captured at first use) on the stream. The fused graph embeds the
     // token in d_next_, where the previous step left its argmax, so a greedy loop uploads nothing.
-    // upload: copy `token` in first (the unfused graph reads d_tok_, the fused one d_next_).
-    void launch_step(int token, bool upload) {
+    // upload: copy `token` in first (the unfused graph reads d_tok_, the fused one d_next_). pos: the step's
+    // position (the tokens already in the caches): up to a context of attn_short_ctx_ the step runs the graph
+    // whose attention layers take the short-context kernel, beyond it the flash-decoding one.
+    void launch_step(int token, bool upload, int pos) {
         if (upload) GPU_CHECK(gpuMemcpyAsync(fused_ ? d_next_ : d_tok_, &token, sizeof(int), gpuMemcpyHostToDevice, s_));
-        if (!graph_exec_) {
+        const bool short_attn = fused_ && pos + 1 <= attn_short_ctx_;
+        gpuGraphExec_t& exec = graph_exec_[short_attn ? 1 : 0];
+        if (!exec) {
             gpuGraph_t graph;
             GPU_CHECK(gpuStreamBeginCapture(s_, gpuStreamCaptureModeThreadLocal));
             if (fused_)
-                run_decode(d_next_);
+                run_decode(d_next_, short_attn);
             else
                 run_layers(d_tok_, 1);
             GPU_CHECK(gpuStreamEndCapture(s_, &graph));
-            GPU_CHECK(gpuGraphInstantiate(&graph_exec_, graph));
+            GPU_CHECK(gpuGraphInstantiate(&exec, graph));
             (void)gpuGraphDestroy(graph);
         }
-        GPU_CHECK(gpuGraphLaunch(graph_exec_, s_));
+        GPU_CHECK(gpuGraphLaunch(exec, s_));
     }
 
     void* alloc(size_t bytes) {
@@ -282,7 +290,8 @@ private:
     void ensure_workspace(int n) {
         // Buffers only grow; the captured decode graph uses the n = 1 slice of them, so it is recaptured.
         if (n <= ws_.cap) return;
-        if (graph_exec_) { (void)gpuGraphExecDestroy(graph_exec_); graph_exec_ = nullptr; }
+        for (gpuGraphExec_t& g : graph_exec_)
+            if (g) { (void)gpuGraphExecDestroy(g); g = nullptr; }
         ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
@@ -290,7 +299,8 @@ private:
         gpu::forward_layers(cfg_, w_, ws_, {kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_}, d_tokens, n, d_next_, s_);
     }
 
-    // One token through the fused decode kernels (captured into the decode graph).
+    // One token through the fused decode kernels (captured into the decode graph). short_attn: attention
+    // layers run attn_decode_short (attn_prep folded in) instead of attn_prep + attention_decode.
     // Fused MLP (mlp_fused_): layer l's MLP output stays in mlp_acc_ (fixed point) instead of x. Protocol:
     //   embed_decode      x = embedding row, acc = 0 (the previous token's LM head read acc, nothing folded it)
     //   layer l > 0       in-projection normalises x + acc; out-projection x = (x + acc) + Wx, acc = 0
@@ -299,7 +309,7 @@ private:
     //   every layer's MLP reads x (complete), adds into acc (zero on entry)
     //   LM head           normalises x + acc of the last layer
     // Every kernel reads these only after its dependency wait, and each waits for the one before it.
-    void run_decode(const int* d_token) {
+    void run_decode(const int* d_token, bool short_attn) {
         const int H = cfg_.hidden, I = cfg_.intermediate;
         unsigned long long* acc = mlp_fused_ ? mlp_acc_ : nullptr;
         gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, acc, s_);
@@ -317,7 +327,10 @@ private:
                 a.gain = F(L.input_norm);
                 a.acc = prev_mlp;
                 if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
-                if (runs(SKIP_MIXER)) {
+                if (runs(SKIP_MIXER) && short_attn) {
+                    gpu::attn_decode_short(ws_.big, nh, nkv, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
+                                           cfg_.eps, d_pos_, kc_[size_t(l)], vc_[size_t(l)], ws_.o, s_);
+                } else if (runs(SKIP_MIXER)) {
                     gpu::attn_prep(ws_.big, rows, 1, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm),
                                    F(L.k_norm), cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
                     if (fused_attn_)
@@ -396,7 +409,8 @@ private:
     gpuEvent_t stop_event_ = nullptr;    // decode() stopped early: timer_stop_ms() ends here
     float* att_scratch_ = nullptr;
     int* att_counters_ = nullptr;
-    gpuGraphExec_t graph_exec_ = nullptr;
+    gpuGraphExec_t graph_exec_[2] = {};  // the decode step's graph: [0] flash-decoding attention, [1] short context
+    int attn_short_ctx_ = 0;             // contexts up to this take graph_exec_[1] (gpu::attn_decode_short_ctx)
     Qwen35Config cfg_;
     Qwen35Weights w_;
     std::vector<void*> allocations_;
