@@ -2197,7 +2197,7 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
         for (int u = 0; u < AS_U; ++u) {
             if (s0 + warp + u * AS_WARPS >= pos) break;
             float kf[PER], vf[PER];
-            unpack8(kr[u], kf);
+            unpack8(kr[u], kf);  // wtype is bf16 in every build that takes this kernel (attn_decode_short_ctx)
             unpack8(vr[u], vf);
             consume(kf, vf);
         }
@@ -2718,7 +2718,14 @@ int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt) 
         const char* e = std::getenv("LB_GPU_ATTN_SHORT");
         return e ? std::max(0, std::atoi(e)) : 2 * AS_WARPS * AS_U;
     }();
-    const bool fits = hd == AS_HD && nkv > 0 && nh % nkv == 0 && rot % 2 == 0 && rot <= hd &&
+    // The kernel decodes the bf16 cache rows with the build's unpack8: bf16 weight builds only (the sm_75
+    // build's wtype is half; it keeps the flash path).
+#if defined(LB_GPU_FP16)
+    constexpr bool bf16_build = false;
+#else
+    constexpr bool bf16_build = true;
+#endif
+    const bool fits = bf16_build && hd == AS_HD && nkv > 0 && nh % nkv == 0 && rot % 2 == 0 && rot <= hd &&
                       kv_bf16_kernels(kt, vt) && !old_attention_decode();
     return fits ? limit : 0;
 #else
