@@ -103,14 +103,20 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ----------------------------------------------------------------------------------------- KV element access
 
+// bf16 bits of x, rounded to nearest even as quant.cpp rounds (so CPU and GPU caches hold the same bytes),
+// and the float a bf16 value stands for.
+__device__ __forceinline__ unsigned short bf16_bits(float x) {
+    unsigned int bits = __float_as_uint(x);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (unsigned short)(bits >> 16);
+}
+__device__ __forceinline__ float bf16_value(unsigned short b) { return __uint_as_float(unsigned(b) << 16); }
+
 __device__ float kv_load(const void* row, DType t, int e) {
     switch (t) {
         case DType::F32: return ((const float*)row)[e];
         case DType::F16: return __half2float(((const __half*)row)[e]);
-        case DType::BF16: {
-            unsigned int bits = unsigned(((const unsigned short*)row)[e]) << 16;
-            return __uint_as_float(bits);
-        }
+        case DType::BF16: return bf16_value(((const unsigned short*)row)[e]);
         case DType::Q8_0: {
             const BlockQ8_0* b = (const BlockQ8_0*)row + e / QK;
             return __half2float(__ushort_as_half(b->d)) * b->qs[e % QK];
@@ -142,11 +148,7 @@ __device__ void kv_store_warp(const float* x, int hd, DType t, void* row) {
     if (t == DType::F32) { for (int e = lane; e < hd; e += LB_WARP) ((float*)row)[e] = x[e]; return; }
     if (t == DType::F16) { for (int e = lane; e < hd; e += LB_WARP) ((__half*)row)[e] = __float2half_rn(x[e]); return; }
     if (t == DType::BF16) {
-        for (int e = lane; e < hd; e += LB_WARP) {
-            unsigned int bits = __float_as_uint(x[e]);
-            bits += 0x7fff + ((bits >> 16) & 1);
-            ((unsigned short*)row)[e] = (unsigned short)(bits >> 16);
-        }
+        for (int e = lane; e < hd; e += LB_WARP) ((unsigned short*)row)[e] = bf16_bits(x[e]);
         return;
     }
     for (int blk = 0; blk < hd / QK; ++blk) {
@@ -560,6 +562,16 @@ __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, co
 // KVF >= 0: K and V caches both of type DType(KVF), fixed at compile time (one store path in the code; see
 // attn_decode_flash_kernel).
 constexpr int AP_THREADS = 128, AP_MAX_HD = 512, AP_PER = AP_MAX_HD / AP_THREADS;
+// Partial RoPE (rotate-half) of a head row in shared memory: the frequency of pair i < rot / 2, and the
+// rotation of pair (i, i + half) by the angle whose sine and cosine are sn, cs.
+__device__ __forceinline__ float rope_inv_freq(int i, int rot, float theta) {
+    return 1.0f / powf(theta, float(2 * i) / float(rot));
+}
+__device__ __forceinline__ void rope_rotate(float* x, int i, int half, float cs, float sn) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cs - b * sn;
+    x[i + half] = b * cs + a * sn;
+}
 template <int KVF>
 __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot,
                                                                 float theta, const float* q_gain, const float* k_gain,
@@ -575,7 +587,7 @@ __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int l
     for (int k = 0; k < AP_PER; ++k) {
         const int i = tid + k * AP_THREADS;
         g[k] = i < hd ? gain[i] : 0.f;
-        inv_freq[k] = i < half ? 1.0f / powf(theta, float(2 * i) / float(rot)) : 0.f;
+        inv_freq[k] = i < half ? rope_inv_freq(i, rot, theta) : 0.f;
     }
     griddep_launch();
     griddep_wait();
@@ -608,9 +620,7 @@ __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int l
             const float angle = float(pos) * inv_freq[k];
             float sn, cs;
             sincosf(angle, &sn, &cs);
-            const float a = xr[i], b = xr[i + half];
-            xr[i] = a * cs - b * sn;
-            xr[i + half] = b * cs + a * sn;
+            rope_rotate(xr, i, half, cs, sn);
         }
     }
     __syncthreads();
@@ -1796,6 +1806,23 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
     }
 }
 
+// One position of a warp's online softmax for decode attention: the lanes hold PER elements each of the
+// (scaled) query q, the position's k and v; m, l and acc (the lane's PER outputs) are updated in place.
+template <int PER>
+__device__ __forceinline__ void online_softmax_step(const float* q, const float* kf, const float* vf, float& m,
+                                                    float& l, float* acc) {
+    float d = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) d += q[k] * kf[k];
+    const float score = warp_sum(d);
+    const float m_new = fmaxf(m, score);
+    const float corr = __expf(m - m_new), p = __expf(score - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int k = 0; k < PER; ++k) acc[k] = acc[k] * corr + p * vf[k];
+    m = m_new;
+}
+
 // PER consecutive elements of a KV row starting at e0 (PER a multiple of 8 for 16-byte loads). FIX >= 0: the
 // element type is DType(FIX), known at compile time, and `t` is ignored: the kernel then holds one path only.
 template <int PER, int FIX = -1>
@@ -1868,16 +1895,7 @@ __global__ __launch_bounds__(AD_WARPS * 32) void attn_decode_kernel(const float*
 #pragma unroll
         for (int g = 0; g < AD_GMAX; ++g) {
             if (g >= G) break;
-            float d = 0;
-#pragma unroll
-            for (int k = 0; k < PER; ++k) d += q[g][k] * kf[k];
-            const float score = warp_sum(d);
-            const float m_new = fmaxf(m[g], score);
-            const float corr = __expf(m[g] - m_new), p = __expf(score - m_new);
-            l[g] = l[g] * corr + p;
-#pragma unroll
-            for (int k = 0; k < PER; ++k) acc[g][k] = acc[g][k] * corr + p * vf[k];
-            m[g] = m_new;
+            online_softmax_step<PER>(q[g], kf, vf, m[g], l[g], acc[g]);
         }
     }
     // partials: acc [nh][P][hd], then (m, l) [nh][P][2]
@@ -1987,16 +2005,7 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
 #pragma unroll
             for (int g = 0; g < GM; ++g) {
                 if (g >= G) break;
-                float d = 0.f;
-#pragma unroll
-                for (int k = 0; k < PER; ++k) d += q[g][k] * kf[u][k];
-                const float score = warp_sum(d);
-                const float m_new = fmaxf(m[g], score);
-                const float corr = __expf(m[g] - m_new), p = __expf(score - m_new);
-                l[g] = l[g] * corr + p;
-#pragma unroll
-                for (int k = 0; k < PER; ++k) acc[g][k] = acc[g][k] * corr + p * vf[u][k];
-                m[g] = m_new;
+                online_softmax_step<PER>(q[g], kf[u], vf[u], m[g], l[g], acc[g]);
             }
         }
     }
@@ -2100,11 +2109,6 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
 // Positions past the first AS_WARPS * AS_U are loaded batch by batch after the wait (the host takes this
 // kernel up to a context of attn_decode_short_ctx()).
 constexpr int AS_WARPS = 16, AS_U = 8, AS_HD = 256;
-__device__ __forceinline__ unsigned short bf16_bits(float x) {  // round to nearest even, as kv_store_warp
-    unsigned int bits = __float_as_uint(x);
-    bits += 0x7fff + ((bits >> 16) & 1);
-    return (unsigned short)(bits >> 16);
-}
 __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const float* qkv, int nh, int nkv, int rot,
                                                                           float theta, const float* q_gain,
                                                                           const float* k_gain, float eps,
@@ -2119,7 +2123,7 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
     const bool el = tid < hd;  // thread tid holds element tid of the q, k, v and gate rows
     const int pos = *d_pos;    // this step's position (see above); the context is pos + 1
     const float gq = el ? q_gain[tid] : 0.f, gk = el ? k_gain[tid] : 0.f;
-    const float inv_freq = tid < half ? 1.0f / powf(theta, float(2 * tid) / float(rot)) : 0.f;
+    const float inv_freq = tid < half ? rope_inv_freq(tid, rot, theta) : 0.f;
     uint4 kr[AS_U], vr[AS_U];
     auto load_batch = [&](int s0) {
 #pragma unroll
@@ -2157,6 +2161,8 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
     if (tid < half) {
         float sn, cs;
         sincosf(float(pos) * inv_freq, &sn, &cs);
+        // rope_rotate of q and k with all four loads first (two rope_rotate calls schedule differently
+        // from the code measured in docs/engines.md session 11; the arithmetic is the same)
         const float qa = sq[tid], qb = sq[tid + half], ka = sk[tid], kb = sk[tid + half];
         sq[tid] = qa * cs - qb * sn;
         sq[tid + half] = qb * cs + qa * sn;
@@ -2171,8 +2177,8 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
             kcache[at] = kb;
             vcache[at] = vb;
         }
-        sk[tid] = __uint_as_float(unsigned(kb) << 16);
-        sv[tid] = __uint_as_float(unsigned(vb) << 16);
+        sk[tid] = bf16_value(kb);
+        sv[tid] = bf16_value(vb);
     }
     __syncthreads();
 
@@ -2180,18 +2186,6 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
     float q[PER], acc[PER], m = -FLT_MAX, l = 0.f;
 #pragma unroll
     for (int k = 0; k < PER; ++k) { q[k] = sq[e0 + k] * scale; acc[k] = 0.f; }
-    auto consume = [&](const float* kf, const float* vf) {
-        float d = 0.f;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) d += q[k] * kf[k];
-        const float score = warp_sum(d);
-        const float m_new = fmaxf(m, score);
-        const float corr = __expf(m - m_new), p = __expf(score - m_new);
-        l = l * corr + p;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) acc[k] = acc[k] * corr + p * vf[k];
-        m = m_new;
-    };
     for (int s0 = 0;; s0 += BATCH) {
 #pragma unroll
         for (int u = 0; u < AS_U; ++u) {
@@ -2199,7 +2193,7 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
             float kf[PER], vf[PER];
             unpack8(kr[u], kf);  // wtype is bf16 in every build that takes this kernel (attn_decode_short_ctx)
             unpack8(vr[u], vf);
-            consume(kf, vf);
+            online_softmax_step<PER>(q, kf, vf, m, l, acc);
         }
         if (s0 + BATCH >= pos) break;
         load_batch(s0 + BATCH);
@@ -2208,7 +2202,7 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
         float kf[PER], vf[PER];
 #pragma unroll
         for (int k = 0; k < PER; ++k) { kf[k] = sk[e0 + k]; vf[k] = sv[e0 + k]; }
-        consume(kf, vf);
+        online_softmax_step<PER>(q, kf, vf, m, l, acc);
     }
 
     // the warps' partials rescaled to the block maximum and summed in warp order

@@ -259,7 +259,7 @@ private:
     // whose attention layers take the short-context kernel, beyond it the flash-decoding one.
     void launch_step(int token, bool upload, int pos) {
         if (upload) GPU_CHECK(gpuMemcpyAsync(fused_ ? d_next_ : d_tok_, &token, sizeof(int), gpuMemcpyHostToDevice, s_));
-        const bool short_attn = fused_ && pos + 1 <= attn_short_ctx_;
+        const bool short_attn = pos + 1 <= attn_short_ctx_;  // 0 unless the fused graph takes the kernel
         gpuGraphExec_t& exec = graph_exec_[short_attn ? 1 : 0];
         if (!exec) {
             gpuGraph_t graph;
