@@ -50,6 +50,8 @@ __device__ float block_sum(float v) {
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
+// DeltaNet's decay input: softplus(a + dt_bias), linear past 20 (as torch.nn.functional.softplus)
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // Programmatic dependent launch (sm_90+): launch_dependents lets the next kernel in the stream start its
 // blocks; wait blocks until the previous kernel finished and its writes are visible. Both are no-ops on
@@ -448,7 +450,7 @@ __global__ void deltanet_prep_kernel(float* y, int ldy, const float* proj, int l
         for (int i = threadIdx.x; i < hv; i += blockDim.x) {
             const float b = proj[size_t(t) * ldp + b_off + i];
             const float a = proj[size_t(t) * ldp + b_off + hv + i] + dt_bias[i];
-            const float sp = a > 20.f ? a : log1pf(expf(a));
+            const float sp = softplus(a);
             beta[size_t(t) * hv + i] = sigmoidf(b);
             g[size_t(t) * hv + i] = negA[i] * sp;
         }
@@ -1350,21 +1352,28 @@ __device__ __forceinline__ void unpack4(const uint2& p, float* f) {
 }
 
 
-// xs[0, in) = rmsnorm(v) * gain over the block's NT threads, v = x, or x + from_fix(acc) where an MLP output
-// is still in its accumulator (written by other blocks' atomics: read at L2). gr: the thread's gains for
+// v += the four fixed-point values acc[i, i + 4) (read at L2: other blocks' atomics wrote them); acc may be null
+__device__ __forceinline__ void add_fix4(float4& v, const unsigned long long* acc, int i) {
+    if (!acc) return;
+    const ulonglong2 p = ld_cg((const ulonglong2*)(acc + i)), q = ld_cg((const ulonglong2*)(acc + i + 2));
+    v.x += from_fix(p.x); v.y += from_fix(p.y); v.z += from_fix(q.x); v.w += from_fix(q.y);
+}
+
+// xs[0, in) = rmsnorm(v) * gain over the block's NT threads, v = x, or x + from_fix(acc) (+ from_fix(acc2))
+// where an MLP output (and a DeltaNet mixer's) is still in its accumulator (written by other blocks' atomics:
+// read at L2). gr: the thread's gains for
 // elements 4 (tid + k NT) .. + 3, k < GR, loaded by the caller before its dependency wait (they are weights),
 // so that the only round trip here is x (and acc); elements past 4 GR NT read their gains late. in % 4 == 0;
 // xs is complete after the caller's next __syncthreads.
 template <int NT, int GR>
-__device__ __forceinline__ void rmsnorm_smem(const float* x, const unsigned long long* acc, const float4 (&gr)[GR],
+__device__ __forceinline__ void rmsnorm_smem(const float* x, const unsigned long long* acc,
+                                             const unsigned long long* acc2, const float4 (&gr)[GR],
                                              const float* gain, float eps, int in, float* xs) {
     const int tid = threadIdx.x;
     auto load = [&](int i) {
         float4 v = *(const float4*)(x + i);
-        if (acc) {
-            const ulonglong2 p = ld_cg((const ulonglong2*)(acc + i)), q = ld_cg((const ulonglong2*)(acc + i + 2));
-            v.x += from_fix(p.x); v.y += from_fix(p.y); v.z += from_fix(q.x); v.w += from_fix(q.y);
-        }
+        add_fix4(v, acc, i);
+        add_fix4(v, acc2, i);
         return v;
     };
     float ss = 0.f;
@@ -1466,7 +1475,7 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
 
     // ---- prologue: the input vector
     if (PRO == GV_RMSNORM) {
-        rmsnorm_smem<GV_THREADS>(a.x, a.acc, gr, a.gain, a.eps, in, xs);  // a.acc: the previous fused MLP's output
+        rmsnorm_smem<GV_THREADS>(a.x, a.acc, a.acc2, gr, a.gain, a.eps, in, xs);  // the pending accumulators
     } else if (PRO == GV_SILU) {
         for (int i = tid; i < in; i += GV_THREADS) xs[i] = silu(a.x[i]) * a.x[in + i];
     } else if (PRO == GV_GATED) {
@@ -1502,12 +1511,13 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
     // ADD: lane 0 holds y and the fold accumulator of the warp's next row, fetched a row ahead (after the wait:
     // earlier kernels wrote them) so that the read-modify-write after the dot product waits on nothing
     float add_y = 0.f;
-    unsigned long long add_fold = 0ull;
+    unsigned long long add_fold = 0ull, add_fold2 = 0ull;
     auto add_fetch = [&](int tile, int r) {
         if (EPI != GV_ADD || lane != 0 || tile >= ntiles || r >= min(rb, a.out - tile * rb)) return;
         const int row = tile * rb + r;
         add_y = a.y[row];
         if (a.fold) add_fold = ld_cg(a.fold + row);
+        if (a.fold2) add_fold2 = ld_cg(a.fold2 + row);
     };
     add_fetch(blockIdx.x, warp);
     __syncthreads();
@@ -1539,14 +1549,18 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
                 else conv_fetch(tile + gridDim.x, warp);
             }
             const float row_y = add_y;
-            const unsigned long long row_fold = add_fold;
+            const unsigned long long row_fold = add_fold, row_fold2 = add_fold2;
             if (EPI == GV_ADD) {
                 if (r + GV_WARPS < nr) add_fetch(tile, r + GV_WARPS);
                 else add_fetch(tile + gridDim.x, warp);
             }
             if (lane == 0) {
                 if (EPI == GV_ADD) {
-                    if (a.fold) {
+                    if (a.fold2) {  // and the previous layer's DeltaNet mixer output (delta_out), the same way
+                        a.y[row] = ((row_y + (a.fold ? from_fix(row_fold) : 0.f)) + from_fix(row_fold2)) + v;
+                        if (a.fold) a.fold[row] = 0ull;
+                        a.fold2[row] = 0ull;
+                    } else if (a.fold) {
                         // The previous layer's fused MLP output joins the residual here, in the order of the
                         // unfused graph (x + mlp, then + Wx), and its accumulator is cleared for this layer's
                         // MLP. Race-free: this lane is the row's only writer, and between the in-projection
@@ -1635,6 +1649,7 @@ __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int r
     for (int k = 0; k < MF_XPER; ++k) {
         const int i = (tid + k * MF_THREADS) * 4;
         xv[k] = i < H ? *(const float4*)(a.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < H) add_fix4(xv[k], a.x_acc, i);  // a fused DeltaNet layer's mixer output (delta_out)
     }
     copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
     cp_async_commit();
@@ -1705,16 +1720,15 @@ __global__ void transpose16_kernel(const unsigned short* in, int rows, int cols,
 }
 
 __global__ void embed_decode_kernel(const int* token, const wtype* E, int H, float* x, unsigned long long* key,
-                                    unsigned long long* acc) {
+                                    unsigned long long* acc, int n_acc) {
     griddep_launch();
     griddep_wait();
     const wtype* row = E + size_t(*token) * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[i] = w2f(row[i]);
     if (threadIdx.x == 0) *key = 0ull;
-    // The fused MLP's accumulator: the previous token's LM head read the last layer's MLP output from it
-    // and nothing folded it; layer 0's MLP needs it zero (layer 0's in- and out-projection leave it alone).
-    if (acc)
-        for (int i = threadIdx.x; i < H; i += blockDim.x) acc[i] = 0ull;
+    // The accumulators (the fused MLP's, the DeltaNet mixers'): the previous token's LM head read the last
+    // layers' outputs from them and nothing folded them; layer 0 needs them zero.
+    for (int i = threadIdx.x; i < n_acc * H; i += blockDim.x) acc[i] = 0ull;
 }
 
 __global__ void decode_finish_kernel(const unsigned long long* key, int* next, int* pos) {
@@ -1759,8 +1773,7 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
     sq = 0; sk = 0;
     for (int w = 0; w < 8; ++w) { sq += nrm[w][0]; sk += nrm[w][1]; }
     const float inv_q = rsqrtf(sq + 1e-6f) * rsqrtf(float(dk)), inv_k = rsqrtf(sk + 1e-6f);
-    const float av = a_raw + dtb;
-    const float sp = av > 20.f ? av : log1pf(expf(av));
+    const float sp = softplus(a_raw + dtb);
     const float beta = sigmoidf(b), decay = __expf(neg_a * sp);
     float kr[MR], qr[MR];
 #pragma unroll
@@ -1803,6 +1816,164 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
             r.x += q.x; r.y += q.y; r.z += q.z; r.w += q.w;
         }
         *(float4*)(out + size_t(h) * dv + c0 + 4 * tid) = r;
+    }
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+#if defined(LB_CUDA)
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#else
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+// Gated DeltaNet decode step and its gated out-projection (DeltaOut in gpu_ops.h); grid (hv, R = H / 128),
+// 512 threads, dk = dv = 128. In ar's earlier graph the step (delta_decode_kernel) and the out-projection
+// (a GATED gemv_fused_kernel) were two kernels with a boundary and three dependent round trips between
+// them for 5 MB of bytes; a fusion that split the head over blocks had to exchange the head's sums of
+// squares through a counter and gained nothing (docs/engines.md, session 7). Here the R blocks of a head each
+// run the head's whole step, the same arithmetic on the same inputs (the state is read R times, from L2),
+// so each has all 128 outputs for the norm and no block waits for another's result. One pass over the
+// state gives both products the step needs, since with the decayed state g S and u = beta (v - g S^T k):
+//   o = (g S + k u^T)^T q = g S^T q + u (k . q).
+//   thread (warp w, lane c): state columns 4c .. 4c + 3 at rows w + 16 m, m < 8 (registers, read before
+//     the dependency wait: an earlier graph launch wrote it); out_proj row r * 128 + tid / 4, columns
+//     32 (tid % 4) .. + 31 of the head's 128 (64 bytes in registers, also before the wait).
+//   block (h, r) writes back state columns [r 128 / R, (r + 1) 128 / R) only, once every block of the head has
+//     used its copy: each block counts itself in on counters[h] after its pass over the state (a ticket),
+//     and the writers wait for the count of their round (complete long before in practice).
+// At most 80 registers (40 K of an SM's 64 K), so that the next kernel's blocks (the fused MLP: 512 threads,
+// 44 registers, 176 KB of shared memory) fit beside a block of this one and start their weight copies early
+// (a first version at 120 registers delayed the MLP by 1.5 us a layer: docs/engines.md, session 12).
+#if defined(LB_CUDA)
+#define LB_DO_BOUNDS __maxnreg__(80)
+#else
+#define LB_DO_BOUNDS __launch_bounds__(512)
+#endif
+constexpr int DO_THREADS = 512, DO_D = 128, DO_ROWS = 128, DO_WARPS = DO_THREADS / 32, DO_M = DO_D / DO_WARPS;
+__global__ LB_DO_BOUNDS void delta_out_kernel(DeltaOut a) {
+    const int h = blockIdx.x, r = blockIdx.y, R = gridDim.y, kh = h / (a.hv / a.hk);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float* S = a.state + size_t(h) * DO_D * DO_D + 4 * lane;
+    float4 s[DO_M];
+#pragma unroll
+    for (int m = 0; m < DO_M; ++m) s[m] = *(const float4*)(S + size_t(warp + DO_WARPS * m) * DO_D);
+    const int orow = r * DO_ROWS + tid / 4, oq = tid % 4;
+    const uint4* wp = (const uint4*)(a.W + size_t(orow) * a.hv * DO_D + size_t(h) * DO_D + 32 * oq);
+    uint4 w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = wp[j];
+    const float neg_a = a.negA[h], dtb = a.dt_bias[h], gain = tid < DO_D ? a.gain[tid] : 0.f;
+    griddep_launch();
+    griddep_wait();
+
+    // one round trip for every input: q, k, v, z (a quarter of the block each), b and a, the folded rows
+    __shared__ float qkvz[4][DO_D], us[DO_D], ons[DO_D], nrm[DO_WARPS], kqw[DO_WARPS];
+    __shared__ float4 red[2][DO_WARPS][32];
+    const int part = tid / DO_D, e = tid % DO_D;
+    const float* src = part == 0   ? a.conv + size_t(kh) * DO_D
+                       : part == 1 ? a.conv + size_t(a.hk + kh) * DO_D
+                       : part == 2 ? a.conv + size_t(2 * a.hk + h) * DO_D
+                                   : a.proj + a.z_off + size_t(h) * DO_D;
+    const float val = src[e];
+    const float b = a.proj[a.b_off + h], a_raw = a.proj[a.b_off + a.hv + h];
+    // rows [f0, f1) of the residual: x + fold_a + fold_b, in the order the in-projection summed them
+    const int nb = a.hv * R, bi = r * a.hv + h, f0 = int((long long)bi * a.H / nb), f1 = int((long long)(bi + 1) * a.H / nb);
+    const bool folds = tid < f1 - f0 && (a.fold_a || a.fold_b);
+    float xf = 0.f;
+    if (folds) {
+        xf = a.x[f0 + tid];
+        if (a.fold_a) xf += from_fix(ld_cg(a.fold_a + f0 + tid));
+        if (a.fold_b) xf += from_fix(ld_cg(a.fold_b + f0 + tid));
+    }
+    qkvz[part][e] = val;
+    const float sq = warp_sum(part < 2 ? val * val : 0.f);  // warps 0-3: q, 4-7: k
+    if (lane == 0) nrm[warp] = sq;
+    __syncthreads();
+    const float inv_q = rsqrtf(nrm[0] + nrm[1] + nrm[2] + nrm[3] + 1e-6f) * rsqrtf(float(DO_D));
+    const float inv_k = rsqrtf(nrm[4] + nrm[5] + nrm[6] + nrm[7] + 1e-6f);
+    // the pass over the state: p = S^T k and t = S^T q for this thread's columns over its rows, k . q
+    float4 p = make_float4(0.f, 0.f, 0.f, 0.f), t = p;
+    float kq = 0.f;
+#pragma unroll
+    for (int m = 0; m < DO_M; ++m) {
+        const float kk = qkvz[1][warp + DO_WARPS * m] * inv_k, qq = qkvz[0][warp + DO_WARPS * m] * inv_q;
+        p.x += s[m].x * kk; p.y += s[m].y * kk; p.z += s[m].z * kk; p.w += s[m].w * kk;
+        t.x += s[m].x * qq; t.y += s[m].y * qq; t.z += s[m].z * qq; t.w += s[m].w * qq;
+        kq += kk * qq;
+    }
+    red[0][warp][lane] = p;
+    red[1][warp][lane] = t;
+    if (lane == 0) kqw[warp] = kq;
+    __syncthreads();  // every thread has used its state copy: the block's ticket (thread 0 reads it at the end)
+    unsigned ticket = 0;
+    if (tid == 0) {
+        __threadfence();
+        ticket = atomicAdd(a.counters + h, 1u);
+    }
+    const float sp = softplus(a_raw + dtb);
+    const float beta = sigmoidf(b), decay = __expf(neg_a * sp);
+    // the head's output c = tid < 128 (column c: lane c / 4, component c % 4 of every warp's partials), its
+    // sum of squares over warps 0-3, then the gated RMSNorm into ons
+    float oc = 0.f;
+    if (tid < DO_D) {
+        float pc = 0.f, tc = 0.f, kqs = 0.f;
+#pragma unroll
+        for (int v = 0; v < DO_WARPS; ++v) {
+            pc += ((const float*)red[0][v])[tid];
+            tc += ((const float*)red[1][v])[tid];
+            kqs += kqw[v];
+        }
+        const float u = beta * (qkvz[2][tid] - decay * pc);
+        us[tid] = u;
+        oc = decay * tc + u * kqs;
+    }
+    const float ss = warp_sum(oc * oc);
+    if (lane == 0 && warp < DO_D / 32) nrm[warp] = ss;
+    __syncthreads();
+    if (tid < DO_D) {
+        float n2 = 0.f;
+#pragma unroll
+        for (int v = 0; v < DO_D / 32; ++v) n2 += nrm[v];
+        ons[tid] = gain * oc * silu(qkvz[3][tid]) * rsqrtf(n2 / DO_D + a.eps);
+    }
+    __syncthreads();
+    // the out-projection tile: row orow's 32 columns of this thread, summed over the row's 4 threads
+    float d = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float wf[8];
+        unpack8(w[j], wf);
+        const float4 xa = ((const float4*)ons)[8 * oq + 2 * j], xb = ((const float4*)ons)[8 * oq + 2 * j + 1];
+        d += wf[0] * xa.x + wf[1] * xa.y + wf[2] * xa.z + wf[3] * xa.w + wf[4] * xb.x + wf[5] * xb.y +
+             wf[6] * xb.z + wf[7] * xb.w;
+    }
+    d += __shfl_xor_sync(0xffffffff, d, 1);
+    d += __shfl_xor_sync(0xffffffff, d, 2);
+    if (oq == 0) atomicAdd(a.acc + orow, to_fix(d));
+    if (folds) {
+        a.x[f0 + tid] = xf;
+        if (a.fold_a) a.fold_a[f0 + tid] = 0ull;
+        if (a.fold_b) a.fold_b[f0 + tid] = 0ull;
+    }
+    // the state, g S + k u^T: this block's columns, once the head's R blocks of this round have counted in
+    if (tid == 0) {
+        const unsigned target = (ticket / unsigned(R) + 1u) * unsigned(R);
+        while (int(ld_acquire(a.counters + h) - target) < 0) {}
+    }
+    __syncthreads();
+    const int cpb = DO_D / R;
+    if (4 * lane >= r * cpb && 4 * lane < (r + 1) * cpb) {
+        const float4 u = ((const float4*)us)[lane];
+#pragma unroll
+        for (int m = 0; m < DO_M; ++m) {
+            const float kk = qkvz[1][warp + DO_WARPS * m] * inv_k;
+            const float4 n = make_float4(decay * s[m].x + kk * u.x, decay * s[m].y + kk * u.y,
+                                         decay * s[m].z + kk * u.z, decay * s[m].w + kk * u.w);
+            *(float4*)(S + size_t(warp + DO_WARPS * m) * DO_D) = n;
+        }
     }
 }
 
@@ -2606,8 +2777,8 @@ void gemv_fused(const FusedGemv& a, gpuStream_t s) {
 }
 
 void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key,
-                  unsigned long long* acc, gpuStream_t s) {
-    embed_decode_kernel<<<1, 256, 0, s>>>(d_token, E, H, x, key, acc);
+                  unsigned long long* acc, int n_acc, gpuStream_t s) {
+    embed_decode_kernel<<<1, 256, 0, s>>>(d_token, E, H, x, key, acc, acc ? n_acc : 0);
 }
 
 namespace {
@@ -2662,6 +2833,17 @@ void delta_decode(const float* conv, const float* proj, int b_off, const float* 
         case 256: launch_k(delta_decode_kernel<8>, grid, dim3(256), 0, s, conv, proj, b_off, negA, dt_bias, hk, hv, dv, state, out); break;
         default: lb::fail("internal", "delta_decode: unsupported key head dim");
     }
+}
+
+bool delta_out_ok(int H, int dk, int dv, int hk, int hv) {
+    const int R = H / DO_ROWS;
+    return dk == DO_D && dv == DO_D && hk > 0 && hv % hk == 0 && H % DO_ROWS == 0 && R >= 1 && R <= 16 &&
+           (DO_D / R) % 4 == 0 && DO_D % R == 0;
+}
+
+void delta_out(const DeltaOut& a, gpuStream_t s) {
+    if (!delta_out_ok(a.H, DO_D, DO_D, a.hk, a.hv)) lb::fail("internal", "delta_out: unsupported shape");
+    launch_k(delta_out_kernel, dim3(a.hv, a.H / DO_ROWS), dim3(DO_THREADS), 0, s, a);
 }
 
 bool attention_decode_ok(int nh, int nkv, int hd) {

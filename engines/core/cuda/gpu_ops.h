@@ -68,17 +68,22 @@ struct FusedGemv {
     float* conv_out = nullptr;
     // ARGMAX: atomicMax of (ordered value << 32 | ~index) into *key (reset by embed_decode)
     unsigned long long* key = nullptr;
-    // Fused MLP (mlp_fused): the previous MLP's output still sits in its fixed-point accumulator [out].
-    // RMSNORM: normalises x + acc. ADD (fold): y[row] = (y[row] + fold[row]) + Wx, then fold[row] = 0.
+    // Fused MLP (mlp_fused): the previous MLP's output still sits in its fixed-point accumulator [out], and
+    // after a fused DeltaNet layer (delta_out) that layer's mixer output in a second one.
+    // RMSNORM: normalises x + acc + acc2. ADD (fold): y[row] = ((y[row] + fold[row]) + fold2[row]) + Wx, then
+    // fold[row] = fold2[row] = 0. Each of the four may be null.
     const unsigned long long* acc = nullptr;
+    const unsigned long long* acc2 = nullptr;
     unsigned long long* fold = nullptr;
+    unsigned long long* fold2 = nullptr;
 };
 // Whether gemv_fused handles this shape (in % 8 == 0, the input fits in shared memory).
 bool gemv_fused_ok(int in, int pro, int head_dim);
 void gemv_fused(const FusedGemv& a, gpuStream_t s);
-// embed for one token; also zeroes *key and, when given, the fused MLP's accumulator acc[H].
+// embed for one token; also zeroes *key and, when given, the accumulators acc[n_acc * H] (the fused MLP's,
+// then the DeltaNet mixers' two).
 void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key,
-                  unsigned long long* acc, gpuStream_t s);
+                  unsigned long long* acc, int n_acc, gpuStream_t s);
 
 // The SwiGLU MLP of one token in one kernel (instead of the gate_up and down GEMVs):
 //   acc[i] += fix(sum_r down_t[r][i] * silu(gate_r . xs) * (up_r . xs)),  xs = rmsnorm(x) * gain.
@@ -89,6 +94,7 @@ void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned 
 // FusedGemv::acc (next RMSNORM prologue, LM head) and FusedGemv::fold (next out-projection, which zeroes it).
 struct FusedMlp {
     const float* x = nullptr;            // residual [H], complete when the kernel runs
+    const unsigned long long* x_acc = nullptr;  // null, or the mixer's output still in its accumulator: x + x_acc
     const float* gain = nullptr;         // post-attention norm [H]
     float eps = 0.f;
     const wtype* gate_up = nullptr;      // [2I, H]: gate rows, then up rows
@@ -105,6 +111,31 @@ void transpose(const wtype* in, int rows, int cols, wtype* out, gpuStream_t s);
 bool delta_decode_ok(int dk, int dv);
 void delta_decode(const float* conv, const float* proj, int b_off, const float* negA, const float* dt_bias, int hk,
                   int hv, int dk, int dv, float* state, float* out, gpuStream_t s);
+// Gated DeltaNet decode step and its gated out-projection in one kernel, with no block waiting on another's
+// result (delta_out_ok: dk = dv = 128, R = H / 128 row groups, R in 1, 2, 4, 8, 16). Block (h, r) runs head
+// h's whole step, so it holds the head's outputs for the gated RMSNorm, and adds its 128 x 128 tile of
+// out_proj times them into acc (fixed point, like the fused MLP). It also folds rows of the residual:
+// x += fold_a + fold_b, which it then zeroes (the accumulators the in-projection added to x). counters: hv
+// unsigned a layer, zero at first use (which blocks of a head have used their copy of the state).
+struct DeltaOut {
+    const float* conv = nullptr;         // conv + SiLU row [q | k | v] (q, k not yet L2-normalised)
+    const float* proj = nullptr;         // in-projection row: z at z_off, b at b_off, a at b_off + hv
+    int z_off = 0, b_off = 0;
+    const float* negA = nullptr;
+    const float* dt_bias = nullptr;
+    const float* gain = nullptr;         // gated RMSNorm weight [dv]
+    float eps = 0.f;
+    int hk = 0, hv = 0, H = 0;
+    float* state = nullptr;              // [hv, dk, dv] fp32, advanced one step
+    const wtype* W = nullptr;            // out_proj [H, hv * dv]
+    unsigned long long* acc = nullptr;   // [H], zero on entry: += W o
+    float* x = nullptr;                  // residual [H]
+    unsigned long long* fold_a = nullptr;
+    unsigned long long* fold_b = nullptr;
+    unsigned* counters = nullptr;
+};
+bool delta_out_ok(int H, int dk, int dv, int hk, int hv);
+void delta_out(const DeltaOut& a, gpuStream_t s);
 // Decode attention (flash-decoding): grid (nkv, blocks); the context is cut into at most `blocks` chunks per
 // KV head (fewer for a short context), each block merges its warps, the last block of a KV head merges the
 // chunks in order. LB_GPU_OLD_ATTN_DEC=1 selects the session-1 kernel (`blocks` splits of 4 warps each).

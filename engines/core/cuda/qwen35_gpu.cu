@@ -54,6 +54,7 @@ public:
         }
         fused_attn_ = !env_off("LB_GPU_FUSED_ATTN");
         fused_delta_ = !env_off("LB_GPU_FUSED_DELTA");
+        want_delta_out_ = !env_off("LB_GPU_DELTA_OUT");
 #if defined(__HIPCC__) || defined(LB_USE_HIP)
         want_fused_mlp_ = env_on("LB_GPU_FUSED_MLP");  // not yet run on an AMD GPU: opt-in
 #else
@@ -107,8 +108,20 @@ public:
                 down_t_[l] = (wtype*)alloc(size_t(H) * I * sizeof(wtype));
                 gpu::transpose(W(w_.layers[l].down), H, I, down_t_[l], s_);
             }
-            mlp_acc_ = (unsigned long long*)alloc(sizeof(unsigned long long) * size_t(H));
-            GPU_CHECK(gpuMemsetAsync(mlp_acc_, 0, sizeof(unsigned long long) * size_t(H), s_));
+            // DeltaNet layers: the delta step and its out-projection in one kernel (LB_GPU_DELTA_OUT=0: two), its
+            // output left in one of two more accumulators after mlp_acc_ (run_decode's protocol)
+            delta_out_ = want_delta_out_ && fused_delta_ && cfg.n_full_layers() < cfg.n_layers &&
+                         gpu::delta_out_ok(H, cfg.lin_k_dim, cfg.lin_v_dim, cfg.lin_k_heads, cfg.lin_v_heads);
+            for (const Qwen35Layer& L : w_.layers)
+                if (!L.full && (L.out_proj.rows != H || L.out_proj.cols != cfg.lin_value_dim())) delta_out_ = false;
+            n_acc_ = delta_out_ ? 3 : 1;
+            mlp_acc_ = (unsigned long long*)alloc(sizeof(unsigned long long) * size_t(n_acc_) * H);
+            GPU_CHECK(gpuMemsetAsync(mlp_acc_, 0, sizeof(unsigned long long) * size_t(n_acc_) * H, s_));
+            if (delta_out_) {
+                const size_t n = size_t(cfg.n_layers) * cfg.lin_v_heads;
+                delta_counters_ = (unsigned*)alloc(sizeof(unsigned) * n);
+                GPU_CHECK(gpuMemsetAsync(delta_counters_, 0, sizeof(unsigned) * n, s_));
+            }
             GPU_CHECK(gpuStreamSynchronize(s_));
         }
     }
@@ -308,11 +321,19 @@ private:
     //                     none reads x or acc); layer 0 passes neither (acc is 0)
     //   every layer's MLP reads x (complete), adds into acc (zero on entry)
     //   LM head           normalises x + acc of the last layer
+    // With delta_out_, a DeltaNet layer's mixer (delta_out: no block owns a whole output row) adds its output
+    // into mix[l % 2] instead of x, and it stays pending there:
+    //   DeltaNet l        delta_out: x = (x + acc) + pending, acc = pending = 0 (each block its rows), mix[l % 2]
+    //                     += Wo; pending = mix[l % 2] (zero on entry: layer l - 1's mixer folded it)
+    //   attention l       out-projection: x = ((x + acc) + pending) + Wx, acc = pending = 0; pending = none
+    //   in-projection, LM head normalise x + acc + pending; the MLP reads x + pending, adds into acc
     // Every kernel reads these only after its dependency wait, and each waits for the one before it.
     void run_decode(const int* d_token, bool short_attn) {
         const int H = cfg_.hidden, I = cfg_.intermediate;
         unsigned long long* acc = mlp_fused_ ? mlp_acc_ : nullptr;
-        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, acc, s_);
+        unsigned long long* mix[2] = {delta_out_ ? mlp_acc_ + H : nullptr, delta_out_ ? mlp_acc_ + 2 * H : nullptr};
+        unsigned long long* pending = nullptr;  // a DeltaNet mixer output not yet folded into x (delta_out_)
+        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, acc, n_acc_, s_);
         auto gemv = [&](int pro, int epi, const float* x, int in, const Mat& m, int out, float* y) {
             gpu::FusedGemv a;
             a.pro = pro; a.epi = epi; a.x = x; a.in = in; a.W = W(m); a.out = out; a.y = y; a.eps = cfg_.eps;
@@ -326,6 +347,7 @@ private:
                 gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.attn_qkv, rows, ws_.big);
                 a.gain = F(L.input_norm);
                 a.acc = prev_mlp;
+                a.acc2 = pending;
                 if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
                 if (runs(SKIP_MIXER) && short_attn) {
                     gpu::attn_decode_short(ws_.big, nh, nkv, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
@@ -342,36 +364,51 @@ private:
                 }
                 a = gemv(gpu::GV_PLAIN, gpu::GV_ADD, ws_.o, nh * hd, L.o_proj, H, ws_.x);
                 a.fold = prev_mlp;
+                a.fold2 = pending;
                 if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
+                pending = nullptr;
             } else {
                 const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
                 const int hk = cfg_.lin_k_heads, hv = cfg_.lin_v_heads, dk = cfg_.lin_k_dim, dv = cfg_.lin_v_dim;
                 gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_CONV, ws_.x, H, L.lin_in, rows, ws_.big);
                 a.gain = F(L.input_norm);
                 a.acc = prev_mlp;
+                a.acc2 = pending;
                 a.conv_rows = cd; a.conv_k = cfg_.conv_kernel; a.conv_w = F(L.conv_w);
                 a.conv_state = conv_[size_t(l)]; a.conv_out = ws_.conv;
                 if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
-                if (runs(SKIP_MIXER)) {
-                    if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
-                        gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
-                                          ssm_[size_t(l)], ws_.o, s_);
-                    } else {
-                        gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk,
-                                           hv, ws_.g, ws_.beta, s_);
-                        gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                if (delta_out_) {
+                    gpu::DeltaOut d;
+                    d.conv = ws_.conv; d.proj = ws_.big; d.z_off = cd; d.b_off = cd + vd;
+                    d.negA = F(L.neg_A); d.dt_bias = F(L.dt_bias); d.gain = F(L.ssm_norm); d.eps = cfg_.eps;
+                    d.hk = hk; d.hv = hv; d.H = H; d.state = ssm_[size_t(l)]; d.W = W(L.out_proj);
+                    d.acc = mix[l % 2]; d.x = ws_.x; d.fold_a = prev_mlp; d.fold_b = pending;
+                    d.counters = delta_counters_ + size_t(l) * hv;
+                    if (runs(SKIP_MIXER)) gpu::delta_out(d, s_);
+                    pending = mix[l % 2];
+                } else {
+                    if (runs(SKIP_MIXER)) {
+                        if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
+                            gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
+                                              ssm_[size_t(l)], ws_.o, s_);
+                        } else {
+                            gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk,
+                                               hv, ws_.g, ws_.beta, s_);
+                            gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
+                        }
                     }
+                    a = gemv(gpu::GV_GATED, gpu::GV_ADD, ws_.o, vd, L.out_proj, H, ws_.x);
+                    a.gain = F(L.ssm_norm); a.z = ws_.big + cd; a.head_dim = dv;
+                    a.fold = prev_mlp;
+                    if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
                 }
-                a = gemv(gpu::GV_GATED, gpu::GV_ADD, ws_.o, vd, L.out_proj, H, ws_.x);
-                a.gain = F(L.ssm_norm); a.z = ws_.big + cd; a.head_dim = dv;
-                a.fold = prev_mlp;
-                if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
             }
             if (!runs(SKIP_MLP)) continue;
             if (acc) {
                 gpu::FusedMlp m;
                 m.x = ws_.x; m.gain = F(L.post_norm); m.eps = cfg_.eps;
                 m.gate_up = W(L.gate_up); m.down_t = down_t_[size_t(l)]; m.acc = acc; m.H = H; m.I = I;
+                m.x_acc = pending;
                 gpu::mlp_fused(m, s_);
             } else {
                 gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_STORE, ws_.x, H, L.gate_up, 2 * I, ws_.big);
@@ -383,6 +420,7 @@ private:
         gpu::FusedGemv a = gemv(gpu::GV_RMSNORM, gpu::GV_ARGMAX, ws_.x, H, w_.lm_head, cfg_.vocab, ws_.logits);
         a.gain = F(w_.final_norm);
         a.acc = cfg_.n_layers > 0 ? acc : nullptr;
+        a.acc2 = pending;
         a.key = d_key_;
         gpu::gemv_fused(a, s_);
         gpu::decode_finish(d_key_, d_next_, d_pos_, s_);
@@ -399,7 +437,11 @@ private:
     bool runs(unsigned stage) const { return !(diag_skip_ & stage); }  // a stage LB_GPU_DIAG_SKIP leaves in
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
-    unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point
+    unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point,
+                                                  // then (delta_out_) the DeltaNet mixers' two: [n_acc_ * H]
+    int n_acc_ = 1;
+    bool want_delta_out_ = true, delta_out_ = false;  // LB_GPU_DELTA_OUT; whether decode uses it (set at load)
+    unsigned* delta_counters_ = nullptr;              // delta_out: [n_layers, hv] state-use counters
     int att_splits_ = 8, last_next_ = 0;
     bool have_next_ = false;
     static constexpr int kInFlight = 2;  // decode(): graph steps queued ahead of the token being read
