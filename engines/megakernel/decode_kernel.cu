@@ -35,7 +35,6 @@ __device__ __forceinline__ uint4 ldg4(const void* p) {
     const volatile unsigned* w = reinterpret_cast<const volatile unsigned*>(p);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 #define LB_MK_TRAP() __builtin_trap()
 #else
 __device__ __forceinline__ uint4 ldw(const void* p) {  // weights: 16 B, read-only path, no L1 allocation
@@ -49,14 +48,10 @@ template <class T>
 __device__ __forceinline__ T ldcg(const T* p) { return __ldcg(p); }
 __device__ __forceinline__ float ldg(const float* p) { return __ldcg(p); }       // written by other blocks
 __device__ __forceinline__ uint4 ldg4(const void* p) { return __ldcg((const uint4*)p); }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 #define LB_MK_TRAP() __trap()
 #endif
+using gpu::ld_acquire;  // counters and barrier words other blocks released (gpu_compat.h)
 
 // A wait that lasts seconds (a token takes about a millisecond) is a hang: trap, so that the launch fails
 // with an error the engine reports instead of blocking forever.

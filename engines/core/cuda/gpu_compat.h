@@ -126,6 +126,18 @@ __device__ __forceinline__ void hip_syncwarp() {
 }
 #endif
 
+// A 32-bit load with acquire semantics at device scope: what another block released (red.release, or a
+// fence then an atomic) before the value it reads is visible after it. For counters polled across blocks.
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+#if defined(__HIPCC__) || defined(LB_USE_HIP)
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#else
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#endif
+}
+
 #if defined(LB_GPU_FP16)
 using wtype = __half;
 inline __host__ __device__ float w2f(wtype v) { return __half2float(v); }

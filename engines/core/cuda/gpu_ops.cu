@@ -1556,21 +1556,16 @@ __global__ __launch_bounds__(GV_THREADS) void gemv_fused_kernel(FusedGemv a, int
             }
             if (lane == 0) {
                 if (EPI == GV_ADD) {
-                    if (a.fold2) {  // and the previous layer's DeltaNet mixer output (delta_out), the same way
-                        a.y[row] = ((row_y + (a.fold ? from_fix(row_fold) : 0.f)) + from_fix(row_fold2)) + v;
-                        if (a.fold) a.fold[row] = 0ull;
-                        a.fold2[row] = 0ull;
-                    } else if (a.fold) {
-                        // The previous layer's fused MLP output joins the residual here, in the order of the
-                        // unfused graph (x + mlp, then + Wx), and its accumulator is cleared for this layer's
-                        // MLP. Race-free: this lane is the row's only writer, and between the in-projection
-                        // (which read x + acc) and this kernel nothing reads x or acc; the MLP kernel adds
-                        // into acc only after its dependency wait, i.e. after this kernel has finished.
-                        a.y[row] = (row_y + from_fix(row_fold)) + v;
-                        a.fold[row] = 0ull;
-                    } else {
-                        a.y[row] = row_y + v;
-                    }
+                    // The previous layer's fused MLP output (fold) and DeltaNet mixer output (fold2, delta_out)
+                    // join the residual here, in the order the in-projection summed them (x + mlp + mixer,
+                    // then + Wx), and their accumulators are cleared for reuse. Race-free: this lane is the
+                    // row's only writer, and between the in-projection (which read x + acc) and this kernel
+                    // nothing reads x or the accumulators; the MLP kernel adds into acc only after its
+                    // dependency wait, i.e. after this kernel has finished.
+                    float y = row_y;
+                    if (a.fold) { y += from_fix(row_fold); a.fold[row] = 0ull; }
+                    if (a.fold2) { y += from_fix(row_fold2); a.fold2[row] = 0ull; }
+                    a.y[row] = y + v;
                 } else {
                     a.y[row] = v;
                     if (EPI == GV_CONV && row < a.conv_rows) {
@@ -1817,16 +1812,6 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
         }
         *(float4*)(out + size_t(h) * dv + c0 + 4 * tid) = r;
     }
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-#if defined(LB_CUDA)
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#else
-    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#endif
 }
 
 // Gated DeltaNet decode step and its gated out-projection (DeltaOut in gpu_ops.h); grid (hv, R = H / 128),

@@ -114,9 +114,8 @@ public:
                          gpu::delta_out_ok(H, cfg.lin_k_dim, cfg.lin_v_dim, cfg.lin_k_heads, cfg.lin_v_heads);
             for (const Qwen35Layer& L : w_.layers)
                 if (!L.full && (L.out_proj.rows != H || L.out_proj.cols != cfg.lin_value_dim())) delta_out_ = false;
-            n_acc_ = delta_out_ ? 3 : 1;
-            mlp_acc_ = (unsigned long long*)alloc(sizeof(unsigned long long) * size_t(n_acc_) * H);
-            GPU_CHECK(gpuMemsetAsync(mlp_acc_, 0, sizeof(unsigned long long) * size_t(n_acc_) * H, s_));
+            mlp_acc_ = (unsigned long long*)alloc(sizeof(unsigned long long) * size_t(n_acc()) * H);
+            GPU_CHECK(gpuMemsetAsync(mlp_acc_, 0, sizeof(unsigned long long) * size_t(n_acc()) * H, s_));
             if (delta_out_) {
                 const size_t n = size_t(cfg.n_layers) * cfg.lin_v_heads;
                 delta_counters_ = (unsigned*)alloc(sizeof(unsigned) * n);
@@ -333,7 +332,7 @@ private:
         unsigned long long* acc = mlp_fused_ ? mlp_acc_ : nullptr;
         unsigned long long* mix[2] = {delta_out_ ? mlp_acc_ + H : nullptr, delta_out_ ? mlp_acc_ + 2 * H : nullptr};
         unsigned long long* pending = nullptr;  // a DeltaNet mixer output not yet folded into x (delta_out_)
-        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, acc, n_acc_, s_);
+        gpu::embed_decode(d_token, W(w_.embed), H, ws_.x, d_key_, acc, n_acc(), s_);
         auto gemv = [&](int pro, int epi, const float* x, int in, const Mat& m, int out, float* y) {
             gpu::FusedGemv a;
             a.pro = pro; a.epi = epi; a.x = x; a.in = in; a.W = W(m); a.out = out; a.y = y; a.eps = cfg_.eps;
@@ -438,8 +437,8 @@ private:
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point,
-                                                  // then (delta_out_) the DeltaNet mixers' two: [n_acc_ * H]
-    int n_acc_ = 1;
+                                                  // then (delta_out_) the DeltaNet mixers' two: [n_acc() * H]
+    int n_acc() const { return delta_out_ ? 3 : 1; }
     bool want_delta_out_ = true, delta_out_ = false;  // LB_GPU_DELTA_OUT; whether decode uses it (set at load)
     unsigned* delta_counters_ = nullptr;              // delta_out: [n_layers, hv] state-use counters
     int att_splits_ = 8, last_next_ = 0;
