@@ -1726,10 +1726,13 @@ __global__ void embed_decode_kernel(const int* token, const wtype* E, int H, flo
     for (int i = threadIdx.x; i < n_acc * H; i += blockDim.x) acc[i] = 0ull;
 }
 
-__global__ void decode_finish_kernel(const unsigned long long* key, int* next, int* pos) {
+__global__ void decode_finish_kernel(const unsigned long long* key, int* next, int* pos, int* host_ring,
+                                     int ring_mask) {
     griddep_wait();
-    *next = int(0xffffffffu - unsigned(*key & 0xffffffffull));
-    *pos += 1;
+    const int token = int(0xffffffffu - unsigned(*key & 0xffffffffull)), p = *pos;
+    *next = token;
+    *pos = p + 1;
+    if (host_ring) host_ring[p & ring_mask] = token;  // a posted write over the bus: the kernel does not wait
 }
 
 // Gated DeltaNet decode step; grid (hv, dv / 32), 256 threads. Thread (rg = tid / 8, cq = tid % 8) owns
@@ -2902,8 +2905,9 @@ void attn_decode_short(const float* qkv, int nh, int nkv, int rot, float theta, 
              eps, d_pos, (unsigned short*)kcache, (unsigned short*)vcache, out);
 }
 
-void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s) {
-    launch_k(decode_finish_kernel, dim3(1), dim3(1), 0, s, key, d_next, d_pos);
+void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, int* host_ring, int ring_mask,
+                   gpuStream_t s) {
+    launch_k(decode_finish_kernel, dim3(1), dim3(1), 0, s, key, d_next, d_pos, host_ring, ring_mask);
 }
 
 }  // namespace lb::gpu

@@ -155,7 +155,10 @@ int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt);
 void attn_decode_short(const float* qkv, int nh, int nkv, int rot, float theta, const float* q_gain,
                        const float* k_gain, float eps, const int* d_pos, void* kcache, void* vcache, float* out,
                        gpuStream_t s);
-// *d_next = argmax index from *key; *d_pos += 1.
-void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, gpuStream_t s);
+// *d_next = argmax index from *key; *d_pos += 1. host_ring (pinned host memory, or null): the token also
+// goes to host_ring[old *d_pos & ring_mask], so that the host reads each step's token without a copy
+// between graph launches.
+void decode_finish(const unsigned long long* key, int* d_next, int* d_pos, int* host_ring, int ring_mask,
+                   gpuStream_t s);
 
 }  // namespace lb::gpu

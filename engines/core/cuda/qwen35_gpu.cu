@@ -34,6 +34,7 @@ public:
         GPU_CHECK(gpuEventCreate(&ev0_));
         GPU_CHECK(gpuEventCreate(&ev1_));
         for (gpuEvent_t& e : step_ev_) GPU_CHECK(gpuEventCreate(&e));
+        GPU_CHECK(gpuMallocHost((void**)&host_ring_, sizeof(int) * kRing));
         GPU_CHECK(gpuMalloc(&d_pos_, sizeof(int)));
         GPU_CHECK(gpuMalloc(&d_tok_, sizeof(int) * 1));
         GPU_CHECK(gpuMalloc(&d_next_, sizeof(int)));
@@ -66,7 +67,7 @@ public:
             if (g) (void)gpuGraphExecDestroy(g);
         for (void* p : allocations_) (void)gpuFree(p);
         if (d_key_) (void)gpuFree(d_key_);
-        if (host_tok_) (void)gpuFreeHost(host_tok_);
+        if (host_ring_) (void)gpuFreeHost(host_ring_);
         for (gpuEvent_t e : step_ev_) (void)gpuEventDestroy(e);
     }
 
@@ -204,30 +205,28 @@ public:
     }
 
     // Decode with the fused graph: up to kInFlight steps queued ahead of the one whose token the host
-    // reads, so that the GPU does not idle through each token's copy back, stream wait and graph launch.
-    // Each step copies its token to pinned memory and records an event; the host takes the tokens in
-    // order and stops at the first that stop() accepts. Steps already queued past it still run (their
-    // tokens are dropped; length() counts them), and timer_stop_ms() ends at the stop step's event.
+    // reads, so that the GPU does not idle through each token's stream wait and graph launch. Each step's
+    // last kernel writes its token into host_ring_ (pinned memory, slot = the step's position), and the
+    // step records an event; the host takes the tokens in order and stops at the first that stop()
+    // accepts. Steps already queued past it still run (their tokens are dropped; length() counts them),
+    // and timer_stop_ms() ends at the stop step's event. No copy runs between two graph launches: a
+    // 4-byte device-to-host copy there kept the next step waiting on the copy engine.
     void decode(int n_steps, const std::function<bool(int)>& stop, std::vector<int>* out) override {
         if (!fused_ || n_steps <= 0) return Qwen35Backend::decode(n_steps, stop, out);
+        static_assert(kRing > kInFlight, "the ring holds every step in flight");
         stop_event_ = nullptr;
-        if (size_t(n_steps) > host_tok_cap_) {
-            if (host_tok_) GPU_CHECK(gpuFreeHost(host_tok_));
-            host_tok_cap_ = std::max<size_t>(size_t(n_steps), 4096);
-            GPU_CHECK(gpuMallocHost((void**)&host_tok_, sizeof(int) * host_tok_cap_));
-        }
+        const volatile int* ring = host_ring_;  // written by the GPU
         int launched = 0, taken = 0;
         while (taken < n_steps) {
             for (; launched < n_steps && launched - taken < kInFlight; ++launched) {
                 // the first step's token is uploaded unless d_next_ already holds it; later steps read the
                 // token their predecessor left in d_next_
                 launch_step(out->back(), launched == 0 && !next_holds(out->back()), len_ + launched);
-                GPU_CHECK(gpuMemcpyAsync(host_tok_ + launched, d_next_, sizeof(int), gpuMemcpyDeviceToHost, s_));
                 GPU_CHECK(gpuEventRecord(step_ev_[launched % kInFlight], s_));
             }
             gpuEvent_t ev = step_ev_[taken % kInFlight];
-            GPU_CHECK(gpuEventSynchronize(ev));
-            const int tok = host_tok_[taken++];
+            GPU_CHECK(gpuEventSynchronize(ev));  // the step's kernels, and so its host write, are complete
+            const int tok = ring[(len_ + taken++) & (kRing - 1)];
             out->push_back(tok);
             if (stop(tok)) {
                 stop_event_ = ev;  // not recorded again: no launch follows the stop
@@ -236,9 +235,9 @@ public:
         }
         GPU_CHECK(gpuGetLastError());
         if (launched > taken) GPU_CHECK(gpuStreamSynchronize(s_));  // steps past the stop: their tokens too
+        last_next_ = ring[(len_ + launched - 1) & (kRing - 1)];     // what d_next_ holds now
         len_ += launched;
         have_next_ = true;
-        last_next_ = host_tok_[launched - 1];  // what d_next_ holds now
     }
 
     void timer_start() override {
@@ -422,7 +421,7 @@ private:
         a.acc2 = pending;
         a.key = d_key_;
         gpu::gemv_fused(a, s_);
-        gpu::decode_finish(d_key_, d_next_, d_pos_, s_);
+        gpu::decode_finish(d_key_, d_next_, d_pos_, host_ring_, kRing - 1, s_);
     }
 
     int device_;
@@ -445,8 +444,8 @@ private:
     bool have_next_ = false;
     static constexpr int kInFlight = 2;  // decode(): graph steps queued ahead of the token being read
     gpuEvent_t step_ev_[kInFlight] = {};
-    int* host_tok_ = nullptr;            // decode(): pinned, a token per step
-    size_t host_tok_cap_ = 0;
+    static constexpr int kRing = 64;     // host_ring_ slots (a power of two)
+    int* host_ring_ = nullptr;           // pinned: decode_finish writes step p's token to [p % kRing]
     gpuEvent_t stop_event_ = nullptr;    // decode() stopped early: timer_stop_ms() ends here
     float* att_scratch_ = nullptr;
     int* att_counters_ = nullptr;
