@@ -1637,6 +1637,17 @@ __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int r
     copy_to_smem<MF_THREADS>((uint4*)wu, (const uint4*)(a.gate_up + (size_t(I) + r0) * H), nch);
     cp_async_commit();
     griddep_launch();
+    // LB_MLP_EARLY_DOWN (a.early_down, an experiment; both modes measured slower, docs/engines.md session 13):
+    // the down_t rows requested before the wait too, 1 = once the gate and up rows have landed, 2 = with
+    // them. The default (0) requests them after x, below. Why the switch stays: with it, ptxas keeps this
+    // kernel's block-uniform arithmetic on the uniform datapath (40 registers instead of 44), and that build's
+    // default path measured 2.0% faster per token on three H200s than the kernel without it. The mechanism is
+    // not known; tests/engines/test_cuda_compile.py holds the register count, and an edit here needs a new
+    // same-card measurement.
+    if (a.early_down) {
+        if (a.early_down == 1) cp_async_wait<0>();
+        copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
+    }
     griddep_wait();  // from here on: x (complete: the out-projection before this kernel folded the previous
                      // MLP's accumulator into it) and acc (zero: that same fold, or embed_decode for layer 0)
     float4 xv[MF_XPER];
@@ -1646,7 +1657,7 @@ __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int r
         xv[k] = i < H ? *(const float4*)(a.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < H) add_fix4(xv[k], a.x_acc, i);  // a fused DeltaNet layer's mixer output (delta_out)
     }
-    copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
+    if (!a.early_down) copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
     cp_async_commit();
 
     cp_async_wait<2>();
@@ -2800,7 +2811,13 @@ void mlp_fused(const FusedMlp& a, gpuStream_t s) {
     }
     rb = std::max(rb, 1);  // one row a block fits (mlp_fused_ok)
     const int grid = (a.I + rb - 1) / rb;  // then every block's share, I * (b + 1) / grid - I * b / grid, <= rb
-    launch_k(mlp_fused_kernel, dim3(grid), dim3(MF_THREADS), mlp_smem_bytes(a.H, rb), s, a, rb);
+    static const int early = [] {  // LB_MLP_EARLY_DOWN: an experiment (mlp_fused_kernel)
+        const char* e = std::getenv("LB_MLP_EARLY_DOWN");
+        return e ? std::clamp(std::atoi(e), 0, 2) : 0;
+    }();
+    FusedMlp b = a;
+    b.early_down = early;
+    launch_k(mlp_fused_kernel, dim3(grid), dim3(MF_THREADS), mlp_smem_bytes(a.H, rb), s, b, rb);
 }
 
 void transpose(const wtype* in, int rows, int cols, wtype* out, gpuStream_t s) {

@@ -101,6 +101,7 @@ struct FusedMlp {
     const wtype* down_t = nullptr;       // [I, H]: down_proj transposed (gpu::transpose)
     unsigned long long* acc = nullptr;   // [H], zero on entry
     int H = 0, I = 0;
+    int early_down = 0;  // set by mlp_fused from LB_MLP_EARLY_DOWN (an experiment: see mlp_fused_kernel)
 };
 bool mlp_fused_ok(int H, int I);  // after decode_setup
 void mlp_fused(const FusedMlp& a, gpuStream_t s);
