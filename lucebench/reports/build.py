@@ -37,6 +37,9 @@ def report_page(results: Sequence[Result], out_dir: Path) -> Page:
             page.notes.append(f"run {r.run_id} is incomplete: some cells of its matrix have not run yet")
         title = f"{C.card_name(r)} ({r.run_id})"
         page.environments.append(EnvBlock(title, T.environment_rows(r), synthetic=T.any_synthetic(r)))
+        for key, env in r.other_environments.items():  # a run resumed on another machine: its earlier ones
+            page.environments.append(EnvBlock(f"{C.env_card_name(env)} ({r.run_id}, earlier machine {key})",
+                                              T.environment_rows(r, key), synthetic=T.any_synthetic(r)))
     page.tables = T.all_tables(views)
     if not n_ok:
         page.notes.append("no cell finished ok: there is nothing to plot")

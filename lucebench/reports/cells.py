@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lucebench.results.schema import Cell, MetricSummary, Result
+from lucebench.results.schema import Cell, Environment, MetricSummary, Result
 
 # Params that describe the hardware a cell ran on; in multi-result reports "card" is added from the
 # environment so that rows of different cards never merge.
@@ -60,9 +60,14 @@ class CellView:
         return m.median if m is not None else None
 
 
-def card_name(result: Result) -> str:
-    """The hardware a result ran on: the first GPU's name, else the CPU's, else "cpu"."""
-    env = result.environment
+def card_name(result: Result, cell: Cell | None = None) -> str:
+    """The hardware a result (or one of its cells: a resumed run may span machines) ran on: the first GPU's
+    name, else the CPU's, else "cpu"."""
+    return env_card_name(result.environment_of(cell) if cell is not None else result.environment)
+
+
+def env_card_name(env: Environment) -> str:
+    """The hardware of one environment: the first GPU's name, else the CPU's, else "cpu"."""
     if env.gpus:
         return env.gpus[0].name
     return env.cpu or "cpu"
@@ -70,7 +75,7 @@ def card_name(result: Result) -> str:
 
 def collect(results: Sequence[Result]) -> list[CellView]:
     """Every cell of every result, in order."""
-    return [CellView(i, r, c, card_name(r)) for i, r in enumerate(results) for c in r.cells]
+    return [CellView(i, r, c, card_name(r, c)) for i, r in enumerate(results) for c in r.cells]
 
 
 def slug(text: str) -> str:

@@ -282,16 +282,24 @@ def noisy_table(views: Sequence[CellView]) -> Table | None:
 
 
 # ---------------------------------------------------------------------------------------------- environment
-def environment_rows(result: Result) -> list[tuple[str, str]]:
-    """The environment block of one result: hardware, software, lucebench commit, synthetic weights."""
-    env = result.environment
+def environment_rows(result: Result, key: str | None = None) -> list[tuple[str, str]]:
+    """The environment block of one result: hardware, software, lucebench commit, synthetic weights. key:
+    one of result.other_environments (a resumed run's earlier machine) and only its cells, instead of the
+    run's latest environment."""
+    env = result.other_environments[key] if key is not None else result.environment
+    cells = [c for c in result.cells if c.environment_id == key]
     rows: list[tuple[str, str]] = [("run", f"{result.run_id} ({result.created})")]
+    if result.other_environments:
+        rows.append(("cells measured here", ", ".join(c.id for c in cells) or "none"))
     for g in env.gpus or []:
         lim = f"{g.power_limit_w:g} W" if g.power_limit_w is not None else NA
         rng = (f" (card range {g.power_limit_min_w:g}..{g.power_limit_max_w:g} W)"
                if g.power_limit_min_w is not None and g.power_limit_max_w is not None else "")
         rows.append((f"GPU {g.index}", f"{g.name}" + (f", sm {g.compute_capability}" if g.compute_capability else "")))
         rows.append((f"GPU {g.index} power limit", lim + rng))
+        if g.memory_bandwidth_bytes_s:  # the roofline's denominator, which differs card to card
+            rows.append((f"GPU {g.index} memory bandwidth", f"{g.memory_bandwidth_bytes_s / 1e12:.3f} TB/s"
+                         + (f" ({g.memory_bandwidth_source})" if g.memory_bandwidth_source else "")))
     if not env.gpus:
         rows.append(("GPU", "none (CPU run; power unavailable)"))
     rows.append(("driver", env.driver_version or NA))
@@ -301,7 +309,7 @@ def environment_rows(result: Result) -> list[tuple[str, str]]:
         rows.append(("ROCm", env.rocm_version))
     if not env.cuda_version and not env.rocm_version:
         rows.append(("CUDA", NA))
-    limits = sorted({lim for c in result.cells if (lim := C.power_limit_of(CellView(0, result, c, ""))) is not None})
+    limits = sorted({lim for c in cells if (lim := C.power_limit_of(CellView(0, result, c, ""))) is not None})
     if limits:
         rows.append(("cell power limits", ", ".join(f"{x:g} W" for x in limits)))
     rows.append(("CPU", f"{env.cpu or NA}" + (f" ({env.cpu_count} cores)" if env.cpu_count else "")))
@@ -310,7 +318,7 @@ def environment_rows(result: Result) -> list[tuple[str, str]]:
     dirty = " (dirty tree)" if env.lucebench_dirty else ""
     rows.append(("lucebench", f"{env.lucebench_version}, commit {commit}{dirty}, metrics {result.metrics_version}"))
     models: dict[str, bool] = {}
-    for c in result.cells:
+    for c in cells:
         if c.model is not None:
             models[c.model.name] = models.get(c.model.name, False) or c.model.synthetic
     for name, synthetic in models.items():
@@ -320,7 +328,7 @@ def environment_rows(result: Result) -> list[tuple[str, str]]:
     # measured cells with different builds.
     engines: dict[str, str] = {}
     sources: dict[str, list[str]] = {}
-    for c in result.cells:
+    for c in cells:
         if c.engine is not None:
             bits = [b for b in (c.engine.version, c.engine.backend) if b]
             engines[c.engine.name] = ", ".join(bits) or NA

@@ -10,6 +10,8 @@ The committed JSON Schema `lucebench/schemas/result-v1.schema.json` is generated
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -194,6 +196,9 @@ class Cell(_Strict):
     log_file: str | None = None
     checks: dict[str, Any] = Field(default_factory=dict,
                                    description="scoring and losslessness details (per prompt), when run")
+    environment_id: str | None = Field(
+        None, description="key into Result.other_environments: the machine this cell was measured on, where a "
+                          "resumed run moved to another one; null: Result.environment")
 
 
 class ConfigRecord(_Strict):
@@ -210,7 +215,10 @@ class Result(_Strict):
     lucebench_version: str
     metrics_version: str
     config: ConfigRecord
-    environment: Environment
+    environment: Environment = Field(description="the machine of the latest session (run or --resume)")
+    other_environments: dict[str, Environment] = Field(
+        default_factory=dict, description="earlier machines of a run resumed on another one, by key "
+                                          "(Cell.environment_id names the cells measured there)")
     cells: list[Cell] = Field(default_factory=list)
     complete: bool = Field(False, description="True once every cell of the matrix has a status")
 
@@ -218,3 +226,43 @@ class Result(_Strict):
 
     def cell(self, cell_id: str) -> Cell | None:
         return next((c for c in self.cells if c.id == cell_id), None)
+
+    def environment_of(self, cell: Cell) -> Environment:
+        """The environment a cell was measured in (an unknown key, which validation reports, gives the run's)."""
+        if cell.environment_id is None:
+            return self.environment
+        return self.other_environments.get(cell.environment_id, self.environment)
+
+    def move_to(self, env: Environment) -> str | None:
+        """Make `env` the run's environment (a --resume). Where it is another machine or checkout
+        (`machine_identity` differs), the environment of the cells measured so far is kept under a key in
+        other_environments and those cells name it; returns that key, or None for the same machine."""
+        if machine_identity(self.environment) == machine_identity(env):
+            self.environment = env
+            return None
+        key = environment_key(self.environment)
+        self.other_environments[key] = self.environment
+        for c in self.cells:
+            if c.environment_id is None:
+                c.environment_id = key
+        self.environment = env
+        return key
+
+    def prune_environments(self) -> None:
+        """Drop earlier environments that no cell names any more (their cells were measured again)."""
+        used = {c.environment_id for c in self.cells}
+        self.other_environments = {k: e for k, e in self.other_environments.items() if k in used}
+
+
+def machine_identity(env: Environment) -> dict[str, Any]:
+    """What makes two environments different machines for a result: host, GPUs (uuid, else name), driver
+    and toolkit versions, and the lucebench checkout. Measured values (bandwidth, clocks) are not identity."""
+    return {"hostname": env.hostname, "gpus": [[g.index, g.uuid or g.name] for g in env.gpus],
+            "driver": env.driver_version, "cuda": env.cuda_version, "rocm": env.rocm_version,
+            "commit": env.lucebench_commit, "dirty": env.lucebench_dirty}
+
+
+def environment_key(env: Environment) -> str:
+    """A short stable key for an environment: sha256 of its machine identity, 12 hex digits."""
+    text = json.dumps(machine_identity(env), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -85,11 +85,13 @@ def validate_result(result: Result) -> list[Problem]:
     """Plausibility problems of a schema-valid result."""
     out: list[Problem] = []
     out += _check_versions(result)
-    env = result.environment
-    if not env.os or not env.python:
-        out.append(Problem("$.environment", "environment incomplete: os and python are required"))
-    if env.power_available and not env.gpus:
-        out.append(Problem("$.environment.power_available", "power_available is true but no GPU is recorded"))
+    envs = [("$.environment", result.environment)]
+    envs += [(f"$.other_environments.{key}", env) for key, env in result.other_environments.items()]
+    for path, env in envs:
+        if not env.os or not env.python:
+            out.append(Problem(path, "environment incomplete: os and python are required"))
+        if env.power_available and not env.gpus:
+            out.append(Problem(f"{path}.power_available", "power_available is true but no GPU is recorded"))
     seen: dict[str, int] = {}
     for i, cell in enumerate(result.cells):
         if cell.id in seen:
@@ -129,7 +131,7 @@ def is_known_version(version: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- cells
 def _gpu_of(result: Result, cell: Cell) -> GpuInfo | None:
-    gpus = result.environment.gpus
+    gpus = result.environment_of(cell).gpus
     if not gpus:
         return None
     idx = cell.params.get("gpu")
@@ -150,6 +152,9 @@ def check_cell(result: Result, i: int, cell: Cell) -> list[Problem]:
     else:
         if cell.error is None or not cell.error.message.strip():
             out.append(Problem(_p(*base, "error"), f"status is {cell.status} but no error/reason is recorded"))
+    if cell.environment_id is not None and cell.environment_id not in result.other_environments:
+        out.append(Problem(_p(*base, "environment_id"),
+                           f"names environment {cell.environment_id!r}, which other_environments does not hold"))
     gpu = _gpu_of(result, cell)
     idle = cell.power.idle_power_w if cell.power is not None else None
     if cell.power is not None and cell.power.limit_w is not None and gpu is not None:
@@ -167,7 +172,7 @@ def check_cell(result: Result, i: int, cell: Cell) -> list[Problem]:
             out.append(Problem(_p(*base, "power_trace", j), "timestamps go backwards"))
     for name, m in cell.metrics.items():
         out += check_summary((*base, "metrics", name), m)
-        if not result.environment.power_available and _is_energy_metric(name) and m.median is not None:
+        if not result.environment_of(cell).power_available and _is_energy_metric(name) and m.median is not None:
             out.append(Problem(_p(*base, "metrics", name),
                                "energy metric has a value although power_available is false"))
     if cell.status == "ok" and cell.samples:

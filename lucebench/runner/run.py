@@ -190,7 +190,11 @@ class Runner:
                 self.console.print("[yellow]warning:[/] the config changed since this run started; finished "
                                    "cells with the same id are kept, the rest run with the new config")
                 result.config = record
-            result.environment = env
+            moved = result.move_to(env)
+            if moved is not None:
+                kept = sum(c.environment_id == moved for c in result.cells)
+                self.console.print(f"[yellow]note:[/] resuming on another machine or checkout: the {kept} cell(s) "
+                                   f"measured before keep their environment (other_environments[{moved!r}])")
             return result
         return Result(run_id=uuid.uuid4().hex[:12], created=_now(), lucebench_version=__version__,
                       metrics_version=METRICS_VERSION, config=record, environment=env)
@@ -208,6 +212,7 @@ class Runner:
 
     def _store(self, result: Result, cell: Cell) -> None:
         result.cells = [c for c in result.cells if c.id != cell.id] + [cell]
+        result.prune_environments()
         result.updated = _now()
         save_atomic(result, self.result_path)
 

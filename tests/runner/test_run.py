@@ -124,6 +124,28 @@ def test_resume_after_kill_keeps_finished_cells(tmp_path, tiny_model):
     assert "1 reused" in resumed.stderr
 
 
+def test_resume_on_another_machine_keeps_the_earlier_environment(tmp_path, tiny_model):
+    out = tmp_path / "out"
+    cfg = _config(tmp_path, tiny_model, suites="[pp16, tg8]")
+    first = _run(str(cfg), "--out", str(out), "--only", "fake/tiny/pp16")
+    assert first.returncode == 0, first.stderr
+    # as if the first call had run on another (lent) machine
+    data = json.loads((out / "results.json").read_text())
+    data["environment"]["hostname"] = "lent-machine-1"
+    (out / "results.json").write_text(json.dumps(data))
+    resumed = _run(str(cfg), "--out", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming on another machine" in resumed.stderr
+    final = _result(out)
+    pp, tg = final.cells
+    assert pp.environment_id is not None and tg.environment_id is None
+    assert final.environment_of(pp).hostname == "lent-machine-1"
+    assert final.environment_of(tg).hostname == final.environment.hostname != "lent-machine-1"
+    check = subprocess.run([sys.executable, "-m", "lucebench", "validate", str(out / "results.json")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_ctrl_c_keeps_what_was_measured(tmp_path, tiny_model):
     out = tmp_path / "out"
     cfg = _config(tmp_path, tiny_model, engines={"slow": ["--decode-s-per-token", "0.3"]}, suites="[tg8]")
