@@ -35,6 +35,10 @@ __device__ __forceinline__ uint4 ldg4(const void* p) {
     const volatile unsigned* w = reinterpret_cast<const volatile unsigned*>(p);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
+__device__ __forceinline__ float4 ldg4f(const float* p) {
+    const volatile float* w = p;
+    return make_float4(w[0], w[1], w[2], w[3]);
+}
 #define LB_MK_TRAP() __builtin_trap()
 #else
 __device__ __forceinline__ uint4 ldw(const void* p) {  // weights: 16 B, read-only path, no L1 allocation
@@ -48,6 +52,7 @@ template <class T>
 __device__ __forceinline__ T ldcg(const T* p) { return __ldcg(p); }
 __device__ __forceinline__ float ldg(const float* p) { return __ldcg(p); }       // written by other blocks
 __device__ __forceinline__ uint4 ldg4(const void* p) { return __ldcg((const uint4*)p); }
+__device__ __forceinline__ float4 ldg4f(const float* p) { return __ldcg((const float4*)p); }
 
 #define LB_MK_TRAP() __trap()
 #endif
@@ -224,10 +229,10 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 // the run-time build instead).
 template <bool kFixed>
 struct Knobs {
-    int fuse, fuse_out, fuse_in, fuse_att, diag, bar_kind, early, kv_f16;
+    int fuse, fuse_out, fuse_in, fuse_att, diag, bar_kind, early, kv_f16, dn_whole;
     __device__ explicit Knobs(const Params& p)
         : fuse(p.fuse), fuse_out(p.fuse_out), fuse_in(p.fuse_in), fuse_att(p.fuse_att), diag(p.diag),
-          bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16) {}
+          bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16), dn_whole(p.dn_whole) {}
 };
 template <>
 struct Knobs<true> : DefaultConfig {  // decode_kernel.cuh
@@ -624,6 +629,137 @@ __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs&
         }
         csync();
         if (acc) out_fused(p, L, h, it % per_head, cnt + h, ys, part, acc);
+    }
+}
+
+// Whole-head DeltaNet item (Params::dn_whole, the default; `ar`'s delta_out_kernel design, docs/megakernel.md
+// v8). Block b is item (value head h, part k), k < per_head = dv / 16. It runs the head's whole step, the same
+// arithmetic as the head's other per_head blocks (the state is read per_head times, from L2 after the first),
+// so it has all dv outputs for the gated RMSNorm and waits for no other block's result (the split item above
+// meets them through head_ss and a counter: a round trip and the slowest of 8 blocks on the chain). One pass
+// over the state gives both products, since with the decayed state g S and u = beta (v - g S^T k):
+//   o = (g S + k u^T)^T q = g S^T q + u (k . q).
+//   thread (warp w, lane c): state columns 4c .. 4c + 3 at rows w + 16 m, m < 8 (dk = dv = 128, 16 warps).
+// Its share of the out-projection: output rows [k W, (k + 1) W) (W = H / per_head) over the head's 128 inputs,
+// half a warp a row (16 lanes x 8 inputs), out_proj rows requested before the wait for the head's
+// in-projection rows; the sums go to acc as fixed point (16 heads add into each row). The updated state
+// columns [16 k, 16 k + 16) go to `slice` (dk x 16 floats); dn_whole_writeback stores them after the next grid
+// barrier, when every block of the head has read the old state.
+// vecs: 5 x 128 floats of shared memory (q, k, v/u, z, o); red: 2 NW x 128 floats.
+constexpr int DNW_D = 128, DNW_M = DNW_D / NW, DNW_MAXP = 4;  // DNW_MAXP: row pairs a warp (W <= 2 NW DNW_MAXP)
+__device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, float* vecs, float* red, float* slice,
+                                     unsigned long long* acc, const unsigned* in_cnt) {
+    const int b = blockIdx.x, per_head = p.dv / DN_COLS;
+    if (b >= p.hv * per_head) return;
+    const int h = b / per_head, k = b % per_head, kh = h / (p.hv / p.hk), kd = p.hk * DNW_D;
+    const int W = p.H / per_head, pairs = W / (2 * NW);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, e8 = 8 * (lane & 15);
+    // weights and gains first: they depend on nothing this token computed
+    uint4 wv[DNW_MAXP];
+    const wtype* wrow = L.out_w + size_t(k * W + warp * 2 * pairs + (lane >> 4)) * p.vd + size_t(h) * DNW_D + e8;
+#pragma unroll
+    for (int i = 0; i < DNW_MAXP; ++i)
+        if (i < pairs) wv[i] = ldw(wrow + size_t(2 * i) * p.vd);
+    float gain[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) gain[j] = __ldg(L.ssm_norm + e8 + j);
+    if (in_cnt) {
+        if (tid == 0) wait_count(in_cnt + h, unsigned(4 * DNW_D + 2));
+        csync();
+    }
+    float* qn = vecs;
+    float* kn = qn + DNW_D;
+    float* vu = kn + DNW_D;  // v, then u
+    float* zz = vu + DNW_D;
+    float* oo = zz + DNW_D;
+    // every input in one round trip: q, k, v, z of the head (a quarter of the threads each), g, beta, the state
+    {
+        const int vec = tid / DNW_D, e = tid % DNW_D;  // NT = 4 x 128
+        const float* src = vec == 0   ? p.conv_out + size_t(kh) * DNW_D
+                           : vec == 1 ? p.conv_out + kd + size_t(kh) * DNW_D
+                           : vec == 2 ? p.conv_out + 2 * kd + size_t(h) * DNW_D
+                                      : p.buf_in + p.cd + size_t(h) * DNW_D;
+        vecs[vec * DNW_D + e] = ldg(src + e);
+    }
+    const float gh = ldg(p.g + h), bt = ldg(p.beta + h);
+    const float* S = L.ssm + size_t(h) * DNW_D * DNW_D + 4 * lane;
+    float4 s[DNW_M];
+#pragma unroll
+    for (int m = 0; m < DNW_M; ++m) s[m] = ldg4f(S + size_t(warp + NW * m) * DNW_D);
+    csync();
+    // the q and k norms and k . q: every warp for itself, no block reduction
+    float sq = 0.f, sk = 0.f, qk = 0.f;
+    for (int i = lane; i < DNW_D; i += 32) {
+        const float q = qn[i], kk = kn[i];
+        sq += q * q;
+        sk += kk * kk;
+        qk += q * kk;
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    qk = warp_sum(qk);
+    const float iq = rsqrtf(sq + 1e-6f) * rsqrtf(float(DNW_D)), ik = rsqrtf(sk + 1e-6f);
+    const float decay = expf(gh);
+    float4 pk = make_float4(0.f, 0.f, 0.f, 0.f), pq = pk;
+#pragma unroll
+    for (int m = 0; m < DNW_M; ++m) {
+        const float kr = kn[warp + NW * m] * ik, qr = qn[warp + NW * m] * iq;
+        pk.x += s[m].x * kr; pk.y += s[m].y * kr; pk.z += s[m].z * kr; pk.w += s[m].w * kr;
+        pq.x += s[m].x * qr; pq.y += s[m].y * qr; pq.z += s[m].z * qr; pq.w += s[m].w * qr;
+    }
+    *reinterpret_cast<float4*>(red + warp * DNW_D + 4 * lane) = pk;
+    *reinterpret_cast<float4*>(red + (NW + warp) * DNW_D + 4 * lane) = pq;
+    csync();
+    if (tid < DNW_D) {
+        float kv = 0.f, sqv = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) { kv += red[w * DNW_D + tid]; sqv += red[(NW + w) * DNW_D + tid]; }
+        const float u = bt * (vu[tid] - decay * kv);
+        oo[tid] = decay * sqv + u * (qk * iq * ik);
+        vu[tid] = u;
+    }
+    csync();
+    // this item's state columns, decayed and updated, for the write-back after the barrier
+    if ((lane >> 2) == k) {
+        const float4 u4 = *reinterpret_cast<const float4*>(vu + 4 * lane);
+#pragma unroll
+        for (int m = 0; m < DNW_M; ++m) {
+            const int row = warp + NW * m;
+            const float kr = kn[row] * ik;
+            const float4 n = make_float4(decay * s[m].x + kr * u4.x, decay * s[m].y + kr * u4.y,
+                                         decay * s[m].z + kr * u4.z, decay * s[m].w + kr * u4.w);
+            *reinterpret_cast<float4*>(slice + row * DN_COLS + 4 * (lane & 3)) = n;
+        }
+    }
+    // gated RMSNorm over the head's 128 outputs (every warp for itself), then the out-projection rows
+    float ss = 0.f;
+    for (int i = lane; i < DNW_D; i += 32) ss += oo[i] * oo[i];
+    const float inv = rsqrtf(warp_sum(ss) / float(DNW_D) + p.eps);
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) y[j] = gain[j] * (oo[e8 + j] * inv) * silu(zz[e8 + j]);
+#pragma unroll
+    for (int i = 0; i < DNW_MAXP; ++i) {
+        if (i >= pairs) break;
+        float f[8];
+        unpack8(wv[i], f);
+        float d = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d += f[j] * y[j];
+#pragma unroll
+        for (int o = 8; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if ((lane & 15) == 0) atomicAdd(acc + k * W + warp * 2 * pairs + 2 * i + (lane >> 4), to_fix(d));
+    }
+}
+
+// After the grid barrier that follows stage_deltanet_whole: this item's updated state columns to L.ssm.
+__device__ __forceinline__ void dn_whole_writeback(const Params& p, const LayerPtrs& L, const float* slice) {
+    const int b = blockIdx.x, per_head = p.dv / DN_COLS;
+    if (b >= p.hv * per_head) return;
+    float* S = L.ssm + size_t(b / per_head) * DNW_D * DNW_D + DN_COLS * (b % per_head);
+    for (int t = threadIdx.x; t < DNW_D * (DN_COLS / 4); t += NT) {
+        const int row = t / (DN_COLS / 4), q = t % (DN_COLS / 4);
+        *reinterpret_cast<float4*>(S + size_t(row) * DNW_D + 4 * q) = *reinterpret_cast<const float4*>(slice + row * DN_COLS + 4 * q);
     }
 }
 
@@ -1071,7 +1207,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     float* aux = red + 64;
     float* own = aux + p.aux_floats;      // this block's residual rows
     float* convpre = own + p.own_floats;  // conv windows of this block's in-projection rows [row][16]
-    float* actv = convpre + p.convpre_floats;  // LB_MK_FUSE: this block's slice of the MLP activation
+    float* dnslice = convpre + p.convpre_floats;  // dn_whole: this item's updated state columns [dk][16]
+    float* actv = dnslice + p.dnslice_floats;     // LB_MK_FUSE: this block's slice of the MLP activation
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr bool kConvPre = true;  // cp.async
 #else
@@ -1095,7 +1232,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         trace(p, l, 0);
         // the state of this block's first DeltaNet item: loads in flight through the in-projection
         float spre[DN_MAXR];
-        if (state_pre && !L.full) deltanet_state_load(p, L, b, spre);
+        if (state_pre && !L.full && !K.dn_whole) deltanet_state_load(p, L, b, spre);
         // The residual: with fuse_in a DeltaNet layer writes it while slower blocks may still read the
         // previous layer's in their in-projection prologue, so layers alternate between two buffers.
         float* xw = p.x2 && (l & 1) ? p.x2 : p.x;                                   // layer l's
@@ -1134,14 +1271,18 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             // the residual as this layer found it: the out-projection's output stays in out_acc until the
             // MLP's prologue adds it (nobody reads xw in this stage)
             for (int i = threadIdx.x; i < h1 - h0; i += NT) xw[h0 + i] = own[i];
-            stage_deltanet(p, L, aux, state_pre ? spre : nullptr, p.head_cnt + size_t(l) * p.hv, p.out_acc + cur,
-                           actv, xs, in_cnt);
+            if (K.dn_whole)
+                stage_deltanet_whole(p, L, xs, aux, dnslice, p.out_acc + cur, in_cnt);
+            else
+                stage_deltanet(p, L, aux, state_pre ? spre : nullptr, p.head_cnt + size_t(l) * p.hv, p.out_acc + cur,
+                               actv, xs, in_cnt);
         } else {
             stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         }
         trace(p, l, 4);
         gb.sync();
         trace(p, l, 5);
+        if (K.dn_whole && out_fused_here && !L.full) dn_whole_writeback(p, L, dnslice);
         if (!out_fused_here) {
             stage_out(p, L, l, xw, xs, aux, red, own);
             trace(p, l, 7);

@@ -288,7 +288,12 @@ private:
         const int xs = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
         const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
         const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + 2 * NW;
-        const int aux = std::max({att_aux, dn_aux, c.lin_v_heads});
+        // Whole-head DeltaNet items (Params::dn_whole, docs/megakernel.md v8; LB_MK_DN_WHOLE=0 turns them off):
+        // the step's reductions take 2 NW x 128 floats of aux, the updated state columns dk x 16 floats of their own
+        const bool dn_shape = c.lin_k_dim == 128 && c.lin_v_dim == 128 && NT == 4 * 128 && !env_flag("LB_MK_RING") &&
+                              !env_off("LB_MK_DN_WHOLE");
+        const int aux = std::max({att_aux, dn_aux, c.lin_v_heads, dn_shape ? 2 * NW * 128 : 0});
+        const int dnslice = dn_shape ? 128 * DN_COLS : 0;
         const int xs_pad = (xs + 3) / 4 * 4;
         // after aux: the block's residual rows and its in-projection rows' conv windows (16 floats each),
         // sized for one block per SM (more blocks only shrink a block's share)
@@ -302,7 +307,7 @@ private:
         const bool fuse = !env_off("LB_MK_FUSE") && !env_flag("LB_MK_RING") &&
                           fuse_groups * c.hidden <= xs_pad + 64 + aux;
         const int actv = fuse ? (per(c.intermediate) + 3) / 4 * 4 : 0;
-        const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + actv);
+        const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + dnslice + actv);
         int smem = base;
         const int threads = NT;
         const void* fn = decode_kernel_ptr(false);
@@ -345,6 +350,11 @@ private:
                               c.lin_v_heads * (c.lin_v_dim / DN_COLS) <= info_.blocks;
         // ... and the in-projection -> DeltaNet barrier through per-head counters (LB_MK_FUSE_IN=0: off)
         const bool fuse_in = fuse_out && !env_off("LB_MK_FUSE_IN");
+        // ... and whole-head DeltaNet items on top of the fused out-projection: q, k, v, z and the outputs in xs,
+        // two out_proj rows a warp per step, at most 4 steps
+        const int per_head = std::max(1, c.lin_v_dim / DN_COLS);
+        const bool dn_whole = dn_shape && fuse_out && xs_pad >= 5 * 128 && c.lin_v_heads % std::max(1, c.lin_k_heads) == 0 &&
+                              c.hidden % (per_head * 2 * NW) == 0 && c.hidden / (per_head * 2 * NW) <= 4;
         // ... and the same for attention layers (LB_MK_FUSE_ATT=0: off): q head h's blocks are [h bph,
         // (h + 1) bph); the counters are indexed by q head / KV head within the [n_layers][hv] arrays; the
         // merge reuses the attention's per-warp outputs (NW hd floats), the gated head columns go to the
@@ -437,6 +447,8 @@ private:
         p.fuse_out = fuse_out;
         p.fuse_in = fuse_in;
         p.fuse_att = fuse_att;
+        p.dn_whole = dn_whole;
+        p.dnslice_floats = dnslice;
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : DefaultConfig::early;
         if (const char* tr = std::getenv("LB_MK_TRACE")) {
@@ -499,10 +511,11 @@ private:
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s%s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
-                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, diag %d\n",
+                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, "
+                "whole-head DeltaNet items %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "",
                 info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, int(fuse), int(fuse_out), int(fuse_in),
-                int(fuse_att), info_.diag);
+                int(fuse_att), int(dn_whole), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
