@@ -229,10 +229,10 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 // the run-time build instead).
 template <bool kFixed>
 struct Knobs {
-    int fuse, fuse_out, fuse_in, fuse_att, diag, bar_kind, early, kv_f16, dn_whole;
+    int fuse, fuse_out, fuse_in, fuse_att, diag, bar_kind, early, kv_f16, dn_whole, att_rows;
     __device__ explicit Knobs(const Params& p)
         : fuse(p.fuse), fuse_out(p.fuse_out), fuse_in(p.fuse_in), fuse_att(p.fuse_att), diag(p.diag),
-          bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16), dn_whole(p.dn_whole) {}
+          bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16), dn_whole(p.dn_whole), att_rows(p.att_rows) {}
 };
 template <>
 struct Knobs<true> : DefaultConfig {  // decode_kernel.cuh
@@ -920,7 +920,12 @@ __device__ __forceinline__ void att_chunks(int ctx, int limit, int* nch, int* cs
 //    the head merges its cpb columns of the head output over the chunks, in chunk order (the result does
 //    not depend on arrival order), applies the output gate and adds its columns of o_proj (out_t rows
 //    h hd + j) times them into acc. Blocks past nh bph have nothing to do in this stage.
+//  - att_rows (Params::att_rows, the default where it fits: head_dim 256, at most NW chunks, H / bph <= 4 NW):
+//    instead of its columns, every block of the head merges the head's whole output (one thread a column,
+//    all chunks' records in one round trip) and applies its H / bph rows of o_proj (out_w, one warp a row of
+//    256 inputs, requested before the wait for the other chunks): H / bph atomics a block instead of H.
 // One call site for attention_chunk in both modes: two inlined copies cost the kernel registers.
+constexpr int ATT_ROWS_MAXR = 4;
 template <int MAXC, class Kn>
 __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L, int l, int pos, float* aux,
                                 const unsigned* in_cnt = nullptr, unsigned* cnt = nullptr,
@@ -979,6 +984,55 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
         }
     }
     if (!fused || b >= nh * bph) return;
+    if (K.att_rows) {  // the head's whole output merged here, then this block's H / bph rows of o_proj
+        const int Wr = p.H / bph, rpw = Wr / NW, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+        const int row0 = c * Wr + warp * rpw;
+        uint4 wv[ATT_ROWS_MAXR];  // requested before the wait for the other chunks: they depend on nothing
+        const wtype* wrow = L.out_w + size_t(row0) * L.out_in + size_t(h) * hd + 8 * lane;
+#pragma unroll
+        for (int i = 0; i < ATT_ROWS_MAXR; ++i)
+            if (i < rpw) wv[i] = ldw(wrow + size_t(i) * L.out_in);
+        if (tid == 0) wait_count(cnt + h, unsigned(nch));
+        csync();
+        // every chunk's max, sum and values, the gates: one round trip, into shared memory (the chunk is done
+        // with all of it)
+        float* sM = a.wm;    // [nch <= NW]
+        float* sL = a.wl;    // [nch]
+        float* sV = a.wacc;  // [nch][hd]
+        float* yo = a.qs;    // [hd] the gated head output
+#pragma unroll 4
+        for (int t = tid; t < nch * hd; t += NT) sV[t] = ldg(hp + size_t(t / hd) * (hd + 2) + 2 + t % hd);
+        if (tid < nch) { sM[tid] = ldg(hp + size_t(tid) * (hd + 2)); sL[tid] = ldg(hp + size_t(tid) * (hd + 2) + 1); }
+        const float g = tid < hd ? ldg(gate + tid) : 0.f;
+        csync();
+        if (tid < hd) {
+            float MM = -FLT_MAX;
+            for (int k = 0; k < nch; ++k) MM = fmaxf(MM, sM[k]);
+            float LL = 0.f, ov = 0.f;
+            for (int k = 0; k < nch; ++k) {
+                const float w = __expf(sM[k] - MM);
+                LL += sL[k] * w;
+                ov += sV[k * hd + tid] * w;
+            }
+            yo[tid] = ov / LL * sigm(g);
+        }
+        csync();
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) y[j] = yo[8 * lane + j];
+#pragma unroll
+        for (int i = 0; i < ATT_ROWS_MAXR; ++i) {
+            if (i >= rpw) break;
+            float f[8];
+            unpack8(wv[i], f);
+            float d = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) d += f[j] * y[j];
+            d = warp_sum(d);
+            if (lane == 0) atomicAdd(acc + row0 + i, to_fix(d));
+        }
+        return;
+    }
     const int cpb = (hd + bph - 1) / bph, j0 = min(hd, c * cpb), nc = min(hd, j0 + cpb) - j0;
     if (nc <= 0) return;
     if (threadIdx.x == 0) wait_count(cnt + h, unsigned(nch));

@@ -113,6 +113,9 @@ struct Params {
     // barrier (every block of the head has read the state by then), kept meanwhile in `dnslice`.
     int dn_whole;
     int dnslice_floats;  // shared memory: dk x 16 floats of updated state (dn_whole), else 0
+    // Fused attention's out-projection by rows (default where it fits, LB_MK_ATT_ROWS=0 turns it off; needs
+    // fuse_att, head_dim 256, blocks per q head <= NW): see stage_attention.
+    int att_rows;
     long long* trace;   // LB_MK_TRACE: [2][n_layers * 16 + 2] clock64 stamps, or null
     // sequence state (device)
     int* pos;         // tokens already in the sequence
@@ -141,7 +144,7 @@ struct Params {
 // in; the host launches that build when Params match them (is_default_config) and sets bar_kind and early
 // from them unless LB_MK_BARRIER / LB_MK_EARLY say otherwise.
 struct DefaultConfig {
-    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, diag = 0, kv_f16 = 0, dn_whole = 1;
+    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, diag = 0, kv_f16 = 0, dn_whole = 1, att_rows = 1;
     static constexpr int bar_kind = 2;      // the monotonic counter barrier: 2x cheaper (docs/megakernel.md, v3)
     static constexpr int early = 3;         // DeltaNet state and conv windows loaded a stage early
     static constexpr int max_head_dim = 256;  // attention built for one 8-element chunk of a head row per lane
@@ -151,7 +154,7 @@ inline bool is_default_config(const Params& p) {
     using D = DefaultConfig;
     return p.ring_slots == 0 && p.fuse == D::fuse && p.fuse_out == D::fuse_out && p.fuse_in == D::fuse_in &&
            p.fuse_att == D::fuse_att && p.diag == D::diag && p.kv_f16 == D::kv_f16 && p.bar_kind == D::bar_kind &&
-           p.early == D::early && p.dn_whole == D::dn_whole && p.hd <= D::max_head_dim;
+           p.early == D::early && p.dn_whole == D::dn_whole && p.att_rows == D::att_rows && p.hd <= D::max_head_dim;
 }
 
 }  // namespace lb::mk

@@ -448,6 +448,11 @@ private:
         p.fuse_in = fuse_in;
         p.fuse_att = fuse_att;
         p.dn_whole = dn_whole;
+        // the fused attention's out-projection by rows (stage_attention): one warp a row of head_dim = 256 inputs,
+        // at most 16 chunks a head and 4 rows a warp
+        const int bph_rows = info_.blocks / std::max(1, c.n_heads);
+        p.att_rows = fuse_att && c.head_dim == 256 && bph_rows <= NW && bph_rows > 0 && c.hidden % bph_rows == 0 &&
+                     (c.hidden / bph_rows) % NW == 0 && c.hidden / bph_rows <= 4 * NW && !env_off("LB_MK_ATT_ROWS");
         p.dnslice_floats = dnslice;
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : DefaultConfig::early;
@@ -512,10 +517,10 @@ private:
         GPU_CHECK(cudaDeviceSynchronize());
         fprintf(stderr, "[megakernel] %s%s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
                 "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, "
-                "whole-head DeltaNet items %d, diag %d\n",
+                "whole-head DeltaNet items %d, attention out-projection by rows %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "",
                 info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, int(fuse), int(fuse_out), int(fuse_in),
-                int(fuse_att), int(dn_whole), info_.diag);
+                int(fuse_att), int(dn_whole), p.att_rows, info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
