@@ -53,3 +53,17 @@ def test_sm90_decode_kernel_register_budgets(tmp_path):
         assert regs[name] <= budget, f"{name}: {regs[name]} registers, budget {budget}"
         assert "0 bytes spill stores, 0 bytes spill loads" in spills[name], f"{name}: {spills[name]}"
     assert regs["mlp_fused_kernel"] == REGISTER_BUDGETS["mlp_fused_kernel"]
+
+
+DEVICE_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "device"
+
+
+# The device probes (docs/megakernel.md: latency floors, step floors) are run by hand on a lent GPU, so only this
+# test keeps them compiling between those runs.
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("probe", ["latency_probe.cu", "step_floor.cu"])
+def test_device_probes_compile(probe, tmp_path):
+    proc = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "-c", str(DEVICE_SCRIPTS / probe), "-o",
+                           str(tmp_path / "probe.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{probe}:\n{proc.stderr[-3000:]}"
