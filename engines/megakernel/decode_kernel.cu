@@ -96,6 +96,16 @@ __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
 #endif
 }
 
+// The 8 weights in w times y[0..7], summed in order (the fused out-projections' rows).
+__device__ __forceinline__ float dot8(const uint4& w, const float* y) {
+    float f[8];
+    unpack8(w, f);
+    float d = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d += f[j] * y[j];
+    return d;
+}
+
 // KV rows: bf16 (bits) or f16.
 __device__ __forceinline__ void unpack8_kv(const uint4& u, float* f, int kv_f16) {
     if (kv_f16) {
@@ -741,11 +751,7 @@ __device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, float*
 #pragma unroll
     for (int i = 0; i < DNW_MAXP; ++i) {
         if (i >= pairs) break;
-        float f[8];
-        unpack8(wv[i], f);
-        float d = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) d += f[j] * y[j];
+        float d = dot8(wv[i], y);
 #pragma unroll
         for (int o = 8; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         if ((lane & 15) == 0) atomicAdd(acc + k * W + warp * 2 * pairs + 2 * i + (lane >> 4), to_fix(d));
@@ -1023,12 +1029,7 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
 #pragma unroll
         for (int i = 0; i < ATT_ROWS_MAXR; ++i) {
             if (i >= rpw) break;
-            float f[8];
-            unpack8(wv[i], f);
-            float d = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) d += f[j] * y[j];
-            d = warp_sum(d);
+            const float d = warp_sum(dot8(wv[i], y));
             if (lane == 0) atomicAdd(acc + row0 + i, to_fix(d));
         }
         return;
