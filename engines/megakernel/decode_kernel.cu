@@ -813,6 +813,7 @@ struct AttAux {
 // on return (every thread) M and Lsum are the block's merged max and sum, and chunk_out(e) gives element e of
 // the chunk's unnormalised output. The chunk that holds position pos also writes the new K/V row (the
 // first q head of each KV group) and uses it from shared memory.
+constexpr int ATT_BATCH = 2;  // K/V rows a lane requests at once in attention_chunk (positions x MAXC)
 template <int MAXC, class Kn>
 __device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L, int pos, int h, int s0, int s1,
                                 const AttAux& a, float* M_out, float* L_out) {
@@ -850,41 +851,64 @@ __device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L
         }
     }
     float mx = -FLT_MAX, lsum = 0.f;
-    for (int s = s0 + warp; s < s1; s += NW) {
-        float kf[MAXC][8], vf[MAXC][8];
-        const bool fresh = s == pos;
-        const uint4* kr = (const uint4*)((const unsigned short*)L.kc + (size_t(s) * row_elems + size_t(kvh) * hd));
-        const uint4* vr = (const uint4*)((const unsigned short*)L.vc + (size_t(s) * row_elems + size_t(kvh) * hd));
+    // A warp's positions s0 + warp + NW i, ATT_BATCH / MAXC at a time: their K and V rows are requested together
+    // (one dependent round trip a batch instead of one a position), then folded in order.
+    constexpr int U = ATT_BATCH / MAXC > 0 ? ATT_BATCH / MAXC : 1;
+    for (int s = s0 + warp; s < s1; s += NW * U) {
+        uint4 kraw[U][MAXC], vraw[U][MAXC];
 #pragma unroll
-        for (int m = 0; m < MAXC; ++m) {
-            const int e8 = lane + 32 * m;
-            if (e8 < chunks8) {
-                if (fresh) {
+        for (int u = 0; u < U; ++u) {
+            const int su = s + NW * u;
+            const uint4* kr = (const uint4*)((const unsigned short*)L.kc + (size_t(su) * row_elems + size_t(kvh) * hd));
+            const uint4* vr = (const uint4*)((const unsigned short*)L.vc + (size_t(su) * row_elems + size_t(kvh) * hd));
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) { kf[m][j] = a.kn[e8 * 8 + j]; vf[m][j] = a.vn[e8 * 8 + j]; }
+            for (int m = 0; m < MAXC; ++m) {
+                const int e8 = lane + 32 * m;
+                if (su < s1 && su != pos && e8 < chunks8) {
+                    kraw[u][m] = ldg4(kr + e8);
+                    vraw[u][m] = ldg4(vr + e8);
                 } else {
-                    unpack8_kv(ldg4(kr + e8), kf[m], K.kv_f16);
-                    unpack8_kv(ldg4(vr + e8), vf[m], K.kv_f16);
+                    kraw[u][m] = make_uint4(0u, 0u, 0u, 0u);
+                    vraw[u][m] = kraw[u][m];
                 }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) { kf[m][j] = 0.f; vf[m][j] = 0.f; }
             }
         }
-        float d = 0.f;
 #pragma unroll
-        for (int m = 0; m < MAXC; ++m)
+        for (int u = 0; u < U; ++u) {
+            const int su = s + NW * u;
+            if (su >= s1) break;
+            float kf[MAXC][8], vf[MAXC][8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) d += q[m][j] * kf[m][j];
-        const float score = warp_sum(d) * scale;
-        const float mnew = fmaxf(mx, score);
-        const float corr = __expf(mx - mnew), pr = __expf(score - mnew);
-        lsum = lsum * corr + pr;
+            for (int m = 0; m < MAXC; ++m) {
+                const int e8 = lane + 32 * m;
+                if (e8 < chunks8) {
+                    if (su == pos) {  // the new row, from shared memory
 #pragma unroll
-        for (int m = 0; m < MAXC; ++m)
+                        for (int j = 0; j < 8; ++j) { kf[m][j] = a.kn[e8 * 8 + j]; vf[m][j] = a.vn[e8 * 8 + j]; }
+                    } else {
+                        unpack8_kv(kraw[u][m], kf[m], K.kv_f16);
+                        unpack8_kv(vraw[u][m], vf[m], K.kv_f16);
+                    }
+                } else {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) acc[m][j] = acc[m][j] * corr + pr * vf[m][j];
-        mx = mnew;
+                    for (int j = 0; j < 8; ++j) { kf[m][j] = 0.f; vf[m][j] = 0.f; }
+                }
+            }
+            float d = 0.f;
+#pragma unroll
+            for (int m = 0; m < MAXC; ++m)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) d += q[m][j] * kf[m][j];
+            const float score = warp_sum(d) * scale;
+            const float mnew = fmaxf(mx, score);
+            const float corr = __expf(mx - mnew), pr = __expf(score - mnew);
+            lsum = lsum * corr + pr;
+#pragma unroll
+            for (int m = 0; m < MAXC; ++m)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[m][j] = acc[m][j] * corr + pr * vf[m][j];
+            mx = mnew;
+        }
     }
     if (lane == 0) { a.wm[warp] = mx; a.wl[warp] = lsum; }
 #pragma unroll
