@@ -955,6 +955,31 @@ __device__ __forceinline__ void att_chunks(int ctx, int limit, int* nch, int* cs
 //    all chunks' records in one round trip) and applies its H / bph rows of o_proj (out_w, one warp a row of
 //    256 inputs, requested before the wait for the other chunks): H / bph atomics a block instead of H.
 // One call site for attention_chunk in both modes: two inlined copies cost the kernel registers.
+// The fused attention's merge of a q head's chunks for its columns [j0, j0 + nc): every chunk's record (max,
+// sum, unnormalised values: hp[k] = [M, L, values of hd columns]) and the output gates in one round trip into
+// shared memory (sM, sL: nch floats, sV: nch x nc), then per column the records in chunk order (the result does
+// not depend on arrival order), gated: out[j] for j < nc; complete on return.
+__device__ __forceinline__ void merge_chunk_records(const float* hp, const float* gate, int hd, int nch, int j0, int nc,
+                                                    float* sM, float* sL, float* sV, float* out) {
+    const int tid = threadIdx.x;
+#pragma unroll 4
+    for (int t = tid; t < nch * nc; t += NT) sV[t] = ldg(hp + size_t(t / nc) * (hd + 2) + 2 + j0 + t % nc);
+    if (tid < nch) { sM[tid] = ldg(hp + size_t(tid) * (hd + 2)); sL[tid] = ldg(hp + size_t(tid) * (hd + 2) + 1); }
+    const float g = tid < nc ? ldg(gate + j0 + tid) : 0.f;
+    csync();
+    if (tid < nc) {
+        float MM = -FLT_MAX;
+        for (int k = 0; k < nch; ++k) MM = fmaxf(MM, sM[k]);
+        float LL = 0.f, ov = 0.f;
+        for (int k = 0; k < nch; ++k) {
+            const float w = __expf(sM[k] - MM);
+            LL += sL[k] * w;
+            ov += sV[k * nc + tid] * w;
+        }
+        out[tid] = ov / LL * sigm(g);
+    }
+    csync();
+}
 constexpr int ATT_ROWS_MAXR = 4;
 template <int MAXC, class Kn>
 __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L, int l, int pos, float* aux,
@@ -1024,29 +1049,9 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
             if (i < rpw) wv[i] = ldw(wrow + size_t(i) * L.out_in);
         if (tid == 0) wait_count(cnt + h, unsigned(nch));
         csync();
-        // every chunk's max, sum and values, the gates: one round trip, into shared memory (the chunk is done
-        // with all of it)
-        float* sM = a.wm;    // [nch <= NW]
-        float* sL = a.wl;    // [nch]
-        float* sV = a.wacc;  // [nch][hd]
-        float* yo = a.qs;    // [hd] the gated head output
-#pragma unroll 4
-        for (int t = tid; t < nch * hd; t += NT) sV[t] = ldg(hp + size_t(t / hd) * (hd + 2) + 2 + t % hd);
-        if (tid < nch) { sM[tid] = ldg(hp + size_t(tid) * (hd + 2)); sL[tid] = ldg(hp + size_t(tid) * (hd + 2) + 1); }
-        const float g = tid < hd ? ldg(gate + tid) : 0.f;
-        csync();
-        if (tid < hd) {
-            float MM = -FLT_MAX;
-            for (int k = 0; k < nch; ++k) MM = fmaxf(MM, sM[k]);
-            float LL = 0.f, ov = 0.f;
-            for (int k = 0; k < nch; ++k) {
-                const float w = __expf(sM[k] - MM);
-                LL += sL[k] * w;
-                ov += sV[k * hd + tid] * w;
-            }
-            yo[tid] = ov / LL * sigm(g);
-        }
-        csync();
+        // the whole head (the chunk is done with wm, wl, wacc and qs): the gated output into qs
+        float* yo = a.qs;
+        merge_chunk_records(hp, gate, hd, nch, 0, hd, a.wm, a.wl, a.wacc, yo);
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = yo[8 * lane + j];
@@ -1062,32 +1067,8 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
     if (nc <= 0) return;
     if (threadIdx.x == 0) wait_count(cnt + h, unsigned(nch));
     csync();
-    // every chunk's max, sum and values of these columns, and the gates: one round trip
-    float* sM = a.wacc;     // [bph] (the chunk is done with wacc)
-    float* sL = sM + bph;   // [bph]
-    float* sV = sL + bph;   // [nch][cpb]
-    for (int t = threadIdx.x; t < nch * nc; t += NT) {
-        const int k = t / nc, j = t % nc;
-        sV[k * cpb + j] = ldg(hp + size_t(k) * (hd + 2) + 2 + j0 + j);
-    }
-    if (threadIdx.x < nch) {
-        sM[threadIdx.x] = ldg(hp + size_t(threadIdx.x) * (hd + 2));
-        sL[threadIdx.x] = ldg(hp + size_t(threadIdx.x) * (hd + 2) + 1);
-    }
-    const float g = threadIdx.x < nc ? ldg(gate + j0 + threadIdx.x) : 0.f;
-    csync();
-    if (threadIdx.x < nc) {
-        float MM = -FLT_MAX;
-        for (int k = 0; k < nch; ++k) MM = fmaxf(MM, sM[k]);
-        float LL = 0.f, ov = 0.f;
-        for (int k = 0; k < nch; ++k) {
-            const float w = __expf(sM[k] - MM);
-            LL += sL[k] * w;
-            ov += sV[k * cpb + threadIdx.x] * w;
-        }
-        ys[threadIdx.x] = ov / LL * sigm(g);
-    }
-    csync();
+    // these columns (the chunk is done with wacc: [bph] maxima, [bph] sums, [nch][nc] values)
+    merge_chunk_records(hp, gate, hd, nch, j0, nc, a.wacc, a.wacc + bph, a.wacc + 2 * bph, ys);
     splitk_accumulate(L.out_t + size_t(h * hd + j0) * p.H, nc, ys, p.H, part, acc);
 }
 
