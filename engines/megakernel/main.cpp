@@ -85,6 +85,8 @@ int run(int argc, char** argv) {
     options["fused_out_proj"] = li.fused_out;
     options["fused_in_proj"] = li.fused_in;
     options["fused_attention"] = li.fused_att;
+    options["whole_head_deltanet"] = li.dn_whole;
+    options["attention_out_by_rows"] = li.att_rows;
     if (li.diag) options["diag"] = li.diag;
     options["grid_barriers_per_token"] = li.barriers_per_token;
     options["decode_bytes_ctx1"] = Json(be->decode_bytes(1));

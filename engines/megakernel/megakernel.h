@@ -29,6 +29,8 @@ struct LaunchInfo {
     bool fused_out = false;    // DeltaNet mixer + out-projection in one stage (3 barriers a DeltaNet layer); LB_MK_FUSE_OUT=0: off
     bool fused_in = false;     // no in-projection -> DeltaNet grid barrier (2 a DeltaNet layer); LB_MK_FUSE_IN=0: off
     bool fused_att = false;    // attention layers without in -> attention -> out-projection barriers (2 a layer); LB_MK_FUSE_ATT=0: off
+    bool dn_whole = false;     // DeltaNet items run their head's whole step (no per-head exchange); LB_MK_DN_WHOLE=0: off
+    bool att_rows = false;     // fused attention applies o_proj by rows (H / blocks-a-head atomics a block); LB_MK_ATT_ROWS=0: off
     int barriers_per_token = 0;
 };
 

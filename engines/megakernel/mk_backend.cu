@@ -363,6 +363,10 @@ private:
         const bool fuse_att = fuse_in && !env_off("LB_MK_FUSE_ATT") && bph >= 1 &&
                               c.n_heads <= c.lin_v_heads && c.n_kv_heads <= c.lin_v_heads &&
                               2 * bph + bph * cpb <= NW * c.head_dim && cpb <= actv;
+        // ... and its out-projection by rows (stage_attention): one warp a row of head_dim = 256 inputs, at most
+        // NW chunks a head (their maxima and sums in the attention's per-warp slots) and 4 rows a warp
+        const bool att_rows = fuse_att && c.head_dim == 256 && bph <= NW && c.hidden % bph == 0 &&
+                              (c.hidden / bph) % NW == 0 && c.hidden / bph <= 4 * NW && !env_off("LB_MK_ATT_ROWS");
         int n_lin = 0;
         for (int l = 0; l < c.n_layers; ++l) n_lin += c.is_full[size_t(l)] ? 0 : 1;
         const int n_full = c.n_layers - n_lin;
@@ -373,6 +377,8 @@ private:
         info_.fused_out = fuse_out;
         info_.fused_in = fuse_in;
         info_.fused_att = fuse_att;
+        info_.dn_whole = dn_whole;
+        info_.att_rows = att_rows;
         const int nb = info_.blocks;
 
         std::vector<LayerPtrs> lp(size_t(c.n_layers));
@@ -448,11 +454,7 @@ private:
         p.fuse_in = fuse_in;
         p.fuse_att = fuse_att;
         p.dn_whole = dn_whole;
-        // the fused attention's out-projection by rows (stage_attention): one warp a row of head_dim = 256 inputs,
-        // at most 16 chunks a head and 4 rows a warp
-        const int bph_rows = info_.blocks / std::max(1, c.n_heads);
-        p.att_rows = fuse_att && c.head_dim == 256 && bph_rows <= NW && bph_rows > 0 && c.hidden % bph_rows == 0 &&
-                     (c.hidden / bph_rows) % NW == 0 && c.hidden / bph_rows <= 4 * NW && !env_off("LB_MK_ATT_ROWS");
+        p.att_rows = att_rows;
         p.dnslice_floats = dnslice;
         const char* early = std::getenv("LB_MK_EARLY");
         p.early = early ? std::atoi(early) : DefaultConfig::early;
@@ -520,7 +522,7 @@ private:
                 "whole-head DeltaNet items %d, attention out-projection by rows %d, diag %d\n",
                 ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "",
                 info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, int(fuse), int(fuse_out), int(fuse_in),
-                int(fuse_att), int(dn_whole), p.att_rows, info_.diag);
+                int(fuse_att), int(dn_whole), int(att_rows), info_.diag);
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
