@@ -8,18 +8,9 @@
 //   D. latency of a dependent L2-hit load while the other SMs stream DRAM with a chosen amount in flight;
 //   E. the same with the stream done by TMA bulk copies into shared memory (a weight-staging design).
 // Usage: latency_probe [out.json]   (the table goes to stdout). Needs only the CUDA runtime.
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <numeric>
 #include <random>
-#include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", \
-    cudaGetErrorName(e_), cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(1); } } while (0)
-#define CK_LAUNCH() do { CK(cudaGetLastError()); CK(cudaDeviceSynchronize()); } while (0)
+#include "probe_common.cuh"
 
 constexpr int MAX_HOPS = 4096;             // per-hop timestamps kept in shared memory (16 KB)
 constexpr int PROBE_HOPS = 2000;           // recorded hops of the probe-D prober
@@ -35,16 +26,9 @@ __device__ __forceinline__ uint64_t gtimer() { uint64_t t; asm volatile("mov.u64
 __device__ __forceinline__ uint32_t clock32() { uint32_t c; asm volatile("mov.u32 %0, %%clock;" : "=r"(c)); return c; }
 // L2-only load (skips L1): every hop of a chase is a real L2 (or DRAM) access.
 __device__ __forceinline__ uint64_t ld_cg(uint64_t a) { uint64_t v; asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory"); return v; }
-// Streaming 16-byte load: read-only path, no L1 allocation. Not volatile so the compiler may batch the U loads.
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v; asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 // Flag polls are asm volatile loads, so the compiler can neither hoist nor merge them.
 __device__ __forceinline__ uint32_t ld_relaxed(const unsigned* p) { uint32_t v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
-__device__ __forceinline__ uint32_t ld_acquire(const unsigned* p) { uint32_t v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
 __device__ __forceinline__ void st_release(unsigned* p, uint32_t v) { asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory"); }
-__device__ __forceinline__ void red_release_add(unsigned* p, uint32_t v) { asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory"); }
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* m, uint32_t n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(m)), "r"(n) : "memory"); }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* m, uint32_t bytes) {
@@ -292,13 +276,6 @@ __global__ void __launch_bounds__(THREADS, 1) stream_probe_kernel(ProbeArgs a) {
 }
 
 // ================================================================ host
-struct Stats { double med, p10, p90, mean; };
-static Stats stats(std::vector<double> v) {
-  if (v.empty()) return {0, 0, 0, 0};
-  std::sort(v.begin(), v.end());
-  auto q = [&](double f) { return v[(size_t)(f * (v.size() - 1) + 0.5)]; };
-  return {q(0.5), q(0.1), q(0.9), std::accumulate(v.begin(), v.end(), 0.0) / v.size()};
-}
 static void json_stats(FILE* f, const char* pre, const Stats& s) {
   fprintf(f, "\"%s_median\": %.4f, \"%s_p10\": %.4f, \"%s_p90\": %.4f, \"%s_mean\": %.4f",
           pre, s.med, pre, s.p10, pre, s.p90, pre, s.mean);

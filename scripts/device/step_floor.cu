@@ -19,16 +19,9 @@
 // No mode computes anything, so each is a floor for designs of its shape, not a prediction.
 //
 // Usage: step_floor [out.json] [tokens_per_launch]   (table to stdout). Needs only the CUDA runtime, sm_90.
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
-#include <vector>
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error %s (%s) at %s:%d: %s\n", \
-    cudaGetErrorName(e_), cudaGetErrorString(e_), __FILE__, __LINE__, #x); exit(1); } } while (0)
+#include "probe_common.cuh"
 
 constexpr int THREADS = 512, WARPS = THREADS / 32, STREAM_WARPS_PIPE = WARPS - 1;
 constexpr int UNROLL = 8;        // loads a lane keeps in flight (the megakernel's 2 rows x 4)
@@ -39,13 +32,7 @@ constexpr int RING = 4;          // per-stage "streamed" counters in pipe modes 
 struct Stage { unsigned long long off16, n16; int barrier_before; };
 __constant__ Stage c_stages[MAX_STAGES];
 
-// ---------------------------------------------------------------- PTX helpers
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v; asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) { unsigned v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
-__device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) { asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory"); }
+// ---------------------------------------------------------------- helpers (the rest: probe_common.cuh)
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 
 // Streams [lo, hi) of the weights with `nthreads` threads numbered t = 0.., 8 loads a lane in flight.
@@ -180,13 +167,6 @@ static std::vector<std::pair<std::string, unsigned long long>> token_stages(cons
   }
   st.push_back({"lm_head", (unsigned long long)m.vocab * H * bf});
   return st;
-}
-
-struct Stats { double med, p10, p90; };
-static Stats stats(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto q = [&](double f) { return v[std::min(v.size() - 1, (size_t)(f * (v.size() - 1) + 0.5))]; };
-  return {q(0.5), q(0.1), q(0.9)};
 }
 
 int main(int argc, char** argv) {
