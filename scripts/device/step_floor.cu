@@ -172,6 +172,7 @@ static std::vector<std::pair<std::string, unsigned long long>> token_stages(cons
 int main(int argc, char** argv) {
   const char* path = argc > 1 ? argv[1] : "step_floor.json";
   const int tokens = argc > 2 ? std::atoi(argv[2]) : 64;
+  if (tokens < 1) { fprintf(stderr, "tokens_per_launch must be a whole number >= 1, got '%s'\n", argv[2]); return 2; }
   const int warm = 2, reps = 9;
   cudaDeviceProp prop; CK(cudaGetDeviceProperties(&prop, 0));
   int sms = prop.multiProcessorCount;
