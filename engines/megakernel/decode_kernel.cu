@@ -140,7 +140,11 @@ __device__ __forceinline__ unsigned short kv_round(float v, int kv_f16, float* b
 }
 
 // LB_MK_TRACE: thread 0 of blocks 0 and gridDim/2 record clock64() at every stage boundary (16 per layer,
-// then the LM head's start and end) for the tuning record's per-stage breakdown.
+// then the LM head's start and end) for the tuning record's per-stage breakdown. The default (fused) path
+// stamps, in time order: 0 layer start, 1 in prologue, 2 in GEMV + epilogue, 6 mixer inputs ready, 7 mixer
+// step (attention: chunk record published), 8 (attention: every chunk in) before the out rows, 4 mixer done,
+// 5 barrier, 13 MLP start, 9 MLP prologue, 12 gate/up, 10 down + atomics, 11 barrier; the unfused stages use
+// 3-14 in numeric order. check_megakernel.py's trace_summary names the intervals.
 __device__ __forceinline__ void trace(const Params& p, int l, int k) {
     if (!p.trace || threadIdx.x != 0) return;
     const int half = gridDim.x / 2;
@@ -657,7 +661,7 @@ __device__ __forceinline__ void stage_deltanet(const Params& p, const LayerPtrs&
 // barrier, when every block of the head has read the old state.
 // vecs: 5 x 128 floats of shared memory (q, k, v/u, z, o); red: 2 NW x 128 floats.
 constexpr int DNW_D = 128, DNW_M = DNW_D / NW, DNW_MAXP = 4;  // DNW_MAXP: row pairs a warp (W <= 2 NW DNW_MAXP)
-__device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, float* vecs, float* red, float* slice,
+__device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, int l, float* vecs, float* red, float* slice,
                                      unsigned long long* acc, const unsigned* in_cnt) {
     const int b = blockIdx.x, per_head = p.dv / DN_COLS;
     if (b >= p.hv * per_head) return;
@@ -677,6 +681,7 @@ __device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, float*
         if (tid == 0) wait_count(in_cnt + h, unsigned(4 * DNW_D + 2));
         csync();
     }
+    trace(p, l, 6);
     float* qn = vecs;
     float* kn = qn + DNW_D;
     float* vu = kn + DNW_D;  // v, then u
@@ -697,6 +702,7 @@ __device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, float*
 #pragma unroll
     for (int m = 0; m < DNW_M; ++m) s[m] = ldg4f(S + size_t(warp + NW * m) * DNW_D);
     csync();
+    trace(p, l, 7);
     // the q and k norms and k . q: every warp for itself, no block reduction
     float sq = 0.f, sk = 0.f, qk = 0.f;
     for (int i = lane; i < DNW_D; i += 32) {
@@ -748,6 +754,7 @@ __device__ void stage_deltanet_whole(const Params& p, const LayerPtrs& L, float*
     float y[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) y[j] = gain[j] * (oo[e8 + j] * inv) * silu(zz[e8 + j]);
+    trace(p, l, 8);
 #pragma unroll
     for (int i = 0; i < DNW_MAXP; ++i) {
         if (i >= pairs) break;
@@ -1001,6 +1008,7 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
         if (fused) {
             if (threadIdx.x == 0) wait_count(in_cnt + h / group, unsigned((2 * group + 2) * hd));
             csync();
+            trace(p, l, 6);
         }
         float M, Lsum;
         attention_chunk<MAXC>(p, K, L, pos, h, c * cs, min(ctx, c * cs + cs), a, &M, &Lsum);
@@ -1015,6 +1023,7 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
         if (fused) {
             csync();
             if (threadIdx.x == 0) red_release_add(cnt + h, 1u);
+            trace(p, l, 7);
         } else {
             __threadfence();
             csync();
@@ -1049,6 +1058,7 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
             if (i < rpw) wv[i] = ldw(wrow + size_t(i) * L.out_in);
         if (tid == 0) wait_count(cnt + h, unsigned(nch));
         csync();
+        trace(p, l, 8);
         // the whole head (the chunk is done with wm, wl, wacc and qs): the gated output into qs
         float* yo = a.qs;
         merge_chunk_records(hp, gate, hd, nch, 0, hd, a.wm, a.wl, a.wacc, yo);
@@ -1166,6 +1176,7 @@ __device__ void stage_down(const Params& p, const LayerPtrs& L, int l, float* x,
 // this block's residual rows, updated with it.
 __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, const float* x, float* xs, float* red, float* actv,
                                 unsigned long long* acc, const unsigned long long* out_acc, float* own, int h0, int h1) {
+    trace(p, l, 13);
     norm_to_smem(x, nullptr, p.H, L.post_norm, p.eps, xs, red, out_acc, nullptr, own, h0, h1);
     trace(p, l, 9);
     int r0, r1;
@@ -1173,6 +1184,7 @@ __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, cons
     const int n = r1 - r0, H = p.H;
     gate_up_rows(p, L, r0, r1, xs, [&](int r, float v) { actv[r - r0] = v; });
     csync();  // actv complete; xs free for the partial sums below
+    trace(p, l, 12);
     // this block's rows of the transposed down-projection; xs (with red and aux: the host checks the size)
     // holds the partial sums
     splitk_accumulate(L.down_t + size_t(r0) * H, n, actv, H, xs, acc);
@@ -1332,7 +1344,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             // MLP's prologue adds it (nobody reads xw in this stage)
             for (int i = threadIdx.x; i < h1 - h0; i += NT) xw[h0 + i] = own[i];
             if (K.dn_whole)
-                stage_deltanet_whole(p, L, xs, aux, dnslice, p.out_acc + cur, in_cnt);
+                stage_deltanet_whole(p, L, l, xs, aux, dnslice, p.out_acc + cur, in_cnt);
             else
                 stage_deltanet(p, L, aux, state_pre ? spre : nullptr, p.head_cnt + size_t(l) * p.hv, p.out_acc + cur,
                                actv, xs, in_cnt);
