@@ -1286,9 +1286,17 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
 #else
     constexpr bool kConvPre = false;
 #endif
+    // Every layer's pointers into shared memory, once a token, in the round trip of the sequence state. Read
+    // from global memory, each stage's first use of a layer's fields went to L2 (the entry is used once a
+    // token; the layer's other L1 traffic evicts it) on the stage's dependency chain.
+    __shared__ LayerPtrs layers[MAX_LAYERS];
+    static_assert(sizeof(LayerPtrs) % 8 == 0, "LayerPtrs is copied as 8-byte words");
+    for (int i = threadIdx.x; i < p.n_layers * int(sizeof(LayerPtrs) / 8); i += NT)
+        reinterpret_cast<unsigned long long*>(layers)[i] = __ldg(reinterpret_cast<const unsigned long long*>(p.layers) + i);
     if (*(volatile int*)p.done) return;  // the chain already produced an eos token
     const int pos = *(volatile int*)p.pos;
     const int tok = *(volatile int*)p.tok;
+    csync();
     const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;
     part_range(H, b, nb, &h0, &h1);
@@ -1296,11 +1304,11 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     const int n_layers = (K.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
     const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;  // LB_MK_EARLY
     if (conv_pre && n_layers > 0) {
-        part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
-        conv_prefetch(p, p.layers[0], r0, r1, convpre);
+        part_range(layers[0].in_rows, b, nb, &r0, &r1);
+        conv_prefetch(p, layers[0], r0, r1, convpre);
     }
     for (int l = 0; l < n_layers; ++l) {
-        const LayerPtrs& L = p.layers[l];
+        const LayerPtrs& L = layers[l];
         trace(p, l, 0);
         // the state of this block's first DeltaNet item: loads in flight through the in-projection
         float spre[DN_MAXR];
@@ -1363,8 +1371,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         }
         if (K.fuse) {
             if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the MLP
-                part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
-                conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
+                part_range(layers[l + 1].in_rows, b, nb, &r0, &r1);
+                conv_prefetch(p, layers[l + 1], r0, r1, convpre);
             }
             // every block is past layer l's in-projection prologue, the last reader of the out half `prev`
             // (whose next user is layer l + 1's mixer): this block clears its rows of it
@@ -1382,8 +1390,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         gb.sync();
         trace(p, l, 11);
         if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the down stage
-            part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
-            conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
+            part_range(layers[l + 1].in_rows, b, nb, &r0, &r1);
+            conv_prefetch(p, layers[l + 1], r0, r1, convpre);
         }
         stage_down(p, L, l, xw, xs, red, own);
         trace(p, l, 13);

@@ -37,6 +37,7 @@ constexpr int DN_MAXR = 4;       // DeltaNet key rows per thread (dk <= 32 * DN_
 constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (head_dim <= 512)
 constexpr int RING_PAGE = 32768; // v3 weight ring page (bytes): 16 rows of K <= 1024, 8 of K <= 2048, 4 of K <= 4096
 constexpr int RING_MAX_K = 4096; // widest matrix row (elements) the v3 ring takes
+constexpr int MAX_LAYERS = 64;   // the v1 kernel keeps every layer's LayerPtrs in shared memory
 
 struct LayerPtrs {
     int full;
@@ -65,7 +66,7 @@ struct LayerPtrs {
 };
 
 struct Params {
-    const LayerPtrs* layers;
+    const LayerPtrs* layers;  // [n_layers] in device memory (the v1 kernel copies it into shared memory a token)
     int n_layers;
     const wtype* embed;
     const wtype* lm_head;

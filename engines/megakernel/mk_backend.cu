@@ -246,6 +246,7 @@ private:
             if (!ok) fail("unsupported", "megakernel: " + what);
         };
         need(c.hidden % 8 == 0 && c.intermediate % 8 == 0, "hidden and intermediate sizes must be multiples of 8");
+        need(c.n_layers <= MAX_LAYERS, "at most " + std::to_string(MAX_LAYERS) + " layers (the kernel keeps their pointers in shared memory)");
         need(c.lin_value_dim() % 8 == 0 && (c.n_heads * c.head_dim) % 8 == 0, "attention/DeltaNet widths must be multiples of 8");
         need(c.lin_k_dim <= 32 * DN_MAXR, "DeltaNet key head dim must be <= " + std::to_string(32 * DN_MAXR));
         need(c.lin_v_dim % DN_COLS == 0, "DeltaNet value head dim must be a multiple of " + std::to_string(DN_COLS));
