@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from engine_client import Engine
+from mk_trace import layer_types, trace_summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engines"))
 
@@ -162,64 +163,6 @@ def eos_stop(exe: Path, ps: list[list[int]], ref: list[list[int]]) -> dict:
     return {"eos_id": eos, "expected_tokens": cut, "tokens": len(r["output_ids"]), "stop": r.get("stop"),
             "ok": r["output_ids"] == ref[0][:cut] and r.get("stop") == "eos",
             "next_request_same": r2["output_ids"] == ref[1]}
-
-
-# LB_MK_TRACE stamp pairs (decode_kernel.cu, trace()) -> interval names, for the default fused path (the mixer
-# stamps 6-8 before its end, 4) and the unfused stages (3-14 in numeric order). A layer's valid stamps are taken
-# in time order; a pair not named shows as "a->b".
-TRACE_FUSED = {
-    (0, 1): "in prologue", (1, 2): "in gemv+epilogue", (2, 3): "barrier in->mixer", (3, 6): "mixer: wait for in rows",
-    (2, 6): "mixer: wait for in rows", (3, 4): "mixer", (4, 5): "barrier mixer->mlp",
-    (5, 13): "writeback, clears, conv prefetch", (13, 9): "mlp prologue", (9, 12): "gate/up",
-    (12, 10): "down + atomics", (10, 11): "barrier after mlp", (11, None): "to next layer",
-}
-TRACE_MIXER = {  # the fused mixers' own stamps
-    "attention": {(6, 7): "attention: chunk (q/k/v, K/V rows, record)", (7, 8): "attention: wait for chunks",
-                  (8, 4): "attention: merge + o_proj rows + atomics", (7, 4): "attention: merge + o_proj rows + atomics"},
-    "deltanet": {(6, 7): "deltanet: inputs round trip", (7, 8): "deltanet: step + gated norm",
-                 (8, 4): "deltanet: out rows + atomics"},
-}
-TRACE_UNFUSED = {
-    (0, 1): "in prologue", (1, 2): "in gemv+epilogue", (2, 3): "barrier in->mixer", (3, 4): "mixer",
-    (4, 5): "barrier mixer->out", (5, 6): "out prologue", (6, 7): "out gemv", (7, 8): "barrier out->mlp",
-    (8, 9): "mlp prologue", (9, 10): "mlp gemv", (10, 11): "barrier after mlp", (11, 12): "down prologue",
-    (12, 13): "down gemv", (13, 14): "barrier after down", (14, None): "to next layer",
-}
-
-
-def trace_summary(path: Path, ghz: float, types: list[str] | None = None) -> dict:
-    """Per-layer averages (us) of the v1 kernel's LB_MK_TRACE stamps (16 slots a layer, then the LM head's start
-    and end), for block 0 and the middle block of the last traced token, grouped by layer type when given."""
-    res: dict = {}
-    for line in path.read_text().splitlines():
-        label, _, nums = line.partition(":")
-        t = [int(x) for x in nums.split()]
-        n_layers = (len(t) - 2) // 16
-        types = types if types and len(types) == n_layers else ["layer"] * n_layers
-        groups: dict = {}
-        for i in range(n_layers):
-            lo, hi = t[i * 16], t[(i + 1) * 16]  # this layer's start, the next one's (or the LM head's)
-            valid = {k: t[i * 16 + k] for k in range(16) if lo <= t[i * 16 + k] <= hi}
-            fused = 6 in valid and 4 in valid and valid[6] < valid[4]
-            group = {"full_attention": "attention", "linear_attention": "deltanet"}.get(types[i], types[i])
-            names = {**TRACE_FUSED, **TRACE_MIXER.get(group, {})} if fused else TRACE_UNFUSED
-            stamps = sorted((v, k) for k, v in valid.items()) + [(hi, None)]
-            per = groups.setdefault(group, {})
-            for (ta, a), (tb, b) in zip(stamps, stamps[1:]):
-                per.setdefault(names.get((a, b), f"{a}->{'next layer' if b is None else b}"), []).append(tb - ta)
-            per.setdefault("layer", []).append(hi - lo)
-        out: dict = {g: {k: round(statistics.mean(v) / ghz / 1e3, 2) for k, v in per.items()} for g, per in groups.items()}
-        out["lm head"] = round((t[n_layers * 16 + 1] - t[n_layers * 16]) / ghz / 1e3, 2)
-        res[label.strip()] = out
-    return res
-
-
-def layer_types(ckpt: Path) -> list[str]:
-    """The checkpoint's layer types (Qwen3.5: every 4th layer full attention unless the config lists them)."""
-    cfg = json.loads((ckpt / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    n, every = int(cfg["num_hidden_layers"]), int(cfg.get("full_attention_interval", 4))
-    return cfg.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
 
 
 def agree(a: list[list[int]], b: list[list[int]]) -> float:
