@@ -144,7 +144,7 @@ __device__ __forceinline__ unsigned short kv_round(float v, int kv_f16, float* b
 // stamps, in time order: 0 layer start, 1 in prologue, 2 in GEMV + epilogue, 6 mixer inputs ready, 7 mixer
 // step (attention: chunk record published), 8 (attention: every chunk in) before the out rows, 4 mixer done,
 // 5 barrier, 13 MLP start, 9 MLP prologue, 12 gate/up, 10 down + atomics, 11 barrier; the unfused stages use
-// 3-14 in numeric order. check_megakernel.py's trace_summary names the intervals.
+// 3-14 in numeric order. scripts/device/mk_trace.py names the intervals.
 __device__ __forceinline__ void trace(const Params& p, int l, int k) {
     if (!p.trace || threadIdx.x != 0) return;
     const int half = gridDim.x / 2;
