@@ -53,7 +53,8 @@ class Shape:
         return [self.special_ids["<|im_end|>"], self.special_ids["<|endoftext|>"]]
 
 
-def _layer_types(n_layers: int, interval: int = 4) -> list[str]:
+def default_layer_types(n_layers: int, interval: int = 4) -> list[str]:
+    """Qwen3.5's layer pattern where a config does not list it: every `interval`-th layer full attention."""
     return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
 
 
@@ -86,7 +87,7 @@ def _qwen3_5(*, n_layers: int, hidden: int, intermediate: int, vocab: int, heads
         "linear_num_key_heads": lin_k_heads,
         "linear_num_value_heads": lin_v_heads,
         "full_attention_interval": 4,
-        "layer_types": layer_types if layer_types is not None else _layer_types(n_layers),
+        "layer_types": layer_types if layer_types is not None else default_layer_types(n_layers),
         "max_position_embeddings": max_pos,
         "rms_norm_eps": 1e-6,
         "partial_rotary_factor": 0.25,
@@ -259,7 +260,7 @@ def shape_from_config(config: dict[str, Any], *, name: str = "custom", where: st
     if cfg["model_type"] == "qwen3_5_text":
         cfg.setdefault("head_dim", 256)
         if "layer_types" not in cfg:
-            cfg["layer_types"] = _layer_types(int(cfg["num_hidden_layers"]), int(cfg.get("full_attention_interval", 4)))
+            cfg["layer_types"] = default_layer_types(int(cfg["num_hidden_layers"]), int(cfg.get("full_attention_interval", 4)))
     cfg.setdefault("tie_word_embeddings", False)
     cfg.setdefault("eos_token_id", special["<|endoftext|>"])
     return Shape(name=name, config=cfg, special_ids=special, bpe_vocab=bpe, source="user config")

@@ -1,8 +1,8 @@
 """The megakernel's LB_MK_TRACE stamps (engines/megakernel/decode_kernel.cu, trace()) as a per-interval summary.
 
 The engine writes one line per traced block ("block B: t0 t1 ..."): 16 clock64 slots a layer (cycles from the
-block's first stamp; a slot the path does not write is negative), then the LM head's start and end. No
-dependencies beyond the standard library, so tests can import it.
+block's first stamp; a slot the path does not write is negative), then the LM head's start and end. Needs no
+torch (only lucebench's model shapes), so tests import it.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import json
 import statistics
 from pathlib import Path
 
+from lucebench.models.shapes import default_layer_types
+
 # LB_MK_TRACE stamp pairs (decode_kernel.cu, trace()) -> interval names, for the default fused path (the mixer
 # stamps 6-8 before its end, 4) and the unfused stages (3-14 in numeric order). A layer's valid stamps are taken
 # in time order; a pair not named shows as "a->b".
 TRACE_FUSED = {
     (0, 1): "in prologue", (1, 2): "in gemv+epilogue", (2, 3): "barrier in->mixer", (3, 6): "mixer: wait for in rows",
-    (2, 6): "mixer: wait for in rows", (3, 4): "mixer", (4, 5): "barrier mixer->mlp",
+    (3, 4): "mixer", (4, 5): "barrier mixer->mlp",
     (5, 13): "writeback, clears, conv prefetch", (13, 9): "mlp prologue", (9, 12): "gate/up",
     (12, 10): "down + atomics", (10, 11): "barrier after mlp", (11, None): "to next layer",
 }
@@ -42,13 +44,13 @@ def trace_summary(path: Path, ghz: float, types: list[str] | None = None) -> dic
         label, _, nums = line.partition(":")
         t = [int(x) for x in nums.split()]
         n_layers = (len(t) - 2) // 16
-        types = types if types and len(types) == n_layers else ["layer"] * n_layers
+        kinds = types if types and len(types) == n_layers else ["layer"] * n_layers
         groups: dict = {}
         for i in range(n_layers):
             lo, hi = t[i * 16], t[(i + 1) * 16]  # this layer's start, the next one's (or the LM head's)
             valid = {k: t[i * 16 + k] for k in range(16) if lo <= t[i * 16 + k] <= hi}
             fused = 6 in valid and 4 in valid and valid[6] < valid[4]
-            group = {"full_attention": "attention", "linear_attention": "deltanet"}.get(types[i], types[i])
+            group = {"full_attention": "attention", "linear_attention": "deltanet"}.get(kinds[i], kinds[i])
             names = {**TRACE_FUSED, **TRACE_MIXER.get(group, {})} if fused else TRACE_UNFUSED
             stamps = sorted((v, k) for k, v in valid.items()) + [(hi, None)]
             per = groups.setdefault(group, {})
@@ -65,5 +67,5 @@ def layer_types(ckpt: Path) -> list[str]:
     """The checkpoint's layer types (Qwen3.5: every 4th layer full attention unless the config lists them)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
-    n, every = int(cfg["num_hidden_layers"]), int(cfg.get("full_attention_interval", 4))
-    return cfg.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    return cfg.get("layer_types") or default_layer_types(int(cfg["num_hidden_layers"]),
+                                                         int(cfg.get("full_attention_interval", 4)))
