@@ -204,11 +204,20 @@ struct GridBarrier {
     unsigned passed = 0;
     __device__ GridBarrier(unsigned* b, int k, bool o) : bar(b), kind(k), off(o) {}
     __device__ __forceinline__ void sync() {
+        sync([] {});
+    }
+    // while_waiting() runs on every thread after the block's arrival (kind 2; before the barrier otherwise),
+    // off the chain unless this block arrives last: work that must follow the previous barrier and only
+    // precede the next one. Its memory operations are not ordered before the arrival.
+    template <class F>
+    __device__ __forceinline__ void sync(F while_waiting) {
         csync();
+        if (off || kind != 2) while_waiting();
         if (off) return;
+        if (threadIdx.x == 0 && kind == 2) red_release_add(bar, 1u);
+        if (kind == 2) while_waiting();
         if (threadIdx.x == 0) {
             if (kind == 2) {
-                red_release_add(bar, 1u);
                 wait_count(bar, (++passed) * gridDim.x);
             } else {
                 long long t0 = 0;
@@ -1360,9 +1369,19 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             stage_deltanet(p, L, aux, state_pre ? spre : nullptr);
         }
         trace(p, l, 4);
-        gb.sync();
+        // With the fused MLP, the next layer's conv windows are requested while this block waits here (they
+        // land during the MLP; stage_in waits for them), not after the barrier on every block's chain.
+        gb.sync([&] {
+            if (!conv_pre || !K.fuse || l + 1 >= n_layers) return;
+            part_range(layers[l + 1].in_rows, b, nb, &r0, &r1);
+            conv_prefetch(p, layers[l + 1], r0, r1, convpre);
+        });
         trace(p, l, 5);
-        if (K.dn_whole && out_fused_here && !L.full) dn_whole_writeback(p, L, dnslice);
+        // The whole-head DeltaNet state write-back needs the barrier above (every block of the head has read the
+        // old state) and nothing after it before the next token: with the fused MLP it waits for the next barrier.
+        const bool wb = K.dn_whole && out_fused_here && !L.full;
+        const bool wb_late = wb && K.fuse;
+        if (wb && !wb_late) dn_whole_writeback(p, L, dnslice);
         if (!out_fused_here) {
             stage_out(p, L, l, xw, xs, aux, red, own);
             trace(p, l, 7);
@@ -1370,10 +1389,6 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             trace(p, l, 8);
         }
         if (K.fuse) {
-            if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the MLP
-                part_range(layers[l + 1].in_rows, b, nb, &r0, &r1);
-                conv_prefetch(p, layers[l + 1], r0, r1, convpre);
-            }
             // every block is past layer l's in-projection prologue, the last reader of the out half `prev`
             // (whose next user is layer l + 1's mixer): this block clears its rows of it
             if (K.fuse_out)
@@ -1381,7 +1396,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
             stage_mlp_fused(p, L, l, xw, xs, red, actv, p.mlp_acc + cur, out_fused_here ? p.out_acc + cur : nullptr,
                             own, h0, h1);
             trace(p, l, 10);
-            gb.sync();
+            gb.sync([&] {
+                if (wb_late) dn_whole_writeback(p, L, dnslice);
+            });
             trace(p, l, 11);
             continue;
         }
