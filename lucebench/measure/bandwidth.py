@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import statistics
+import time
 from dataclasses import dataclass
 
 _GB = 1e9
@@ -77,9 +78,11 @@ def datasheet_bandwidth(gpu_name: str) -> Bandwidth | None:
     return None
 
 
-def measure_copy_bandwidth(device_index: int, *, size_bytes: int | None = None, repeats: int = 20) -> float | None:
+def measure_copy_bandwidth(device_index: int, *, size_bytes: int | None = None, repeats: int = 20,
+                           warmup_s: float = 0.3) -> float | None:
     """Device memory bandwidth in bytes/s (read + written) from a large device-to-device copy timed with
-    CUDA events, median of ``repeats``. None where torch or a CUDA/ROCm device is not available.
+    CUDA events, median of ``repeats`` after ``warmup_s`` seconds of the same copy. None where torch or a
+    CUDA/ROCm device is not available.
 
     The buffer is 1 GiB (or a quarter of the free memory if less), far beyond any cache.
     """
@@ -99,9 +102,14 @@ def measure_copy_bandwidth(device_index: int, *, size_bytes: int | None = None, 
         src = torch.empty(n, dtype=torch.uint8, device=device)
         src.fill_(1)
         dst = torch.empty_like(src)
-        for _ in range(3):  # warm up: clocks up, allocator settled
+        # Warm up for a fixed time, not a count: a card found idle (SM clock ~345 MHz on an H200) needs tens
+        # of ms to clock up, and three 1 GiB copies (~1.5 ms) measured 3.5% low there (docs/benchmarks.md,
+        # session 16).
+        deadline, warm = time.perf_counter() + warmup_s, 0
+        while warm < 3 or time.perf_counter() < deadline:
             dst.copy_(src)
-        torch.cuda.synchronize(device)
+            torch.cuda.synchronize(device)
+            warm += 1
         times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -120,5 +128,5 @@ def memory_bandwidth(device_index: int, gpu_name: str | None, *, measure: bool =
     if measure:
         value = measure_copy_bandwidth(device_index)
         if value is not None:
-            return Bandwidth(value, "measured: torch device-to-device copy of 1 GiB, median of 20")
+            return Bandwidth(value, "measured: torch device-to-device copy of 1 GiB, median of 20 after 0.3 s of warm-up")
     return datasheet_bandwidth(gpu_name) if gpu_name else None

@@ -236,8 +236,16 @@ class Result(_Strict):
     def move_to(self, env: Environment) -> str | None:
         """Make `env` the run's environment (a --resume). Where it is another machine or checkout
         (`machine_identity` differs), the environment of the cells measured so far is kept under a key in
-        other_environments and those cells name it; returns that key, or None for the same machine."""
+        other_environments and those cells name it; returns that key, or None for the same machine, whose
+        GPUs keep the memory bandwidth measured first (the roofline of every cell of the run uses it)."""
         if machine_identity(self.environment) == machine_identity(env):
+            # One run, one roofline denominator: the cells measured so far used the earlier bandwidth.
+            earlier = {g.index: g for g in self.environment.gpus}
+            for gpu in env.gpus:
+                before = earlier.get(gpu.index)
+                if before is not None and before.memory_bandwidth_bytes_s is not None:
+                    gpu.memory_bandwidth_bytes_s = before.memory_bandwidth_bytes_s
+                    gpu.memory_bandwidth_source = before.memory_bandwidth_source
             self.environment = env
             return None
         key = environment_key(self.environment)

@@ -105,9 +105,10 @@ class Runner:
         check_hardware(self.config, backend, env)
 
         devices = sorted({c.gpu for c in cells if c.gpu is not None}) if backend in GPU_BACKENDS else []
-        add_memory_bandwidth(env, devices, console=self.console)
         ensure_writable_dir(self.options.out_dir)
         result = self._start_result(env)
+        # after _start_result: a resume on the same machine keeps the bandwidth its cells were measured with
+        add_memory_bandwidth(env, devices, console=self.console)
         summary = RunSummary(result_path=self.result_path)
         models = ModelCache(self.config, console=self.console)
         workloads = WorkloadCache(self.config)

@@ -25,6 +25,37 @@ def test_same_machine_replaces_the_environment(fab):
     assert all(c.environment_id is None for c in r.cells)
 
 
+def test_same_machine_keeps_the_bandwidth_measured_first(fab):
+    # the cells measured before computed their roofline with the first measurement: a resumed run keeps it,
+    # so that every cell of the run has the same denominator
+    r = fab.gpu_result()
+    r.environment.gpus[0].memory_bandwidth_bytes_s = 4.064e12
+    r.environment.gpus[0].memory_bandwidth_source = "measured: first call"
+    again = fab.environment()
+    again.gpus[0].memory_bandwidth_bytes_s = 4.209e12
+    again.gpus[0].memory_bandwidth_source = "measured: second call"
+    assert r.move_to(again) is None
+    gpu = r.environment.gpus[0]
+    assert (gpu.memory_bandwidth_bytes_s, gpu.memory_bandwidth_source) == (4.064e12, "measured: first call")
+    # nothing measured before: the new measurement stands
+    r = fab.gpu_result()
+    r.environment.gpus[0].memory_bandwidth_bytes_s = None
+    again = fab.environment()
+    again.gpus[0].memory_bandwidth_bytes_s = 4.209e12
+    r.move_to(again)
+    assert r.environment.gpus[0].memory_bandwidth_bytes_s == 4.209e12
+
+
+def test_another_machine_measures_its_own_bandwidth(fab):
+    r = fab.gpu_result()
+    r.environment.gpus[0].memory_bandwidth_bytes_s = 9.36e11
+    other = _other_machine(fab)
+    other.gpus[0].memory_bandwidth_bytes_s = 4.2e12
+    key = r.move_to(other)
+    assert r.environment.gpus[0].memory_bandwidth_bytes_s == 4.2e12
+    assert r.other_environments[key].gpus[0].memory_bandwidth_bytes_s == 9.36e11
+
+
 def test_another_machine_keeps_the_earlier_cells_environment(fab):
     r = fab.gpu_result()
     before = r.environment
