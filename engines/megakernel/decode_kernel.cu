@@ -1312,10 +1312,12 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     GridBarrier gb(p.bar, K.bar_kind, K.diag & 8);
     const int n_layers = (K.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
     const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;  // LB_MK_EARLY
-    if (conv_pre && n_layers > 0) {
-        part_range(layers[0].in_rows, b, nb, &r0, &r1);
-        conv_prefetch(p, layers[0], r0, r1, convpre);
-    }
+    auto request_conv_windows = [&](int l) {  // layer l's, for this block's in-projection rows
+        if (!conv_pre || l >= n_layers) return;
+        part_range(layers[l].in_rows, b, nb, &r0, &r1);
+        conv_prefetch(p, layers[l], r0, r1, convpre);
+    };
+    request_conv_windows(0);
     for (int l = 0; l < n_layers; ++l) {
         const LayerPtrs& L = layers[l];
         trace(p, l, 0);
@@ -1372,16 +1374,13 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         // With the fused MLP, the next layer's conv windows are requested while this block waits here (they
         // land during the MLP; stage_in waits for them), not after the barrier on every block's chain.
         gb.sync([&] {
-            if (!conv_pre || !K.fuse || l + 1 >= n_layers) return;
-            part_range(layers[l + 1].in_rows, b, nb, &r0, &r1);
-            conv_prefetch(p, layers[l + 1], r0, r1, convpre);
+            if (K.fuse) request_conv_windows(l + 1);
         });
         trace(p, l, 5);
         // The whole-head DeltaNet state write-back needs the barrier above (every block of the head has read the
         // old state) and nothing after it before the next token: with the fused MLP it waits for the next barrier.
-        const bool wb = K.dn_whole && out_fused_here && !L.full;
-        const bool wb_late = wb && K.fuse;
-        if (wb && !wb_late) dn_whole_writeback(p, L, dnslice);
+        const bool writeback = K.dn_whole && out_fused_here && !L.full;
+        if (writeback && !K.fuse) dn_whole_writeback(p, L, dnslice);
         if (!out_fused_here) {
             stage_out(p, L, l, xw, xs, aux, red, own);
             trace(p, l, 7);
@@ -1397,7 +1396,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
                             own, h0, h1);
             trace(p, l, 10);
             gb.sync([&] {
-                if (wb_late) dn_whole_writeback(p, L, dnslice);
+                if (writeback) dn_whole_writeback(p, L, dnslice);
             });
             trace(p, l, 11);
             continue;
@@ -1406,10 +1405,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
         trace(p, l, 10);
         gb.sync();
         trace(p, l, 11);
-        if (conv_pre && l + 1 < n_layers) {  // the next layer's conv windows land during the down stage
-            part_range(layers[l + 1].in_rows, b, nb, &r0, &r1);
-            conv_prefetch(p, layers[l + 1], r0, r1, convpre);
-        }
+        request_conv_windows(l + 1);  // they land during the down stage
         stage_down(p, L, l, xw, xs, red, own);
         trace(p, l, 13);
         gb.sync();
