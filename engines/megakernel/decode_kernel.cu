@@ -475,9 +475,21 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float
         cp_async_wait_all();
         csync();
     }
-    gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
+    auto epilogue = [&](int r, float v) {
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
+    };
+    // A DeltaNet row's epilogue (conv1d + SiLU, conv state, gates: ~0.4 us of dependent work, docs/megakernel.md
+    // v12) runs after the GEMV, one thread a row in parallel, instead of on lane 0 between a warp's row pairs; the
+    // row values wait in xs past the input vector (the host sizes xs for it). Attention rows are only stored.
+    float* rowv = xs + p.H;
+    gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
+        if (L.full) p.buf_in[r] = v;
+        else rowv[r - r0] = v;
     });
+    if (!L.full) {
+        csync();
+        for (int i = threadIdx.x; i < r1 - r0; i += NT) epilogue(r0 + i, rowv[i]);
+    }
     if (in_cnt) {
         csync();
         if (L.full) publish_kv_head_rows(p, r0, r1, in_cnt);

@@ -286,7 +286,9 @@ private:
     // ---------------------------------------------------------------------------------- decode setup
     void setup_decode() {
         const Qwen35Config& c = cfg_;
-        const int xs = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
+        // xs: the widest stage input, and the in-projection's input followed by the block's row values (stage_in)
+        const int in_rows_per_block = (std::max(c.lin_in_rows(), c.attn_qkv_rows()) + sms_ - 1) / sms_;
+        const int xs = std::max({c.hidden + in_rows_per_block, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
         const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
         const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + 2 * NW;
         // Whole-head DeltaNet items (Params::dn_whole, docs/megakernel.md v8; LB_MK_DN_WHOLE=0 turns them off):
