@@ -475,7 +475,7 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float
         cp_async_wait_all();
         csync();
     }
-    auto epilogue = [&](int r, float v) {
+    auto epilogue = [&](int r, float v) {  // (an attention row's is its store)
         in_epilogue(p, L, r, v, convpre && !L.full && r < p.cd ? convpre + (r - r0) * 16 : nullptr);
     };
     // A DeltaNet row's epilogue (conv1d + SiLU, conv state, gates: ~0.4 us of dependent work, docs/megakernel.md
@@ -483,7 +483,7 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float
     // row values wait in xs past the input vector (the host sizes xs for it). Attention rows are only stored.
     float* rowv = xs + p.H;
     gemv_rows(L.in_w, p.H, r0, r1, xs, red, [&](int r, float v) {
-        if (L.full) p.buf_in[r] = v;
+        if (L.full) epilogue(r, v);
         else rowv[r - r0] = v;
     });
     if (!L.full) {

@@ -286,8 +286,10 @@ private:
     // ---------------------------------------------------------------------------------- decode setup
     void setup_decode() {
         const Qwen35Config& c = cfg_;
+        // A block's share of `rows`, sized for one block per SM (more blocks only shrink a block's share).
+        auto per = [&](int rows) { return (rows + sms_ - 1) / sms_; };
+        const int in_rows_per_block = per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
         // xs: the widest stage input, and the in-projection's input followed by the block's row values (stage_in)
-        const int in_rows_per_block = (std::max(c.lin_in_rows(), c.attn_qkv_rows()) + sms_ - 1) / sms_;
         const int xs = std::max({c.hidden + in_rows_per_block, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
         const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
         const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + 2 * NW;
@@ -298,11 +300,9 @@ private:
         const int aux = std::max({att_aux, dn_aux, c.lin_v_heads, dn_shape ? 2 * NW * 128 : 0});
         const int dnslice = dn_shape ? 128 * DN_COLS : 0;
         const int xs_pad = (xs + 3) / 4 * 4;
-        // after aux: the block's residual rows and its in-projection rows' conv windows (16 floats each),
-        // sized for one block per SM (more blocks only shrink a block's share)
-        auto per = [&](int rows) { return (rows + sms_ - 1) / sms_; };
+        // after aux: the block's residual rows and its in-projection rows' conv windows (16 floats each)
         const int own = per(c.hidden);
-        const int convpre = 16 * per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
+        const int convpre = 16 * in_rows_per_block;
         // Fused MLP (docs/megakernel.md, v4; the default, LB_MK_FUSE=0 turns it off; not in the v3 ring
         // kernel): gate/up and down in one stage; needs the [G][H] partial sums (G = threads per block /
         // (H / 8)) to fit in xs + red + aux
