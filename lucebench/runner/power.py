@@ -29,8 +29,10 @@ class RunPower:
         return bool(self.samplers)
 
     @classmethod
-    def start(cls, devices: list[int], idle_s: float, console: Any = None) -> RunPower:
-        """Measure idle power on each device, then start a background sampler on each."""
+    def start(cls, devices: list[int], idle_s: float, console: Any = None,
+              known_idle_w: dict[int, float] | None = None) -> RunPower:
+        """Measure idle power on each device (or take it from `known_idle_w`: a resumed run's earlier cells on
+        this machine), then start a background sampler on each."""
         from lucebench.measure.nvml import default_nvml
         from lucebench.measure.power import PowerSampler, measure_idle_power
 
@@ -39,7 +41,12 @@ class RunPower:
             return cls()
         run = cls()
         for index in devices:
-            if idle_s > 0:
+            if known_idle_w and index in known_idle_w:
+                run.idle_w[index] = known_idle_w[index]
+                if console is not None:
+                    console.log(f"idle power of GPU {index}: {known_idle_w[index]:.1f} W, as the run's earlier cells "
+                                "measured it (one net-energy baseline a run)")
+            elif idle_s > 0:
                 if console is not None:
                     console.log(f"measuring idle power of GPU {index} for {idle_s:g} s")
                 run.idle_w[index] = measure_idle_power(index, seconds=idle_s, nvml=nvml)
@@ -102,3 +109,17 @@ class RunPower:
     def trace(self, device: int | None, t0_ns: int, t1_ns: int) -> list[tuple[float, float]]:
         sampler = self._sampler(device)
         return sampler.trace(t0_ns, t1_ns, max_points=500) if sampler is not None else []
+
+
+def earlier_idle_power(result: Any) -> dict[int, float]:
+    """Idle power per GPU index that a run's cells measured on this machine (those without an
+    `environment_id`; a --resume elsewhere keeps its cells under another environment). A resume reuses it, so
+    that every cell's net energy of one run subtracts the same baseline: measured again, the same card read
+    126 W right after the run's start-up work and 81 W at rest (session 18, run P)."""
+    found: dict[int, float] = {}
+    for cell in result.cells:
+        gpu = cell.params.get("gpu")
+        if (cell.environment_id is None and cell.power is not None and cell.power.idle_power_w is not None
+                and isinstance(gpu, int)):
+            found.setdefault(gpu, cell.power.idle_power_w)
+    return found

@@ -38,7 +38,7 @@ from lucebench.results.store import ensure_writable_dir, save_atomic
 from lucebench.runner.cell import CellFailed, CellInterrupted, measure_cell
 from lucebench.runner.checks import token_match
 from lucebench.runner.hardware import add_memory_bandwidth, check_hardware, resolve_backend
-from lucebench.runner.power import RunPower
+from lucebench.runner.power import RunPower, earlier_idle_power
 from lucebench.runner.prepare import ModelCache, WorkloadCache
 from lucebench.runner.process import EngineProcess
 from lucebench.suites import workload_identity
@@ -119,7 +119,8 @@ class Runner:
 
         try:
             with ExitStack() as stack:
-                power = RunPower.start(devices, self.config.power.idle_s, console=self.console) if devices else RunPower()
+                power = (RunPower.start(devices, self.config.power.idle_s, console=self.console,
+                                        known_idle_w=earlier_idle_power(result)) if devices else RunPower())
                 stack.callback(power.stop)
                 guard = self._power_guard(stack, devices)
                 progress = stack.enter_context(Progress(

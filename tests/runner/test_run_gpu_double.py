@@ -96,3 +96,21 @@ def test_power_limit_applied_then_restored(fake_gpu, tmp_path, tiny_model):
     assert limited.power.applied and limited.power.requested_limit_w == 300 and limited.power.limit_w == 300
     assert [mw for _, mw in fake_gpu.set_calls] == [300_000, 700_000]  # applied, then restored on exit
     assert fake_gpu.gpus[0].limit_mw == 700_000
+
+
+def test_resume_keeps_the_runs_idle_power(fake_gpu, tmp_path, tiny_model):
+    """A --resume on the same machine subtracts the idle power the run's first cells measured, not a new reading."""
+    loaded = load_config(_config(tmp_path, tiny_model, allow=True))
+    out = tmp_path / "out-resume"
+    first = Runner(loaded, RunOptions(out_dir=out, only="fake/tiny/tg32", report=False)).run()
+    assert first.ok == 1
+    fake_gpu.gpus[0].power = lambda t: 150.0  # the card now reads lower at rest
+    second = Runner(loaded, RunOptions(out_dir=out, resume=True, allow_power_limit=True, report=False)).run()
+    assert second.reused == 1 and second.ok == 1
+    cells = {c.id: c for c in json_result(out).cells}
+    assert cells["fake/tiny/tg32"].power.idle_power_w == pytest.approx(250.0)
+    assert cells["fake/tiny/tg32/pl300W"].power.idle_power_w == pytest.approx(250.0)
+    # and a new run measures it afresh
+    fresh = tmp_path / "out-fresh"
+    Runner(loaded, RunOptions(out_dir=fresh, only="fake/tiny/tg32", report=False)).run()
+    assert json_result(fresh).cells[0].power.idle_power_w == pytest.approx(150.0)
