@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
 # Run a lucebench config on a lent GPU machine whose python3 has torch and transformers but not all of
-# lucebench's dependencies: those travel as wheels in .whl/ (see docs/benchmarks.md for how to make it).
+# lucebench's dependencies: those travel as wheels in .whl/ (carried with the call), made here with
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     pydantic pydantic_core annotated-types typing-inspection datasets dill multiprocess gguf typer rich
+#
+# (the versions of .venv, `pip list` there; the H200 image has the rest: numpy, pandas, matplotlib, scipy,
+# pyarrow, fsspec, huggingface_hub, tokenizers, safetensors, nvidia-ml-py, jinja2, cmake). llama.cpp's source
+# travels as .cache/llamacpp/llama.cpp-*.tar.xz: `python -m lucebench.baselines.llamacpp.packsrc pack
+# .cache/llamacpp/llama.cpp-0c1e570.tar.xz`.
 #
 #   bash scripts/device/run_config.sh CONFIG RUN_DIR [lucebench run flags...]
 #
