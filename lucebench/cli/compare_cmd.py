@@ -15,6 +15,7 @@ from lucebench.errors import UserError
 DEFAULT_THRESHOLD_PCT = 5.0
 DEFAULT_ALPHA = 0.05
 DEFAULT_MIN_SAMPLES = 3
+DEFAULT_REFERENCE_TOLERANCE_PCT = 5.0
 
 
 def parse_metric_thresholds(items: list[str]) -> dict[str, float]:
@@ -53,6 +54,10 @@ def compare(
     alpha: float = typer.Option(DEFAULT_ALPHA, "--alpha", help="significance level of the Mann-Whitney U test"),
     min_samples: int = typer.Option(DEFAULT_MIN_SAMPLES, "--min-samples",
                                     help="fewer samples than this on either side marks a metric noisy"),
+    reference_tolerance: float = typer.Option(
+        DEFAULT_REFERENCE_TOLERANCE_PCT, "--reference-tolerance", min=0.0,
+        help="percent by which two cells' idle power (copy bandwidth) may differ before their net-energy (roofline) "
+             "metrics stop gating"),
     json_out: Path = typer.Option(None, "--json", help="write the full comparison as JSON"),
     md_out: Path = typer.Option(None, "--md", help="write the full comparison as Markdown"),
     all_metrics: bool = typer.Option(False, "--all", help="print every metric, not only headline and flagged ones"),
@@ -64,7 +69,8 @@ def compare(
 
     base, cand = load_results([baseline, candidate])
     opts = CompareOptions(threshold_pct=threshold, metric_thresholds=parse_metric_thresholds(metric_threshold),
-                          force=force, alpha=alpha, min_samples=min_samples)
+                          force=force, alpha=alpha, min_samples=min_samples,
+                          reference_tolerance_pct=reference_tolerance)
     comp = compare_results(base, cand, opts)
     console = Console(width=200)
     console.print(comparison_rich(comp, all_metrics=all_metrics))

@@ -12,7 +12,10 @@ The rule (after asv / Bencher / Conbench, tuned against single-run noise alarms)
   (p <= alpha; with 3 vs 3 samples complete separation gives exactly 0.05). A change beyond the threshold without that support is "inconclusive";
 * a metric whose cell is noisy (the summary's CoV flag, or fewer than `min_samples` samples on either
   side) is marked "noisy" instead of failing;
-* a cell that was ok in the baseline and failed in the candidate is a regression.
+* a cell that was ok in the baseline and failed in the candidate is a regression;
+* metrics measured against a per-run reference reading (net energies: the idle power; the roofline: the copy
+  bandwidth) are marked "noisy" instead of failing when that reading differs between the two cells by more than
+  `reference_tolerance_pct`: the change would be the reading's, not the engine's.
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ from scipy.stats import mannwhitneyu
 
 from lucebench.errors import UserError
 from lucebench.reports.cells import card_name
-from lucebench.reports.metric_info import INFORMATIONAL, higher_is_better
+from lucebench.reports.metric_info import BANDWIDTH_RELATIVE, INFORMATIONAL, NET_OF_IDLE, higher_is_better
 from lucebench.results.schema import Cell, MetricSummary, Result
 
 DEFAULT_THRESHOLD_PCT = 5.0
 DEFAULT_ALPHA = 0.05
 DEFAULT_MIN_SAMPLES = 3
 DEFAULT_BOOTSTRAP = 2000
+# Idle power or copy bandwidth differing by more than this between two cells makes their net-energy or roofline
+# metrics incomparable (session 18: one H200 read 126 W and 81 W idle ten minutes apart; the copy bandwidth of
+# one card varies by ~2% between measurements, so that alone stays below it).
+DEFAULT_REFERENCE_TOLERANCE_PCT = 5.0
 CONFIDENCE = 0.95
 
 # Statuses of one metric comparison. "regression" and "failed" make `compare` exit 1.
@@ -51,6 +58,7 @@ class CompareOptions:
     alpha: float = DEFAULT_ALPHA
     min_samples: int = DEFAULT_MIN_SAMPLES
     n_bootstrap: int = DEFAULT_BOOTSTRAP
+    reference_tolerance_pct: float = DEFAULT_REFERENCE_TOLERANCE_PCT
 
     def threshold(self, metric: str) -> float:
         """The threshold of `metric` as a fraction (5% -> 0.05)."""
@@ -297,7 +305,8 @@ def compare_results(baseline: Result, candidate: Result, options: CompareOptions
                             hint="the runs used different prompts, lengths or suite versions; pass --force to compare "
                                  "anyway")
         forced += workload_problems
-    cells = [_compare_cells(bmap[k], cmap[k], opts) for k in common]
+    cells = [_compare_cells(bmap[k], cmap[k], opts, _references(baseline, bmap[k]), _references(candidate, cmap[k]))
+             for k in common]
     return Comparison(
         baseline_run=baseline.run_id, candidate_run=candidate.run_id,
         baseline_hardware=" / driver ".join(x or "none" for x in hardware_identity(baseline)),
@@ -320,7 +329,43 @@ def _index(cells: Sequence[Cell], ignore: Sequence[str]) -> dict[tuple[Any, ...]
     return out
 
 
-def _compare_cells(b: Cell, c: Cell, opts: CompareOptions) -> CellComparison:
+@dataclass(frozen=True)
+class References:
+    """The per-run readings a cell's metrics were measured against."""
+
+    idle_power_w: float | None
+    bandwidth_bytes_s: float | None
+
+
+def _references(result: Result, cell: Cell) -> References:
+    gpu_index = cell.params.get("gpu", 0)
+    gpus = {g.index: g for g in result.environment_of(cell).gpus}
+    gpu = gpus.get(gpu_index) if isinstance(gpu_index, int) else None
+    return References(idle_power_w=cell.power.idle_power_w if cell.power else None,
+                      bandwidth_bytes_s=gpu.memory_bandwidth_bytes_s if gpu else None)
+
+
+def _differs(a: float | None, b: float | None, tolerance_pct: float) -> bool:
+    return a is not None and b is not None and a > 0 and abs(b / a - 1.0) * 100 > tolerance_pct
+
+
+def reference_notes(rb: References, rc: References, opts: CompareOptions) -> tuple[frozenset[str], list[str]]:
+    """Metrics that must not gate because their reference reading differs, and a note saying why."""
+    ungated: set[str] = set()
+    notes = []
+    if _differs(rb.idle_power_w, rc.idle_power_w, opts.reference_tolerance_pct):
+        ungated |= NET_OF_IDLE
+        notes.append(f"idle power differs ({rb.idle_power_w:.1f} W vs {rc.idle_power_w:.1f} W): net-of-idle "
+                     "metrics marked noisy")
+    if _differs(rb.bandwidth_bytes_s, rc.bandwidth_bytes_s, opts.reference_tolerance_pct):
+        ungated |= BANDWIDTH_RELATIVE
+        notes.append(f"measured bandwidth differs ({rb.bandwidth_bytes_s / 1e12:.3f} vs "
+                     f"{rc.bandwidth_bytes_s / 1e12:.3f} TB/s): roofline marked noisy")
+    return frozenset(ungated), notes
+
+
+def _compare_cells(b: Cell, c: Cell, opts: CompareOptions, rb: References | None = None,
+                   rc: References | None = None) -> CellComparison:
     label = cell_label(b)
     if b.status == "ok" and c.status != "ok":
         reason = c.error.message if c.error else "no reason recorded"
@@ -341,7 +386,14 @@ def _compare_cells(b: Cell, c: Cell, opts: CompareOptions) -> CellComparison:
         # Nothing to compare against: the baseline cell had no measurement.
         for m in changes:
             m.status = "n/a"
-    return CellComparison(label, b.params, b.id, c.id, b.status, c.status, status, changes)
+    ungated, notes = reference_notes(rb, rc, opts) if rb and rc else (frozenset(), [])
+    for m in changes:
+        if m.metric in ungated:
+            m.noisy = True
+            if m.status in ("regression", "improvement", "inconclusive"):
+                m.status = "noisy"
+    return CellComparison(label, b.params, b.id, c.id, b.status, c.status, status, changes,
+                          note="; ".join(notes) or None)
 
 
 def comparison_dict(comp: Comparison) -> dict[str, Any]:

@@ -52,6 +52,8 @@ def summary_lines(comp: Comparison) -> list[str]:
                        if statuses.count(s))]
     for text in comp.forced_mismatches:
         lines.append(f"forced despite: {text}")
+    noted = [f"{c.label}: {c.note}" for c in comp.cells if c.note and c.status not in ("failed", "both-failed")]
+    lines += noted[:10] + ([f"... and {len(noted) - 10} more cells with notes"] if len(noted) > 10 else [])
     if comp.only_in_baseline:
         lines.append(f"only in baseline ({len(comp.only_in_baseline)}): " + "; ".join(comp.only_in_baseline[:10]))
     if comp.only_in_candidate:

@@ -18,6 +18,15 @@ LOWER_IS_BETTER: frozenset[str] = frozenset({
 INFORMATIONAL: frozenset[str] = frozenset({"avg_power_w"})
 
 
+# Metrics measured against a per-run reference reading, which `lucebench compare` checks before gating them:
+# net energies subtract the idle power measured at the run's start, and the roofline divides by the copy bandwidth
+# measured there. Both readings vary between cards of one model and with what the card did just before.
+NET_OF_IDLE: frozenset[str] = frozenset({
+    "prefill_j_net", "decode_j_net", "prefill_tok_per_j_net", "decode_tok_per_j_net", "total_tok_per_j_net",
+})
+BANDWIDTH_RELATIVE: frozenset[str] = frozenset({"roofline_pct"})
+
+
 @dataclass(frozen=True)
 class MetricInfo:
     """Display facts of one metric."""

@@ -156,6 +156,46 @@ def test_cells_only_on_one_side_are_listed(fab):
     assert len(comp.only_in_baseline) == 3 and comp.exit_code == 0
 
 
+def _scaled(summary: MetricSummary, factor: float) -> MetricSummary:
+    return _summary([v * factor for v in summary.samples])
+
+
+def _tg128(result):
+    return next(c for c in result.cells if c.params.get("engine") == "megakernel" and c.params.get("suite") == "tg128"
+                and c.params.get("power_limit_w") == 350)
+
+
+def test_net_energy_does_not_gate_when_the_idle_power_differs(fab):
+    """A 20% drop of net tok/J is a regression with the same idle power, and noisy (with a note) when the
+    candidate's idle reading differs: the change is then the baseline's, not the engine's."""
+    base, cand = fab.gpu_result(seed=1, cov=0.02), fab.gpu_result(seed=2, cov=0.02)
+    cell = _tg128(cand)
+    cell.metrics["decode_tok_per_j_net"] = _scaled(cell.metrics["decode_tok_per_j_net"], 0.8)
+    same = {(m.metric, m.status) for c, m in compare_results(base, cand).regressions() if m}
+    assert ("decode_tok_per_j_net", "regression") in same
+    cell.power.idle_power_w *= 0.7
+    comp = compare_results(base, cand)
+    assert not any(m and m.metric == "decode_tok_per_j_net" for _, m in comp.regressions())
+    compared = next(c for c in comp.cells if c.candidate_id == cell.id)
+    assert next(m for m in compared.changes if m.metric == "decode_tok_per_j_net").status == "noisy"
+    assert compared.note and "idle power differs" in compared.note
+    # gross metrics still gate, and a tolerance above the difference restores the net gate
+    loose = compare_results(base, cand, CompareOptions(reference_tolerance_pct=50.0))
+    assert any(m and m.metric == "decode_tok_per_j_net" for _, m in loose.regressions())
+
+
+def test_roofline_does_not_gate_when_the_measured_bandwidth_differs(fab):
+    base, cand = fab.gpu_result(seed=1, cov=0.02), fab.gpu_result(seed=2, cov=0.02)
+    cell = _tg128(cand)
+    cell.metrics["roofline_pct"] = _scaled(cell.metrics["roofline_pct"], 0.8)
+    assert any(m and m.metric == "roofline_pct" for _, m in compare_results(base, cand).regressions())
+    base.environment.gpus[0].memory_bandwidth_bytes_s = 936e9
+    cand.environment.gpus[0].memory_bandwidth_bytes_s = 936e9 * 1.25
+    comp = compare_results(base, cand)
+    assert not any(m and m.metric == "roofline_pct" for _, m in comp.regressions())
+    assert any(c.note and "bandwidth differs" in c.note for c in comp.cells)
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 def test_cli_exit_codes_and_outputs(fab, write_result, cli, tmp_path):
     base = write_result(fab.gpu_result(seed=1, cov=0.02), "base.json")
@@ -194,3 +234,4 @@ def test_cli_defaults_match_the_module():
     assert compare_cmd.DEFAULT_THRESHOLD_PCT == compare.DEFAULT_THRESHOLD_PCT
     assert compare_cmd.DEFAULT_ALPHA == compare.DEFAULT_ALPHA
     assert compare_cmd.DEFAULT_MIN_SAMPLES == compare.DEFAULT_MIN_SAMPLES
+    assert compare_cmd.DEFAULT_REFERENCE_TOLERANCE_PCT == compare.DEFAULT_REFERENCE_TOLERANCE_PCT
