@@ -290,13 +290,15 @@ private:
         auto per = [&](int rows) { return (rows + sms_ - 1) / sms_; };
         const int in_rows_per_block = per(std::max(c.lin_in_rows(), c.attn_qkv_rows()));
         // xs: the widest stage input, and the in-projection's input followed by the block's row values (stage_in)
-        const int xs = std::max({c.hidden + in_rows_per_block, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
         const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
         const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + 2 * NW;
         // Whole-head DeltaNet items (Params::dn_whole, docs/megakernel.md v8; LB_MK_DN_WHOLE=0 turns them off):
-        // the step's reductions take 2 NW x 128 floats of aux, the updated state columns dk x 16 floats of their own
+        // the step's reductions take 2 NW x 128 floats of aux, the updated state columns dk x 16 floats of their own,
+        // its vectors (q, k, v|u, z, o) 5 x 128 floats of xs
         const bool dn_shape = c.lin_k_dim == 128 && c.lin_v_dim == 128 && NT == 4 * 128 && !env_flag("LB_MK_RING") &&
                               !env_off("LB_MK_DN_WHOLE");
+        const int xs = std::max({c.hidden + in_rows_per_block, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim,
+                                 dn_shape ? 5 * 128 : 0});
         const int aux = std::max({att_aux, dn_aux, c.lin_v_heads, dn_shape ? 2 * NW * 128 : 0});
         const int dnslice = dn_shape ? 128 * DN_COLS : 0;
         const int xs_pad = (xs + 3) / 4 * 4;
