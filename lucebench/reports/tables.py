@@ -312,6 +312,11 @@ def environment_rows(result: Result, key: str | None = None) -> list[tuple[str, 
     limits = sorted({lim for c in cells if (lim := C.power_limit_of(CellView(0, result, c, ""))) is not None})
     if limits:
         rows.append(("cell power limits", ", ".join(f"{x:g} W" for x in limits)))
+    # The baseline every `*_net` energy subtracts: one value a run since a resume reuses it (older runs: several).
+    idles = sorted({c.power.idle_power_w for c in cells if c.power is not None and c.power.idle_power_w is not None})
+    if idles:
+        rows.append(("idle power (net energies subtract it)", ", ".join(f"{x:.1f} W" for x in idles)
+                     + (" (differs between cells: compare their net figures with care)" if len(idles) > 1 else "")))
     rows.append(("CPU", f"{env.cpu or NA}" + (f" ({env.cpu_count} cores)" if env.cpu_count else "")))
     rows.append(("OS", env.os + (f", kernel {env.kernel}" if env.kernel else "")))
     commit = env.lucebench_commit or NA

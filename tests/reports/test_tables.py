@@ -88,6 +88,14 @@ def test_environment_block(fab):
     assert not all("synthetic weights" in m for m in models)
 
 
+def test_environment_block_names_the_idle_power(fab):
+    r = fab.gpu_result()
+    assert dict(T.environment_rows(r))["idle power (net energies subtract it)"] == "30.0 W"
+    r.cells[0].power.idle_power_w = 80.8  # an old resumed run: two baselines
+    row = dict(T.environment_rows(r))["idle power (net energies subtract it)"]
+    assert row.startswith("30.0 W, 80.8 W") and "with care" in row
+
+
 def test_environment_block_names_the_engine_sources(fab):
     r = fab.gpu_result()
     bundled = [c for c in r.cells if c.engine is not None and c.engine.kind == "bundled"]
