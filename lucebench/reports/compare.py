@@ -223,8 +223,9 @@ def _seed(*parts: str) -> int:
 
 
 def compare_metric(name: str, b: MetricSummary | None, c: MetricSummary | None, opts: CompareOptions,
-                   seed_text: str = "") -> MetricChange | None:
-    """Compare one metric; None when neither side has it."""
+                   seed_text: str = "", reference_differs: bool = False) -> MetricChange | None:
+    """Compare one metric; None when neither side has it. reference_differs: the reading the metric is measured
+    against (idle power, copy bandwidth) differs between the two cells, so it is noisy as a cell with high CoV is."""
     hib = higher_is_better(name)
     thr = opts.threshold(name)
     bm = b.median if b is not None else None
@@ -232,7 +233,8 @@ def compare_metric(name: str, b: MetricSummary | None, c: MetricSummary | None, 
     if bm is None and cm is None:
         return None
     nb, nc = (b.n if b else 0), (c.n if c else 0)
-    noisy = bool((b and b.noisy) or (c and c.noisy) or nb < opts.min_samples or nc < opts.min_samples)
+    noisy = bool((b and b.noisy) or (c and c.noisy) or nb < opts.min_samples or nc < opts.min_samples
+                 or reference_differs)
     if bm is None or cm is None or bm == 0:
         return MetricChange(name, bm, cm, None, None, None, None, thr, hib, noisy, nb, nc,
                             "missing" if bm is not None and cm is None else "n/a")
@@ -364,8 +366,7 @@ def reference_notes(rb: References, rc: References, opts: CompareOptions) -> tup
     return frozenset(ungated), notes
 
 
-def _compare_cells(b: Cell, c: Cell, opts: CompareOptions, rb: References | None = None,
-                   rc: References | None = None) -> CellComparison:
+def _compare_cells(b: Cell, c: Cell, opts: CompareOptions, rb: References, rc: References) -> CellComparison:
     label = cell_label(b)
     if b.status == "ok" and c.status != "ok":
         reason = c.error.message if c.error else "no reason recorded"
@@ -377,21 +378,17 @@ def _compare_cells(b: Cell, c: Cell, opts: CompareOptions, rb: References | None
         return CellComparison(label, b.params, b.id, c.id, b.status, c.status, "both-failed")
     else:
         status = "ok"
+    ungated, notes = reference_notes(rb, rc, opts)
     changes = []
     for name in list(dict.fromkeys([*b.metrics, *c.metrics])):
-        mc = compare_metric(name, b.metrics.get(name), c.metrics.get(name), opts, seed_text=label)
+        mc = compare_metric(name, b.metrics.get(name), c.metrics.get(name), opts, seed_text=label,
+                            reference_differs=name in ungated)
         if mc is not None:
             changes.append(mc)
     if status == "fixed":
         # Nothing to compare against: the baseline cell had no measurement.
         for m in changes:
             m.status = "n/a"
-    ungated, notes = reference_notes(rb, rc, opts) if rb and rc else (frozenset(), [])
-    for m in changes:
-        if m.metric in ungated:
-            m.noisy = True
-            if m.status in ("regression", "improvement", "inconclusive"):
-                m.status = "noisy"
     return CellComparison(label, b.params, b.id, c.id, b.status, c.status, status, changes,
                           note="; ".join(notes) or None)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lucebench.metrics.definitions import all_definitions
+
 # Smaller is better for latencies, energies, power and memory; larger for everything else.
 LOWER_IS_BETTER: frozenset[str] = frozenset({
     "ttft_ms", "tpot_ms", "e2e_ms", "prefill_j", "decode_j", "prefill_j_net", "decode_j_net",
@@ -21,9 +23,7 @@ INFORMATIONAL: frozenset[str] = frozenset({"avg_power_w"})
 # Metrics measured against a per-run reference reading, which `lucebench compare` checks before gating them:
 # net energies subtract the idle power measured at the run's start, and the roofline divides by the copy bandwidth
 # measured there. Both readings vary between cards of one model and with what the card did just before.
-NET_OF_IDLE: frozenset[str] = frozenset({
-    "prefill_j_net", "decode_j_net", "prefill_tok_per_j_net", "decode_tok_per_j_net", "total_tok_per_j_net",
-})
+NET_OF_IDLE: frozenset[str] = frozenset(d.name for d in all_definitions() if d.name.endswith("_net"))
 BANDWIDTH_RELATIVE: frozenset[str] = frozenset({"roofline_pct"})
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lucebench.results.schema import PhaseEnergy
+from lucebench.results.schema import PhaseEnergy, Result
 
 # A phase whose windows fill at least this share of the span from its first start to its last end is
 # measured as that one span (scaled by the busy share): back-to-back pp520 prefills last ~20 ms each,
@@ -111,7 +111,7 @@ class RunPower:
         return sampler.trace(t0_ns, t1_ns, max_points=500) if sampler is not None else []
 
 
-def earlier_idle_power(result: Any) -> dict[int, float]:
+def earlier_idle_power(result: Result) -> dict[int, float]:
     """Idle power per GPU index that a run's cells measured on this machine (those without an
     `environment_id`; a --resume elsewhere keeps its cells under another environment). A resume reuses it, so
     that every cell's net energy of one run subtracts the same baseline: measured again, the same card read
