@@ -142,7 +142,8 @@ __device__ __forceinline__ unsigned short kv_round(float v, int kv_f16, float* b
 // LB_MK_TRACE: thread 0 of blocks 0 and gridDim/2 record clock64() at every stage boundary (16 per layer,
 // then the LM head's start and end) for the tuning record's per-stage breakdown. The default (fused) path
 // stamps, in time order: 0 layer start, 1 in prologue, 2 in GEMV + epilogue, 6 mixer inputs ready, 7 mixer
-// step (attention: chunk record published), 8 (attention: every chunk in) before the out rows, 4 mixer done,
+// step (attention: 14 q/k normalised and roped, 15 warp 0's K/V rows done, 7 chunk record published), 8
+// (attention: every chunk in) before the out rows, 4 mixer done,
 // 5 barrier, 13 MLP start, 9 MLP prologue, 12 gate/up, 10 down + atomics, 11 barrier; the unfused stages use
 // 3-14 in numeric order. scripts/device/mk_trace.py names the intervals.
 __device__ __forceinline__ void trace(const Params& p, int l, int k) {
@@ -844,7 +845,7 @@ struct AttAux {
 constexpr int ATT_BATCH = 2;  // K/V rows a lane requests at once in attention_chunk (positions x MAXC)
 template <int MAXC, class Kn>
 __device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L, int pos, int h, int s0, int s1,
-                                const AttAux& a, float* M_out, float* L_out) {
+                                const AttAux& a, float* M_out, float* L_out, int l) {
     const int hd = p.hd, nh = p.nh, nkv = p.nkv, group = nh / nkv, kvh = h / group;
     const int ctx = pos + 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -868,6 +869,7 @@ __device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L
         }
         csync();
     }
+    if (K.fuse_att) trace(p, l, 14);  // the fused stage's stamps (slots 14 and 15 are the unfused stages' otherwise)
     float q[MAXC][8], acc[MAXC][8];
 #pragma unroll
     for (int m = 0; m < MAXC; ++m) {
@@ -938,6 +940,7 @@ __device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L
             mx = mnew;
         }
     }
+    if (K.fuse_att) trace(p, l, 15);  // warp 0's positions done
     if (lane == 0) { a.wm[warp] = mx; a.wl[warp] = lsum; }
 #pragma unroll
     for (int m = 0; m < MAXC; ++m) {
@@ -1032,7 +1035,7 @@ __device__ void stage_attention(const Params& p, const Kn& K, const LayerPtrs& L
             trace(p, l, 6);
         }
         float M, Lsum;
-        attention_chunk<MAXC>(p, K, L, pos, h, c * cs, min(ctx, c * cs + cs), a, &M, &Lsum);
+        attention_chunk<MAXC>(p, K, L, pos, h, c * cs, min(ctx, c * cs + cs), a, &M, &Lsum, l);
         if (!fused && nch == 1) {
             for (int e = threadIdx.x; e < hd; e += NT) p.o[size_t(h) * hd + e] = chunk_out(a, hd, M, e) / Lsum * sigm(ldg(gate + e));
             csync();

@@ -14,7 +14,8 @@ from pathlib import Path
 from lucebench.models.shapes import default_layer_types
 
 # LB_MK_TRACE stamp pairs (decode_kernel.cu, trace()) -> interval names, for the default fused path (the mixer
-# stamps 6-8 before its end, 4) and the unfused stages (3-14 in numeric order). A layer's valid stamps are taken
+# stamps 6-8 before its end, 4; a block that runs an attention chunk also 14 and 15 inside it) and the unfused
+# stages (3-14 in numeric order). A layer's valid stamps are taken
 # in time order; a pair not named shows as "a->b".
 TRACE_FUSED = {
     (0, 1): "in prologue", (1, 2): "in gemv+epilogue", (2, 3): "barrier in->mixer", (3, 6): "mixer: wait for in rows",
@@ -24,6 +25,8 @@ TRACE_FUSED = {
 }
 TRACE_MIXER = {  # the fused mixers' own stamps
     "attention": {(6, 7): "attention: chunk (q/k/v, K/V rows, record)", (7, 8): "attention: wait for chunks",
+                  (6, 14): "attention: chunk q/k norm + rope", (14, 15): "attention: chunk K/V rows (warp 0)",
+                  (15, 7): "attention: chunk warp merge + record",
                   (8, 4): "attention: merge + o_proj rows + atomics", (7, 4): "attention: merge + o_proj rows + atomics"},
     "deltanet": {(6, 7): "deltanet: inputs round trip", (7, 8): "deltanet: step + gated norm",
                  (8, 4): "deltanet: out rows + atomics"},

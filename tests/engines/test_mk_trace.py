@@ -49,6 +49,20 @@ def test_fused_layers_are_named_by_type(tmp_path: Path) -> None:
     assert not [k for k in dn if "->" in k and not k.startswith("barrier")]
 
 
+def test_attention_chunk_stamps_split_the_chunk(tmp_path: Path) -> None:
+    # a block that runs a chunk also stamps 14 (q/k normalised and roped) and 15 (warp 0's K/V rows done)
+    chunk = [(0, 0), (1, 1.5), (2, 7.0), (3, 7.0), (6, 8.0), (14, 9.5), (15, 12.0), (7, 14.0), (8, 15.5),
+             (4, 19.5), (5, 21.0), (13, 21.2), (9, 22.5), (12, 27.5), (10, 31.5), (11, 33.0)]
+    path = tmp_path / "trace.txt"
+    path.write_text(_trace_line([chunk], lm_us=120.0) + "\n")
+    att = mk_trace.trace_summary(path, GHZ, ["full_attention"])["block 0"]["attention"]
+    assert att["attention: chunk q/k norm + rope"] == pytest.approx(1.5)
+    assert att["attention: chunk K/V rows (warp 0)"] == pytest.approx(2.5)
+    assert att["attention: chunk warp merge + record"] == pytest.approx(2.0)
+    assert att["attention: wait for chunks"] == pytest.approx(1.5)
+    assert not [k for k in att if "->" in k and not k.startswith("barrier")]
+
+
 def test_unfused_stages_keep_their_names(tmp_path: Path) -> None:
     stamps = [(k, 1.0 * k) for k in range(15)]
     path = tmp_path / "trace.txt"
