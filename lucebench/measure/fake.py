@@ -64,6 +64,7 @@ class FakeGpu:
     temperature: int = 41
     reasons_mask: int = 0x001
     ecc: tuple[int, int] = (1, 1)
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # compute contexts: (pid, bytes)
 
 
 class FakeNvmlBackend:
@@ -257,6 +258,10 @@ class FakeNvmlBackend:
     def ecc_mode(self, h: Any) -> tuple[int, int]:
         self._check("ecc_mode")
         return self._gpu(h)[1].ecc
+
+    def compute_processes(self, h: Any) -> list[tuple[int, int | None]]:
+        self._check("compute_processes")
+        return list(self._gpu(h)[1].processes)
 
     def driver_version(self) -> str:
         self._check("driver_version")

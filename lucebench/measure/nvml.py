@@ -100,6 +100,7 @@ class NvmlBackend(Protocol):
     def temperature_c(self, h: Any) -> int: ...
     def clock_event_reasons(self, h: Any) -> int: ...
     def ecc_mode(self, h: Any) -> tuple[int, int]: ...
+    def compute_processes(self, h: Any) -> list[tuple[int, int | None]]: ...
     def driver_version(self) -> str: ...
     def cuda_driver_version(self) -> int: ...
 
@@ -211,6 +212,14 @@ class PynvmlBackend:
     def ecc_mode(self, h: Any) -> tuple[int, int]:
         current, pending = self._call(self._n.nvmlDeviceGetEccMode, h)
         return int(current), int(pending)
+
+    def compute_processes(self, h: Any) -> list[tuple[int, int | None]]:
+        out = []
+        for proc in self._call(self._n.nvmlDeviceGetComputeRunningProcesses, h):
+            used = getattr(proc, "usedGpuMemory", None)
+            # NVML_VALUE_NOT_AVAILABLE (all bits set) where the driver cannot attribute memory (e.g. in a container)
+            out.append((int(proc.pid), None if used is None or used >= 2**63 else int(used)))
+        return out
 
     def driver_version(self) -> str:
         return _text(self._call(self._n.nvmlSystemGetDriverVersion))
@@ -398,6 +407,11 @@ class Nvml:
         """Active clock event reasons by name (e.g. ["sw_power_cap"]); [] when none, None if unknown."""
         mask = self._opt(lambda: self.backend.clock_event_reasons(self.handle(index)))
         return None if mask is None else decode_clock_event_reasons(mask)
+
+    def compute_processes(self, index: int) -> list[tuple[int, int | None]] | None:
+        """(pid, GPU memory bytes or None) of every process with a compute context on GPU ``index``, None if
+        unknown. The pids are in NVML's (the host's) pid namespace."""
+        return self._opt(lambda: self.backend.compute_processes(self.handle(index)))
 
     def ecc_enabled(self, index: int) -> bool | None:
         mode = self._opt(lambda: self.backend.ecc_mode(self.handle(index)))

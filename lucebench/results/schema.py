@@ -115,6 +115,10 @@ class PowerState(_Strict):
     sm_clock_mhz: int | None = None
     mem_clock_mhz: int | None = None
     throttle_reasons: list[str] = Field(default_factory=list)
+    other_gpu_processes: list[str] = Field(
+        default_factory=list, description="other processes computing on the GPU before or after the cell's engine "
+                                          "ran (pid, command, memory): they time-slice with it, so its numbers are "
+                                          "not the card's")
 
 
 class PhaseEnergy(_Strict):

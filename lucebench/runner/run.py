@@ -257,6 +257,7 @@ class Runner:
                                         f"{exc.reason}{hint}", status="skipped", **known)
             power_state = make_power_state(read_gpu_state(spec.gpu), limit=limit,
                                            requested_limit_w=spec.power_limit_w, idle_power_w=power.idle_w.get(spec.gpu))
+            self._note_other_processes(power_state, spec, before=True)
         known["power"] = power_state
 
         max_ctx = max(len(p.token_ids) for p in workload.prompts) + workload.n_gen + 8
@@ -275,6 +276,7 @@ class Runner:
         known["engine"] = engine
         try:
             with EngineProcess(launch.argv, log_path=log_file, env=launch.env) as proc:
+                engine_pid = proc.proc.pid
                 ready = proc.wait_ready(max(1.0, deadline - time.monotonic()))
                 engine.ready = ready
                 engine.version = (ready.get("engine") or {}).get("version")
@@ -291,6 +293,7 @@ class Runner:
 
         if power_state is not None and spec.gpu is not None:
             self._refresh_power_state(power_state, spec.gpu)
+            self._note_other_processes(power_state, spec, before=False, exclude=(engine_pid,))
         bandwidth = self._bandwidth(spec.gpu)
         metrics = compute_cell_metrics(m.samples, phase_totals=m.phase_totals,
                                        memory_bandwidth_bytes_s=bandwidth, noisy_cov=measure.noisy_cov)
@@ -316,6 +319,20 @@ class Runner:
         for key, value in read_gpu_state(device).items():
             if value is not None:
                 setattr(state, key, value)
+
+    def _note_other_processes(self, state: PowerState, spec: CellSpec, *, before: bool, exclude: tuple[int, ...] = ()) -> None:
+        """Records (and warns about) other processes computing on the cell's GPU, read before its engine starts and
+        after it stopped: they time-slice with the engine and slow it without any error."""
+        from lucebench.measure.state import other_gpu_processes
+
+        others = other_gpu_processes(spec.gpu, exclude=exclude) if spec.gpu is not None else None
+        new = [o for o in others or [] if o not in state.other_gpu_processes]
+        if not new:
+            return
+        state.other_gpu_processes.extend(new)
+        when = "before" if before else "after"
+        self.console.print(f"[yellow]warning:[/] {spec.id}: other processes compute on GPU {spec.gpu} {when} its engine "
+                           f"ran (they share the card, so its numbers are not the card's): {'; '.join(new)}")
 
     def _bandwidth(self, device: int | None) -> float | None:
         gpu = next((g for g in self.env.gpus if g.index == device), None) if device is not None else None

@@ -10,6 +10,10 @@ BUILD=/tmp/mkbuild
 date -u +"%Y-%m-%dT%H:%M:%SZ" > "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv >> "$OUT/env.txt" 2>&1
 nvcc --version | tail -2 >> "$OUT/env.txt"
+# another process computing on the card (e.g. an engine left by an earlier, killed call) time-slices with every
+# measured engine and halves their speed without an error: say so before measuring
+others=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null)
+[ -n "$others" ] && echo "WARNING: other processes compute on this GPU (numbers below are not the card's): $others" >> "$OUT/env.txt"
 cat "$OUT/env.txt"
 t0=$(date +%s)
 source scripts/device/build_engines.sh

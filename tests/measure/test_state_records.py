@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lucebench.measure.energy import EnergyResult
@@ -49,3 +51,19 @@ def test_phase_energy_model_round_trips_every_field():
 @pytest.mark.parametrize("method", ["counter", "integrated", "unavailable"])
 def test_methods_are_schema_literals(method):
     assert phase_energy(EnergyResult(window_s=1.0, method=method)).method == method
+
+
+def test_other_gpu_processes_leave_this_process_and_the_excluded_out():
+    import os
+
+    from lucebench.measure.fake import FakeGpu, FakeNvmlBackend
+    from lucebench.measure.nvml import Nvml
+    from lucebench.measure.state import describe_process, other_gpu_processes
+
+    nv = Nvml(FakeNvmlBackend([FakeGpu(processes=[(os.getpid(), None), (2**22 + 1, None), (2**22 + 2, 2**30)])]))
+    assert other_gpu_processes(0, exclude=[2**22 + 1], nvml=nv) == [f"pid {2**22 + 2} (not visible from here) (1024 MiB)"]
+    assert other_gpu_processes(1, nvml=nv) is None  # no such GPU
+    # a visible process is named by its command
+    argv0 = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert describe_process(os.getpid(), None) == f"pid {os.getpid()} {argv0}"
+    assert describe_process(os.getpid(), 3 * 2**20) == f"pid {os.getpid()} {argv0} (3 MiB)"

@@ -114,3 +114,31 @@ def test_resume_keeps_the_runs_idle_power(fake_gpu, tmp_path, tiny_model):
     fresh = tmp_path / "out-fresh"
     Runner(loaded, RunOptions(out_dir=fresh, only="fake/tiny/tg32", report=False)).run()
     assert json_result(fresh).cells[0].power.idle_power_w == pytest.approx(150.0)
+
+
+def test_other_processes_on_the_gpu_are_recorded_and_warned(fake_gpu, tmp_path, tiny_model):
+    # a process left on the card (here pid 2**22 + 7, which no machine runs) time-slices with the engine: the
+    # cell records it and the console says so; this process itself is not "other"
+    import io
+    import os
+
+    from rich.console import Console
+
+    fake_gpu.gpus[0].processes = [(os.getpid(), 500 * 2**20), (2**22 + 7, 2340 * 2**20)]
+    loaded = load_config(_config(tmp_path, tiny_model, allow=False))
+    out = tmp_path / "out-procs"
+    buf = io.StringIO()
+    Runner(loaded, RunOptions(out_dir=out, allow_power_limit=False, report=False),
+           console=Console(file=buf, width=400)).run()
+    cells = {c.id: c for c in json_result(out).cells}
+    measured = [c for c in cells.values() if c.status == "ok"]
+    assert measured
+    for cell in measured:
+        assert cell.power.other_gpu_processes == [f"pid {2**22 + 7} (not visible from here) (2340 MiB)"]
+    assert "other processes compute on GPU 0 before its engine ran" in buf.getvalue()
+    assert f"pid {os.getpid()}" not in buf.getvalue()
+
+
+def test_a_clean_gpu_records_no_other_processes(fake_gpu, tmp_path, tiny_model):
+    _, cells = _run(tmp_path, tiny_model, allow_config=False, allow_flag=False)
+    assert all(c.power.other_gpu_processes == [] for c in cells.values() if c.status == "ok")
