@@ -823,6 +823,47 @@ __device__ void head_norm_rope(const float* src, const float* gain, int hd, int 
     csync();
 }
 
+// head_norm_rope for the q head (threads [0, NT / 2)) and, with ksrc, the KV head's new key (threads [NT / 2, NT))
+// at once, for hd <= NT / 2: the rows and their gains requested together, one block reduction for both sums (each
+// the same sum, in the same order, as head_norm_rope's), one round trip where the two calls took four. With vsrc
+// the key half also loads the new value row: element i of it is returned to thread NT / 2 + i.
+__device__ float qk_norm_rope(const float* qsrc, const float* ksrc, const float* vsrc, const float* qgain, const float* kgain,
+                              int hd, int rot, float theta, float eps, int pos, float* qdst, float* kdst, float* red) {
+    constexpr int HALF = NT / 2;
+    const int warp = threadIdx.x >> 5;
+    const bool key = threadIdx.x >= HALF;
+    const int i = threadIdx.x - (key ? HALF : 0);
+    const bool on = i < hd && (!key || ksrc);
+    float v = 0.f, g = 0.f, vv = 0.f;
+    if (on) {
+        v = ldg((key ? ksrc : qsrc) + i);
+        g = __ldg((key ? kgain : qgain) + i);
+        if (key && vsrc) vv = ldg(vsrc + i);
+    }
+    const float ss = warp_sum(v * v);
+    if ((threadIdx.x & 31) == 0) red[warp] = ss;
+    csync();
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW / 2; ++w) t += red[(key ? NW / 2 : 0) + w];
+    const float inv = rsqrtf(t / float(hd) + eps);
+    float* dst = key ? kdst : qdst;
+    if (on) dst[i] = v * inv * g;
+    csync();
+    const int half = rot / 2;
+    if (on && i < half) {
+        const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
+        const float angle = float(pos) * inv_freq;
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        const float a = dst[i], bb = dst[i + half];
+        dst[i] = a * cs - bb * sn;
+        dst[i + half] = bb * cs + a * sn;
+    }
+    csync();
+    return vv;
+}
+
 // Shared memory of the attention stages (aux): the q head, the new K/V row, per-warp softmax state and
 // outputs. The fused stage reuses `wacc` for its merge once the chunk is done.
 struct AttAux {
@@ -853,21 +894,37 @@ __device__ void attention_chunk(const Params& p, const Kn& K, const LayerPtrs& L
     const size_t row_elems = size_t(nkv) * hd;
     const float scale = rsqrtf(float(hd));
     const float* qkv = p.buf_in;
-    head_norm_rope(qkv + size_t(h) * 2 * hd, L.q_norm, hd, p.rot, p.theta, p.eps, pos, a.qs, a.red);
-    if (s1 == ctx) {
-        head_norm_rope(qkv + size_t(2 * nh) * hd + size_t(kvh) * hd, L.k_norm, hd, p.rot, p.theta, p.eps, pos, a.kn, a.red);
-        const bool writer = (h % group) == 0;
-        unsigned short* krow = (unsigned short*)L.kc + (size_t(pos) * nkv + kvh) * hd;
-        unsigned short* vrow = (unsigned short*)L.vc + (size_t(pos) * nkv + kvh) * hd;
-        for (int i = threadIdx.x; i < hd; i += NT) {
-            float kb, vb;
-            const unsigned short kbits = kv_round(a.kn[i], K.kv_f16, &kb);
-            const unsigned short vbits = kv_round(ldg(qkv + size_t(2 * nh + nkv) * hd + size_t(kvh) * hd + i), K.kv_f16, &vb);
-            a.kn[i] = kb;
-            a.vn[i] = vb;
-            if (writer) { krow[i] = kbits; vrow[i] = vbits; }
+    const float* ksrc = qkv + size_t(2 * nh) * hd + size_t(kvh) * hd;
+    const float* vsrc = qkv + size_t(2 * nh + nkv) * hd + size_t(kvh) * hd;
+    const bool new_row = s1 == ctx;  // this chunk holds the new position: its K/V row is computed here
+    const bool writer = (h % group) == 0;
+    unsigned short* krow = (unsigned short*)L.kc + (size_t(pos) * nkv + kvh) * hd;
+    unsigned short* vrow = (unsigned short*)L.vc + (size_t(pos) * nkv + kvh) * hd;
+    // q normalised and roped into a.qs; the chunk holding the new position also computes the new K/V row (rounded to
+    // the cache type) into a.kn / a.vn, and the first q head of the KV group stores it in the cache.
+    auto store_kv = [&](int i, float k, float v) {
+        float kb, vb;
+        const unsigned short kbits = kv_round(k, K.kv_f16, &kb);
+        const unsigned short vbits = kv_round(v, K.kv_f16, &vb);
+        a.kn[i] = kb;
+        a.vn[i] = vb;
+        if (writer) { krow[i] = kbits; vrow[i] = vbits; }
+    };
+    if (MAXC == 1 || 2 * hd <= NT) {  // MAXC == 1: hd <= 256 (one 8-element chunk a lane)
+        const float v = qk_norm_rope(qkv + size_t(h) * 2 * hd, new_row ? ksrc : nullptr, new_row ? vsrc : nullptr, L.q_norm,
+                                     L.k_norm, hd, p.rot, p.theta, p.eps, pos, a.qs, a.kn, a.red);
+        if (new_row) {
+            const int i = threadIdx.x - NT / 2;  // the thread that holds element i of the new row
+            if (i >= 0 && i < hd) store_kv(i, a.kn[i], v);
+            csync();
         }
-        csync();
+    } else {
+        head_norm_rope(qkv + size_t(h) * 2 * hd, L.q_norm, hd, p.rot, p.theta, p.eps, pos, a.qs, a.red);
+        if (new_row) {
+            head_norm_rope(ksrc, L.k_norm, hd, p.rot, p.theta, p.eps, pos, a.kn, a.red);
+            for (int i = threadIdx.x; i < hd; i += NT) store_kv(i, a.kn[i], ldg(vsrc + i));
+            csync();
+        }
     }
     if (K.fuse_att) trace(p, l, 14);  // the fused stage's stamps (slots 14 and 15 are the unfused stages' otherwise)
     float q[MAXC][8], acc[MAXC][8];
