@@ -798,6 +798,18 @@ __device__ __forceinline__ void dn_whole_writeback(const Params& p, const LayerP
     }
 }
 
+// RoPE of the pair (i, i + rot / 2) of a head row in shared memory (the rotated half of a partial rotary head).
+__device__ __forceinline__ void rope_pair(float* dst, int i, int rot, float theta, int pos) {
+    const int half = rot / 2;
+    const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
+    const float angle = float(pos) * inv_freq;
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    const float a = dst[i], bb = dst[i + half];
+    dst[i] = a * cs - bb * sn;
+    dst[i + half] = bb * cs + a * sn;
+}
+
 // Per-head RMSNorm (gain) + partial RoPE of one head row of hd values into shared memory `dst`.
 __device__ void head_norm_rope(const float* src, const float* gain, int hd, int rot, float theta, float eps, int pos,
                                float* dst, float* red) {
@@ -810,16 +822,7 @@ __device__ void head_norm_rope(const float* src, const float* gain, int hd, int 
     const float inv = rsqrtf(block_sum(ss, red) / float(hd) + eps);
     for (int i = threadIdx.x; i < hd; i += NT) dst[i] = dst[i] * inv * __ldg(gain + i);
     csync();
-    const int half = rot / 2;
-    for (int i = threadIdx.x; i < half; i += NT) {
-        const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
-        const float angle = float(pos) * inv_freq;
-        float sn, cs;
-        sincosf(angle, &sn, &cs);
-        const float a = dst[i], bb = dst[i + half];
-        dst[i] = a * cs - bb * sn;
-        dst[i + half] = bb * cs + a * sn;
-    }
+    for (int i = threadIdx.x; i < rot / 2; i += NT) rope_pair(dst, i, rot, theta, pos);
     csync();
 }
 
@@ -850,16 +853,7 @@ __device__ float qk_norm_rope(const float* qsrc, const float* ksrc, const float*
     float* dst = key ? kdst : qdst;
     if (on) dst[i] = v * inv * g;
     csync();
-    const int half = rot / 2;
-    if (on && i < half) {
-        const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
-        const float angle = float(pos) * inv_freq;
-        float sn, cs;
-        sincosf(angle, &sn, &cs);
-        const float a = dst[i], bb = dst[i + half];
-        dst[i] = a * cs - bb * sn;
-        dst[i + half] = bb * cs + a * sn;
-    }
+    if (on && i < rot / 2) rope_pair(dst, i, rot, theta, pos);
     csync();
     return vv;
 }
