@@ -502,21 +502,32 @@ __device__ void stage_in(const Params& p, const LayerPtrs& L, int l, const float
 // i < H, j < n, where rows are n consecutive rows of a transposed matrix ([K, H], this block's slice of K)
 // and coef is in shared memory. Thread (g, c) sums the 8 outputs [8c, 8c + 8) over rows j = g, g + G, ...;
 // the G groups meet in `part` ([G][H] floats of shared memory). Every thread of the block must call this.
+// A thread requests its first MJ rows at once: a loop with a run-time count compiles to one dependent DRAM
+// round trip per leftover iteration (the fused MLP's 27 rows: 7 a thread, 4 round trips).
 __device__ void splitk_accumulate(const wtype* rows, int n, const float* coef, int H, float* part,
                                   unsigned long long* acc) {
+    constexpr int MJ = 8;
     const int H8 = H / 8, G = max(1, NT / H8);
     for (int t = threadIdx.x; t < G * H8; t += NT) {
         const int g = t / H8, c = t % H8;
         float a8[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int j = g; j < n; j += G) {
-            const uint4 w = ldw(rows + size_t(j) * H + 8 * c);
+        auto add_row = [&](int j, const uint4& w) {
             float f[8];
             unpack8(w, f);
             const float cj = coef[j];
 #pragma unroll
             for (int k = 0; k < 8; ++k) a8[k] += cj * f[k];
+        };
+        uint4 w[MJ];
+#pragma unroll
+        for (int u = 0; u < MJ; ++u) {
+            const int j = g + u * G;
+            w[u] = j < n ? ldw(rows + size_t(j) * H + 8 * c) : make_uint4(0, 0, 0, 0);
         }
+#pragma unroll
+        for (int u = 0; u < MJ; ++u)
+            if (g + u * G < n) add_row(g + u * G, w[u]);
+        for (int j = g + MJ * G; j < n; j += G) add_row(j, ldw(rows + size_t(j) * H + 8 * c));
 #pragma unroll
         for (int k = 0; k < 8; ++k) part[g * H + 8 * c + k] = a8[k];
     }
@@ -1265,8 +1276,16 @@ __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, cons
     splitk_accumulate(L.down_t + size_t(r0) * H, n, actv, H, xs, acc);
 }
 
+// Greedy argmax step: (v, i) replaces (bv, bi) if larger, or equal with a lower index. Starting from
+// (-FLT_MAX, INT_MAX), any order of steps gives the sequential scan's winner (NaN never wins).
+__device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+
 // The argmax's end: every warp's lane 0 holds its (best, bidx); the block's winner goes to lm_val/lm_idx and
 // the last block to finish (ticket) reduces over blocks, writes the token and advances the sequence state.
+// That reduction ends the token (the next launch waits for it): warp 0 of the last block requests every
+// block's winner at once, one round trip (thread 0's scan took nb / 4 dependent ones), and reduces them.
 template <class Kn>
 __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int bidx) {
     const int nb = gridDim.x, b = blockIdx.x;
@@ -1279,23 +1298,35 @@ __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int
     if (threadIdx.x == 0) {
         float bv = -FLT_MAX;
         int bi = 0x7fffffff;
-        for (int w = 0; w < NW; ++w)
-            if (s_val[w] > bv || (s_val[w] == bv && s_idx[w] < bi)) { bv = s_val[w]; bi = s_idx[w]; }
+        for (int w = 0; w < NW; ++w) argmax_take(bv, bi, s_val[w], s_idx[w]);
         p.lm_val[b] = bv;
         p.lm_idx[b] = bi;
         __threadfence();
         s_last = atomicAdd(p.tickets + p.n_layers * p.nh, 1u) == unsigned(nb - 1);
     }
     csync();
-    if (s_last && threadIdx.x == 0) {
-        __threadfence();
-        float bv = -FLT_MAX;
-        int bi = 0x7fffffff;
-        for (int k = 0; k < nb; ++k) {
-            const float v = ldg(p.lm_val + k);
-            const int i = ldcg(p.lm_idx + k);
-            if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-        }
+    if (!s_last || warp != 0) return;  // s_last is uniform over the block
+    __threadfence();
+    // warp 0: up to 8 winners a lane requested at once, then a scan of the rest
+    constexpr int PER = 8;
+    float bv = -FLT_MAX, vr[PER];
+    int bi = 0x7fffffff, ir[PER];
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int k = lane + 32 * u;
+        vr[u] = k < nb ? ldg(p.lm_val + k) : -FLT_MAX;
+        ir[u] = k < nb ? ldcg(p.lm_idx + k) : 0x7fffffff;
+    }
+#pragma unroll
+    for (int u = 0; u < PER; ++u) argmax_take(bv, bi, vr[u], ir[u]);
+    for (int k = lane + 32 * PER; k < nb; k += 32) argmax_take(bv, bi, ldg(p.lm_val + k), ldcg(p.lm_idx + k));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_take(bv, bi, ov, oi);
+    }
+    if (lane == 0) {
         if (bi == 0x7fffffff) bi = 0;  // all NaN: keep a valid id
         const int st = *p.step;
         p.out_tokens[st] = bi;
@@ -1326,7 +1357,7 @@ __device__ void stage_lm(const Params& p, const Kn& K, int pos, const float* x, 
     int bidx = 0x7fffffff;
     if (K.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
     gemv_rows(p.lm_head, p.H, r0, r1, xs, red, [&](int r, float v) {
-        if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
+        argmax_take(best, bidx, v, r);
     });
     // gemv_rows calls epi on lane 0 of the owning warp (n > NW) or of the part-0 warp (n <= NW).
     lm_finish(p, K, pos, best, bidx);
@@ -1364,13 +1395,13 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     // Every layer's pointers into shared memory, once a token, in the round trip of the sequence state. Read
     // from global memory, each stage's first use of a layer's fields went to L2 (the entry is used once a
     // token; the layer's other L1 traffic evicts it) on the stage's dependency chain.
+    // The sequence state is requested first and tested last: with the table's loads, one round trip.
+    const int done = *(volatile int*)p.done, pos = *(volatile int*)p.pos, tok = *(volatile int*)p.tok;
     __shared__ LayerPtrs layers[MAX_LAYERS];
     static_assert(sizeof(LayerPtrs) % 8 == 0, "LayerPtrs is copied as 8-byte words");
     for (int i = threadIdx.x; i < p.n_layers * int(sizeof(LayerPtrs) / 8); i += NT)
         reinterpret_cast<unsigned long long*>(layers)[i] = __ldg(reinterpret_cast<const unsigned long long*>(p.layers) + i);
-    if (*(volatile int*)p.done) return;  // the chain already produced an eos token
-    const int pos = *(volatile int*)p.pos;
-    const int tok = *(volatile int*)p.tok;
+    if (done) return;  // the chain already produced an eos token
     csync();
     const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;
@@ -1844,9 +1875,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
     if (!lm) r1 = r0;
     float best = -FLT_MAX;
     int bidx = 0x7fffffff;
-    auto consider = [&](int r, float v) {
-        if (v > best || (v == best && r < bidx)) { best = v; bidx = r; }
-    };
+    auto consider = [&](int r, float v) { argmax_take(best, bidx, v, r); };
     const RingPlan pl(p.H);
     if (pl.S == 1) {
         ring_consume(p, R, c, ahead, p.H, r0, r1, xr, [&](int i, int, float v) { consider(r0 + i, v); });
@@ -1862,7 +1891,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
         const int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-        if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
+        argmax_take(best, bidx, ov, oi);
     }
     trace(p, p.n_layers, 1);
     lm_finish(p, Knobs<false>(p), pos, best, bidx);
