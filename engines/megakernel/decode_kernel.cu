@@ -72,6 +72,12 @@ __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gsrc) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gsrc) : "memory");
 #endif
 }
+// Asks L2 for the 128-byte line holding p (no register, no wait). HIP: nothing.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if !defined(LB_MK_HIP)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
 __device__ __forceinline__ void cp_async_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_all;" ::: "memory");
@@ -1307,7 +1313,8 @@ __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int
     csync();
     if (!s_last || warp != 0) return;  // s_last is uniform over the block
     __threadfence();
-    // warp 0: up to 8 winners a lane requested at once, then a scan of the rest
+    // Warp 0: up to 8 winners a lane, the step counter and the eos ids requested at once; then a scan of the
+    // rest. The token's last work runs on this warp's lanes, not on one thread: the next launch waits for it.
     constexpr int PER = 8;
     float bv = -FLT_MAX, vr[PER];
     int bi = 0x7fffffff, ir[PER];
@@ -1317,6 +1324,9 @@ __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int
         vr[u] = k < nb ? ldg(p.lm_val + k) : -FLT_MAX;
         ir[u] = k < nb ? ldcg(p.lm_idx + k) : 0x7fffffff;
     }
+    const int st = *p.step;
+    static_assert(MAX_EOS <= 2 * 32, "two eos ids a lane");
+    const int eos0 = lane < p.n_eos ? p.eos[lane] : -1, eos1 = lane + 32 < p.n_eos ? p.eos[lane + 32] : -1;
 #pragma unroll
     for (int u = 0; u < PER; ++u) argmax_take(bv, bi, vr[u], ir[u]);
     for (int k = lane + 32 * PER; k < nb; k += 32) argmax_take(bv, bi, ldg(p.lm_val + k), ldcg(p.lm_idx + k));
@@ -1326,24 +1336,26 @@ __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int
         const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
         argmax_take(bv, bi, ov, oi);
     }
+    bi = __shfl_sync(0xffffffffu, bi, 0);
+    if (bi == 0x7fffffff) bi = 0;  // all NaN: keep a valid id
+    int is_eos = eos0 == bi || eos1 == bi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) is_eos |= __shfl_xor_sync(0xffffffffu, is_eos, o);
     if (lane == 0) {
-        if (bi == 0x7fffffff) bi = 0;  // all NaN: keep a valid id
-        const int st = *p.step;
         p.out_tokens[st] = bi;
         *p.step = st + 1;
         *p.tok = bi;
         *p.pos = pos + 1;
-        for (int e = 0; e < p.n_eos; ++e)
-            if (p.eos[e] == bi) *p.done = 1;
+        if (is_eos) *p.done = 1;
         atomicExch(p.tickets + p.n_layers * p.nh, 0u);
         if (K.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
-        if (K.fuse_out)  // and past every fused out-projection's (and in-projection's) per-head wait
-            for (int i = 0; i < p.n_layers * p.hv; ++i) {
-                p.head_cnt[i] = 0u;
-                if (K.fuse_in) p.in_cnt[i] = 0u;
-            }
-        __threadfence();
     }
+    if (K.fuse_out)  // and past every fused out-projection's (and in-projection's) per-head wait
+        for (int i = lane; i < p.n_layers * p.hv; i += 32) {
+            p.head_cnt[i] = 0u;
+            if (K.fuse_in) p.in_cnt[i] = 0u;
+        }
+    __threadfence();
 }
 
 // LM head + greedy argmax (lowest index on ties).
@@ -1402,6 +1414,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     for (int i = threadIdx.x; i < p.n_layers * int(sizeof(LayerPtrs) / 8); i += NT)
         reinterpret_cast<unsigned long long*>(layers)[i] = __ldg(reinterpret_cast<const unsigned long long*>(p.layers) + i);
     if (done) return;  // the chain already produced an eos token
+    // The token's embedding row (a DRAM miss): asked of L2 as soon as the token is known, so that layer 0's
+    // prologue reads it from there.
+    if (threadIdx.x * 128 < p.H * int(sizeof(wtype))) prefetch_l2(reinterpret_cast<const char*>(p.embed + size_t(tok) * p.H) + threadIdx.x * 128);
     csync();
     const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;

@@ -38,6 +38,7 @@ constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (hea
 constexpr int RING_PAGE = 32768; // v3 weight ring page (bytes): 16 rows of K <= 1024, 8 of K <= 2048, 4 of K <= 4096
 constexpr int RING_MAX_K = 4096; // widest matrix row (elements) the v3 ring takes
 constexpr int MAX_LAYERS = 64;   // the v1 kernel keeps every layer's LayerPtrs in shared memory
+constexpr int MAX_EOS = 64;      // eos ids a decode chain stops on (the last block's warp 0 holds two a lane)
 
 struct LayerPtrs {
     int full;

@@ -174,7 +174,7 @@ public:
         if (n_steps <= 0) return;
         if (len_ + n_steps > max_ctx_) fail("context_overflow", "sequence would exceed max_ctx " + std::to_string(max_ctx_));
         if (len_ == 0) fail("internal", "decode before prefill");
-        const int n_eos = std::min<int>(int(eos.size()), kMaxEos);
+        const int n_eos = std::min<int>(int(eos.size()), MAX_EOS);
         if (n_eos) GPU_CHECK(cudaMemcpyAsync(d_eos_, eos.data(), sizeof(int) * size_t(n_eos), cudaMemcpyHostToDevice, s_));
         GPU_CHECK(cudaMemsetAsync(d_step_, 0, sizeof(int), s_));
         GPU_CHECK(cudaMemsetAsync(d_done_, 0, sizeof(int), s_));
@@ -230,7 +230,6 @@ public:
     }
 
 private:
-    static constexpr int kMaxEos = 64;
 
     static bool env_flag(const char* name) {
         const char* v = std::getenv(name);
@@ -487,7 +486,7 @@ private:
         d_step_ = (int*)alloc(sizeof(int));
         d_done_ = (int*)alloc(sizeof(int));
         d_out_ = (int*)alloc(sizeof(int) * size_t(max_ctx_ + 1));
-        d_eos_ = (int*)alloc(sizeof(int) * kMaxEos);
+        d_eos_ = (int*)alloc(sizeof(int) * MAX_EOS);
         p.pos = d_pos_;
         p.tok = d_tok_;
         p.out_tokens = d_out_;
