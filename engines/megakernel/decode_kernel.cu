@@ -1404,11 +1404,11 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
 #else
     constexpr bool kConvPre = false;
 #endif
+    // The sequence state is requested first and tested last: with the layer table's loads, one round trip.
+    const int done = *(volatile int*)p.done, pos = *(volatile int*)p.pos, tok = *(volatile int*)p.tok;
     // Every layer's pointers into shared memory, once a token, in the round trip of the sequence state. Read
     // from global memory, each stage's first use of a layer's fields went to L2 (the entry is used once a
     // token; the layer's other L1 traffic evicts it) on the stage's dependency chain.
-    // The sequence state is requested first and tested last: with the table's loads, one round trip.
-    const int done = *(volatile int*)p.done, pos = *(volatile int*)p.pos, tok = *(volatile int*)p.tok;
     __shared__ LayerPtrs layers[MAX_LAYERS];
     static_assert(sizeof(LayerPtrs) % 8 == 0, "LayerPtrs is copied as 8-byte words");
     for (int i = threadIdx.x; i < p.n_layers * int(sizeof(LayerPtrs) / 8); i += NT)
@@ -1416,7 +1416,8 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     if (done) return;  // the chain already produced an eos token
     // The token's embedding row (a DRAM miss): asked of L2 as soon as the token is known, so that layer 0's
     // prologue reads it from there.
-    if (threadIdx.x * 128 < p.H * int(sizeof(wtype))) prefetch_l2(reinterpret_cast<const char*>(p.embed + size_t(tok) * p.H) + threadIdx.x * 128);
+    if (threadIdx.x * 128 < p.H * int(sizeof(wtype)))
+        prefetch_l2(reinterpret_cast<const char*>(p.embed + size_t(tok) * p.H) + threadIdx.x * 128);
     csync();
     const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;

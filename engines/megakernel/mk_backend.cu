@@ -230,7 +230,6 @@ public:
     }
 
 private:
-
     static bool env_flag(const char* name) {
         const char* v = std::getenv(name);
         return v && v[0] == '1';
