@@ -1287,6 +1287,15 @@ __device__ void stage_mlp_fused(const Params& p, const LayerPtrs& L, int l, cons
 __device__ __forceinline__ void argmax_take(float& bv, int& bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
 }
+// argmax_take over the warp's lanes: every lane ends with the warp's winner.
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_take(bv, bi, ov, oi);
+    }
+}
 
 // The argmax's end: every warp's lane 0 holds its (best, bidx); the block's winner goes to lm_val/lm_idx and
 // the last block to finish (ticket) reduces over blocks, writes the token and advances the sequence state.
@@ -1330,12 +1339,7 @@ __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int
 #pragma unroll
     for (int u = 0; u < PER; ++u) argmax_take(bv, bi, vr[u], ir[u]);
     for (int k = lane + 32 * PER; k < nb; k += 32) argmax_take(bv, bi, ldg(p.lm_val + k), ldcg(p.lm_idx + k));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        argmax_take(bv, bi, ov, oi);
-    }
+    warp_argmax(bv, bi);
     bi = __shfl_sync(0xffffffffu, bi, 0);
     if (bi == 0x7fffffff) bi = 0;  // all NaN: keep a valid id
     int is_eos = eos0 == bi || eos1 == bi;
@@ -1903,12 +1907,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
             csync();
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-        argmax_take(best, bidx, ov, oi);
-    }
+    warp_argmax(best, bidx);
     trace(p, p.n_layers, 1);
     lm_finish(p, Knobs<false>(p), pos, best, bidx);
 }
