@@ -27,7 +27,7 @@ import statistics
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Method = Literal["counter", "integrated", "unavailable"]
 
@@ -40,9 +40,27 @@ CounterPoint = tuple[int, float]  # (t_ns, energy J)
 PowerPoint = tuple[int, float]  # (t_ns, W)
 
 
+class EnergyFields(Protocol):
+    """What the gross-energy rule reads: an EnergyResult here, or the stored PhaseEnergy of a result file."""
+
+    method: str
+    energy_j: float | None
+    energy_integrated_j: float | None
+
+
+def gross_j(e: EnergyFields) -> float | None:
+    """The measured gross energy: the counter difference, or the power integral where the method says so."""
+    if e.method == "counter":
+        return e.energy_j
+    if e.method == "integrated":
+        return e.energy_integrated_j
+    return None
+
+
 @dataclass
 class EnergyResult:
-    """Energy of one window (or the sum of several), mirroring lucebench.results.schema.PhaseEnergy.
+    """Energy of one window (or the sum of several): the one energy record. lucebench.results.schema.PhaseEnergy
+    is its stored form, field for field (lucebench.measure.records converts both ways).
 
     ``energy_j`` is gross (counter difference), ``energy_integrated_j`` the power integral over the same
     window, ``energy_net_j`` gross minus idle power x window. ``method`` says which value is the
@@ -62,11 +80,7 @@ class EnergyResult:
     @property
     def measured_j(self) -> float | None:
         """The gross energy by the method used: counter energy, or the integral where there is no counter."""
-        if self.method == "counter":
-            return self.energy_j
-        if self.method == "integrated":
-            return self.energy_integrated_j
-        return None
+        return gross_j(self)
 
     @property
     def too_short(self) -> bool:
@@ -145,10 +159,13 @@ def _too_short(window_s: float, resolution_s: float, what: str, peak: float | No
 
 
 def _finish(r: EnergyResult, idle_w: float | None) -> EnergyResult:
+    """Average power, net energy (gross - idle x window; kept as given where idle_w is None) and the
+    counter-vs-integral agreement note."""
     gross = r.measured_j
     if gross is not None and r.window_s > 0:
         r.avg_power_w = gross / r.window_s
-        r.energy_net_j = None if idle_w is None else gross - idle_w * r.window_s
+        if idle_w is not None:
+            r.energy_net_j = gross - idle_w * r.window_s
     if r.method == "counter" and r.energy_j and r.energy_integrated_j is not None \
             and r.window_s >= AGREEMENT_MIN_WINDOW_S:
         diff = (r.energy_integrated_j - r.energy_j) / r.energy_j
@@ -211,7 +228,9 @@ def combine(results: Sequence[EnergyResult], idle_w: float | None) -> EnergyResu
     """Sum of the energies of several disjoint windows of one phase (e.g. the decode windows of all reps).
 
     The sum has a value only when every window has one by the same method: one unresolved window makes
-    the total unknown rather than silently low.
+    the total unknown rather than silently low. This is the one rule for summing windows (the runner's phase
+    totals and the metrics' pooled passes both use it). The net energy is gross - ``idle_w`` x window, or,
+    where ``idle_w`` is None, the sum of the windows' net energies (None when one lacks it).
     """
     if not results:
         return EnergyResult(window_s=0.0, method="unavailable", note="no windows")
@@ -220,6 +239,8 @@ def combine(results: Sequence[EnergyResult], idle_w: float | None) -> EnergyResu
     peak = max(peaks) if peaks else None
     integrated = [r.energy_integrated_j for r in results]
     integ_sum = None if any(v is None for v in integrated) else sum(v for v in integrated if v is not None)
+    nets = [r.energy_net_j for r in results]
+    net_sum = None if any(v is None for v in nets) else sum(v for v in nets if v is not None)
     bad = [r for r in results if r.method == "unavailable"]
     if bad:
         short = [r for r in bad if r.too_short]
@@ -232,13 +253,13 @@ def combine(results: Sequence[EnergyResult], idle_w: float | None) -> EnergyResu
     if methods == {"counter"}:
         total = sum(r.energy_j or 0.0 for r in results)
         return _finish(EnergyResult(window_s=window_s, energy_j=total, energy_integrated_j=integ_sum,
-                                    peak_power_w=peak, method="counter"), idle_w)
+                                    energy_net_j=net_sum, peak_power_w=peak, method="counter"), idle_w)
     if integ_sum is None:
         return EnergyResult(window_s=window_s, peak_power_w=peak, method="unavailable",
                             note="windows measured by different methods and not all integrated")
     notes = sorted({r.note for r in results if r.note})
-    return _finish(EnergyResult(window_s=window_s, energy_integrated_j=integ_sum, peak_power_w=peak,
-                                method="integrated", note="; ".join(notes) or None), idle_w)
+    return _finish(EnergyResult(window_s=window_s, energy_integrated_j=integ_sum, energy_net_j=net_sum,
+                                peak_power_w=peak, method="integrated", note="; ".join(notes) or None), idle_w)
 
 
 def decimate(power: Sequence[PowerPoint], t0_ns: int, t1_ns: int, max_points: int) -> list[tuple[float, float]]:

@@ -17,6 +17,11 @@ def phase_energy(result: EnergyResult) -> PhaseEnergy:
     return PhaseEnergy(**result.to_dict())
 
 
+def energy_result(stored: PhaseEnergy) -> EnergyResult:
+    """The energy record of a stored phase energy (the inverse of `phase_energy`)."""
+    return EnergyResult(**stored.model_dump())
+
+
 def power_state(gpu_state: dict[str, Any] | None = None, *, limit: LimitState | None = None,
                 requested_limit_w: float | None = None, idle_power_w: float | None = None) -> PowerState:
     """The cell's PowerState from `read_gpu_state` (read during the cell), the guard's `LimitState` (when a

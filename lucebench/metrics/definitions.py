@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from lucebench.measure.energy import combine
+from lucebench.measure.energy import gross_j as energy_gross_j
+from lucebench.measure.records import energy_result, phase_energy
 from lucebench.metrics.stats import DEFAULT_NOISY_COV, geometric_mean, summarize
 from lucebench.results.schema import Cell, MetricSummary, PhaseEnergy, Sample
 
@@ -66,17 +69,10 @@ def _sum_or_none(values: list) -> float | None:
 def _pool(group: list[Sample]) -> _PooledPass:
     energy: dict[str, PhaseEnergy] = {}
     for phase in PHASES:
-        parts = [s.energy.get(phase) for s in group if phase in s.energy]
+        parts = [s.energy[phase] for s in group if phase in s.energy]
         if parts and len(parts) == len([s for s in group if phase != "decode" or _decode_tokens(s)]):
-            window = sum(p.window_s for p in parts)
-            gross = _sum_or_none([gross_j(p) for p in parts])
-            energy[phase] = PhaseEnergy(
-                window_s=window, energy_j=_sum_or_none([p.energy_j for p in parts]),
-                energy_integrated_j=_sum_or_none([p.energy_integrated_j for p in parts]),
-                energy_net_j=_sum_or_none([p.energy_net_j for p in parts]),
-                avg_power_w=gross / window if gross is not None and window > 0 else None,
-                peak_power_w=max((p.peak_power_w for p in parts if p.peak_power_w is not None), default=None),
-                method=parts[0].method)
+            # The windows' own net energies are summed (idle_w None): each was taken against its cell's idle power.
+            energy[phase] = phase_energy(combine([energy_result(p) for p in parts], idle_w=None))
     bpt = [s.bytes_per_token for s in group if s.bytes_per_token]
     return _PooledPass(
         n_prompt=sum(s.n_prompt for s in group), n_gen=sum(s.n_gen for s in group),
@@ -113,7 +109,7 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 def gross_j(e: PhaseEnergy) -> float | None:
     """The measured gross energy: the counter's, or the power integral on GPUs without a counter."""
-    return {"counter": e.energy_j, "integrated": e.energy_integrated_j}.get(e.method)
+    return energy_gross_j(e)
 
 
 def _phase_j(s: Sample, phase: str, net: bool) -> float | None:

@@ -1,4 +1,5 @@
-"""One engine subprocess speaking docs/protocol.md: start, wait for ready, request/reply, stop.
+"""One engine subprocess speaking docs/protocol.md (lucebench.engines.protocol): start, wait for ready,
+request/reply, stop.
 
 Crashes, hangs and protocol violations become EngineError with the exit status or signal and the last
 lines of the engine's stderr, which goes to a log file that is kept.
@@ -17,11 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from lucebench.engines.protocol import PROTOCOL, parse_reply
 from lucebench.errors import EngineError
 
-PROTOCOL = "lucebench.engine/v1"
 _EOF = object()
-REPLY_TYPES = {"ready", "result", "error"}
 
 
 def tail_lines(path: Path, n: int = 20) -> str:
@@ -110,11 +110,8 @@ class EngineProcess:
                 raise self._failure("crash", "engine closed its output")
             if not line.strip():
                 continue
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                msg = None
-            if not isinstance(msg, dict) or msg.get("type") not in REPLY_TYPES:
+            msg = parse_reply(line)
+            if msg is None:
                 self.kill()
                 raise self._failure("protocol", f"engine printed a line that is not protocol JSON: {line[:200]!r}")
             return msg

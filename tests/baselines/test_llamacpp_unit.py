@@ -14,6 +14,7 @@ import sys
 import tarfile
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 
 from lucebench.baselines.llamacpp import adapter, bench, build, convert, source
 from lucebench.baselines.llamacpp.build import LlamaCppBuild
+from lucebench.engines.protocol import GenerateRequest
 from lucebench.errors import UserError
 
 ROW = {"build_commit": "0c1e570", "build_number": 0, "cpu_info": "x", "gpu_info": "", "backends": "CPU",
@@ -136,7 +138,7 @@ def test_greedy_payload_pins_sampling() -> None:
 
 
 def test_server_result_phase_stamps_and_error_bound() -> None:
-    req = {"type": "generate", "id": "r1", "prompt_ids": [5, 6, 7], "n_gen": 4, "ignore_eos": True}
+    req = GenerateRequest(id="r1", prompt_ids=[5, 6, 7], n_gen=4, ignore_eos=True)
     reply = {"tokens": [1, 2, 3, 4], "stop_type": "limit",
              "timings": {"prompt_ms": 2.0, "predicted_ms": 3.0, "prompt_n": 3, "predicted_n": 4, "cache_n": 0}}
     r = adapter.server_result(req, reply, t_send=1_000_000, t_recv=7_000_000)
@@ -144,11 +146,11 @@ def test_server_result_phase_stamps_and_error_bound() -> None:
     assert (t["t_prefill_start_ns"], t["t_prefill_end_ns"], t["t_decode_start_ns"], t["t_decode_end_ns"]) == \
         (2_000_000, 4_000_000, 4_000_000, 7_000_000)
     assert t["clock_error_ns"] == 1_000_000 and r["decode_steps"] == 3 and r["stop"] == "length"
-    one = adapter.server_result({**req, "n_gen": 1}, {**reply, "tokens": [9]}, t_send=0, t_recv=5_000_000)
+    one = adapter.server_result(replace(req, n_gen=1), {**reply, "tokens": [9]}, t_send=0, t_recv=5_000_000)
     assert one["timing"]["decode_ms"] == 0.0 and one["timing"]["t_decode_start_ns"] == one["timing"]["t_decode_end_ns"]
     with pytest.raises(adapter.RequestError):
         adapter.server_result(req, {**reply, "tokens": [1, 2]}, 0, 1)
-    cut = adapter.server_result({**req, "ignore_eos": False, "eos_ids": [3]}, reply, 0, 10_000_000)
+    cut = adapter.server_result(replace(req, ignore_eos=False, eos_ids=[3]), reply, 0, 10_000_000)
     assert cut["output_ids"] == [1, 2, 3] and cut["stop"] == "eos"
 
 

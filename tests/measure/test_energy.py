@@ -129,6 +129,16 @@ def test_combine_sums_and_refuses_partial_sums():
     assert E.combine([], None).note == "no windows"
 
 
+def test_combine_without_idle_sums_the_windows_net_energies():
+    parts = [E.EnergyResult(window_s=1.0, energy_j=100.0, energy_net_j=70.0, method="counter"),
+             E.EnergyResult(window_s=3.0, energy_j=300.0, energy_net_j=210.0, method="counter")]
+    total = E.combine(parts, idle_w=None)
+    assert total.energy_j == 400.0 and total.energy_net_j == 280.0 and total.avg_power_w == 100.0
+    assert E.gross_j(total) == total.measured_j == 400.0
+    parts[1].energy_net_j = None  # a window without an idle reading: the net sum is unknown, not low
+    assert E.combine(parts, idle_w=None).energy_net_j is None
+
+
 def test_decimate():
     power = [(t * MS, float(t)) for t in range(0, 1000, 10)]
     full = E.decimate(power, 0, 999 * MS, 500)

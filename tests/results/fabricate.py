@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-import statistics
 from typing import Any
 
 import numpy as np
 
+from lucebench.metrics import compute_cell_metrics
 from lucebench.results.schema import (
     Cell,
     CellError,
@@ -34,18 +34,6 @@ from lucebench.results.schema import (
 
 IDLE_W = 30.0
 DATASETS = {"humaneval": "openai/openai_humaneval", "gsm8k": "openai/gsm8k", "math500": "HuggingFaceH4/MATH-500"}
-
-
-def summarize(values: list[float | None], unit: str, noisy_cov: float = 0.05) -> MetricSummary:
-    """Same rule as lucebench.metrics: missing values dropped, noisy when CoV > 5%."""
-    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return MetricSummary(unit=unit, n=0, median=None, mean=None, stddev=None, min=None, max=None)
-    mean = statistics.fmean(vals)
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    cov = sd / mean if mean else None
-    return MetricSummary(unit=unit, n=len(vals), median=statistics.median(vals), mean=mean, stddev=sd,
-                         min=min(vals), max=max(vals), cov=cov, noisy=bool(cov and cov > noisy_cov), samples=vals)
 
 
 def _cell_id(params: dict[str, Any]) -> str:
@@ -110,46 +98,8 @@ def make_cell(rng: np.random.Generator, params: dict[str, Any], *, n_prompt: int
 
 
 def derive_metrics(samples: list[Sample], bandwidth: float = 936e9) -> dict[str, MetricSummary]:
-    """Per-sample metrics, summarised (the definitions of docs/metrics.md)."""
-    def col(f: Any) -> list[float | None]:
-        out = []
-        for s in samples:
-            try:
-                out.append(f(s))
-            except (KeyError, ZeroDivisionError, TypeError):
-                out.append(None)
-        return out
-
-    def e(s: Sample, phase: str, net: bool = False) -> float:
-        pe = s.energy[phase]
-        v = pe.energy_net_j if net else pe.energy_j
-        assert v is not None
-        return v
-
-    m: dict[str, MetricSummary] = {
-        "prefill_tok_s": summarize(col(lambda s: s.n_prompt / s.prefill_s), "tok/s"),
-        "ttft_ms": summarize(col(lambda s: s.prefill_s * 1e3), "ms"),
-        "e2e_ms": summarize(col(lambda s: s.e2e_s * 1e3), "ms"),
-    }
-    if any(s.n_gen > 1 for s in samples):
-        m["decode_tok_s"] = summarize(col(lambda s: (s.n_gen - 1) / s.decode_s), "tok/s")
-        m["tpot_ms"] = summarize(col(lambda s: s.decode_s * 1e3 / (s.n_gen - 1)), "ms")
-        m["decode_j"] = summarize(col(lambda s: e(s, "decode")), "J")
-        m["decode_tok_per_j"] = summarize(col(lambda s: (s.n_gen - 1) / e(s, "decode")), "tok/J")
-        m["decode_tok_per_j_net"] = summarize(col(lambda s: (s.n_gen - 1) / e(s, "decode", True)), "tok/J")
-    m["prefill_j"] = summarize(col(lambda s: e(s, "prefill")), "J")
-    m["prefill_tok_per_j"] = summarize(col(lambda s: s.n_prompt / e(s, "prefill")), "tok/J")
-    m["total_tok_per_j"] = summarize(
-        col(lambda s: s.n_gen / (e(s, "prefill") + (e(s, "decode") if s.n_gen > 1 else 0.0))), "tok/J")
-    m["avg_power_w"] = summarize(
-        col(lambda s: s.energy["decode" if s.n_gen > 1 else "prefill"].avg_power_w), "W")
-    m["peak_mem_bytes"] = summarize(col(lambda s: s.peak_mem_bytes), "B")
-    if any(s.draft_steps for s in samples):
-        m["acceptance_length"] = summarize(col(lambda s: s.accepted_tokens / s.draft_steps), "tok/step")
-    if any(s.bytes_per_token for s in samples) and any(s.n_gen > 1 for s in samples):
-        m["roofline_pct"] = summarize(
-            col(lambda s: 100 * s.bytes_per_token * (s.n_gen - 1) / s.decode_s / bandwidth), "%")
-    return m
+    """The cell's metrics as a run computes them (lucebench.metrics, docs/metrics.md)."""
+    return compute_cell_metrics(samples, memory_bandwidth_bytes_s=bandwidth)
 
 
 def environment(gpu: str | None = "NVIDIA GeForce RTX 3090", driver: str | None = "575.57.08") -> Environment:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lucebench.baselines.hf.protocol import GenerateRequest, RequestError
+from lucebench.engines.protocol import GenerateRequest, ReadyMessage, RequestError, ready_message
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -129,7 +129,7 @@ class HFEngine:
             self._setup_compile()
 
     # ------------------------------------------------------------------------------------------ facts
-    def ready_message(self) -> dict[str, Any]:
+    def ready_message(self) -> ReadyMessage:
         """The protocol's ``ready`` line."""
         import transformers
 
@@ -153,10 +153,9 @@ class HFEngine:
             "compile": self.compile_status, **optional_kernels(),
             "python": sys.version.split()[0],
         }
-        return {"type": "ready", "protocol": "lucebench.engine/v1",
-                "engine": {"name": "hf", "version": transformers.__version__, "backend": self.device.type,
-                           "build": build},
-                "model": model, "device": device, "limits": {"max_ctx": self.max_ctx}}
+        return ready_message(engine={"name": "hf", "version": transformers.__version__, "backend": self.device.type,
+                                     "build": build},
+                             model=model, device=device, limits={"max_ctx": self.max_ctx})
 
     # ------------------------------------------------------------------------------------------ compile
     def _setup_compile(self) -> None:

@@ -1,4 +1,4 @@
-"""The HF baseline process: argument parsing, stdout isolation, the request loop."""
+"""The HF baseline process: argument parsing and the request loop (protocol: lucebench.engines.protocol)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,9 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import TextIO
 
 from lucebench.baselines.hf import ATTN_IMPLEMENTATIONS, DTYPES, KERNELS
-from lucebench.baselines.hf.protocol import Emitter, RequestError, Shutdown, parse_request
-
-
-def _isolate_stdout() -> TextIO:
-    """Keep the real stdout for protocol lines only; everything else that writes to fd 1 goes to stderr.
-
-    Libraries print from Python and from C (progress bars, kernels' messages): duplicating fd 1 and
-    pointing fd 1 at stderr catches both.
-    """
-    sys.stdout.flush()
-    proto_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return os.fdopen(proto_fd, "w", buffering=1, encoding="utf-8")
+from lucebench.engines.protocol import ProtocolWriter, RequestError, Shutdown, parse_request
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,14 +37,14 @@ def _hide_optional_kernels() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the engine: exit 0 after a shutdown request or end of input, 1 when loading fails."""
-    stream = _isolate_stdout()
+    out = ProtocolWriter.isolate_stdout()
     try:
-        return _serve(Emitter(stream), argv)
+        return _serve(out, argv)
     finally:
-        stream.close()
+        out.close()
 
 
-def _serve(out: Emitter, argv: list[str] | None) -> int:
+def _serve(out: ProtocolWriter, argv: list[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse already explained on stderr

@@ -30,7 +30,7 @@ import traceback
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from lucebench.baselines.llamacpp.bench import (
     binary_version,
@@ -40,9 +40,18 @@ from lucebench.baselines.llamacpp.bench import (
     run_llama_bench,
 )
 from lucebench.baselines.llamacpp.build import LlamaCppBuild
+from lucebench.engines.protocol import (
+    GenerateRequest,
+    ProtocolWriter,
+    ReadyMessage,
+    RequestError,
+    ResultMessage,
+    Shutdown,
+    parse_request,
+    ready_message,
+)
 from lucebench.errors import EngineError, UserError
 
-PROTOCOL = "lucebench.engine/v1"
 MODES = ("server", "bench")
 _HOST = "127.0.0.1"
 _PORT_ATTEMPTS = 8
@@ -70,36 +79,8 @@ def command(gguf: Path, *, build: LlamaCppBuild, mode: str, ctx: int, kv_k: str,
     return argv
 
 
-# ------------------------------------------------------------------------------------------------ output
-class Protocol:
-    """Writes protocol lines to the real stdout; anything else printed in-process goes to stderr."""
-
-    def __init__(self) -> None:
-        self._out: IO[str] = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-        sys.stdout.flush()
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints (ours or a library's) cannot corrupt stdout
-
-    def emit(self, obj: dict[str, Any]) -> None:
-        self._out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._out.flush()
-
-    def error(self, kind: str, message: str, req_id: str | None = None) -> None:
-        obj: dict[str, Any] = {"type": "error", "kind": kind, "message": message}
-        if req_id is not None:
-            obj = {"type": "error", "id": req_id, "kind": kind, "message": message}
-        self.emit(obj)
-
-
 def log(msg: str) -> None:
     print(f"[llama.cpp adapter] {msg}", file=sys.stderr, flush=True)
-
-
-class RequestError(Exception):
-    """A problem with one request: answered with an error line, the engine stays up."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
 
 
 # ------------------------------------------------------------------------------------------------ model / device
@@ -148,36 +129,16 @@ def device_info(backend: str) -> dict[str, Any]:
 
 
 def ready_line(build: LlamaCppBuild, gguf: Path, *, mode: str, ctx: int, version: str, command_line: list[str] | None,
-               extra: dict[str, Any]) -> dict[str, Any]:
+               extra: dict[str, Any]) -> ReadyMessage:
     """The protocol's ready message for this baseline."""
     b = build.to_dict()
-    return {"type": "ready", "protocol": PROTOCOL,
-            "engine": {"name": "llama.cpp", "version": version, "backend": build.backend, "mode": mode,
-                       "build": {"compiler": b["compiler"], "flags": b["flags"], "arch": b["arch"],
-                                 "source_hash": b["source_hash"], "commit": b["commit"], "cmake_flags": b["cmake_flags"],
-                                 "cuda_compiler": b["cuda_compiler"], "generator": b["generator"]},
-                       "command": command_line, **extra},
-            "model": model_info(gguf, build.source_root), "device": device_info(build.backend), "limits": {"max_ctx": ctx}}
-
-
-def parse_request(line: str) -> dict[str, Any]:
-    """A generate/shutdown request from one stdin line; RequestError('bad_request') when malformed."""
-    try:
-        req = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise RequestError("bad_request", f"not JSON: {e}") from None
-    if not isinstance(req, dict) or req.get("type") not in ("generate", "shutdown"):
-        raise RequestError("bad_request", "expected an object with type 'generate' or 'shutdown'")
-    if req["type"] == "generate":
-        ids, n_gen = req.get("prompt_ids"), req.get("n_gen")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-            raise RequestError("bad_request", "prompt_ids must be a non-empty list of token ids")
-        if not isinstance(n_gen, int) or n_gen < 1:
-            raise RequestError("bad_request", "n_gen must be an integer >= 1")
-        eos = req.get("eos_ids", [])
-        if not isinstance(eos, list) or not all(isinstance(i, int) for i in eos):
-            raise RequestError("bad_request", "eos_ids must be a list of token ids")
-    return req
+    return ready_message(
+        engine={"name": "llama.cpp", "version": version, "backend": build.backend, "mode": mode,
+                "build": {"compiler": b["compiler"], "flags": b["flags"], "arch": b["arch"],
+                          "source_hash": b["source_hash"], "commit": b["commit"], "cmake_flags": b["cmake_flags"],
+                          "cuda_compiler": b["cuda_compiler"], "generator": b["generator"]},
+                "command": command_line, **extra},
+        model=model_info(gguf, build.source_root), device=device_info(build.backend), limits={"max_ctx": ctx})
 
 
 # ------------------------------------------------------------------------------------------------ server mode
@@ -326,7 +287,7 @@ class LlamaServer:
         return json.loads(raw), t_send, t_recv
 
 
-def server_result(req: dict[str, Any], reply: dict[str, Any], t_send: int, t_recv: int) -> dict[str, Any]:
+def server_result(req: GenerateRequest, reply: dict[str, Any], t_send: int, t_recv: int) -> ResultMessage:
     """Map a /completion reply to a protocol result, with phase stamps placed on our monotonic clock.
 
     The server times prefill (request start -> first token known) and decode (first -> last token) on its
@@ -334,15 +295,14 @@ def server_result(req: dict[str, Any], reply: dict[str, Any], t_send: int, t_rec
     window [t_send, t_recv] holds both phases, so every stamp is late by at most
     ``slack = (t_recv - t_send) - (prompt + predicted)``, reported as ``clock_error_ns``.
     """
-    prompt_ids: list[int] = req["prompt_ids"]
-    n_gen = int(req["n_gen"])
+    prompt_ids, n_gen = req.prompt_ids, req.n_gen
     ids = reply.get("tokens")
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         raise RequestError("internal", "llama-server returned no token ids (return_tokens unsupported?)")
     timings = reply.get("timings") or {}
     stop = "eos" if reply.get("stop_type") == "eos" else "length"
-    if not req.get("ignore_eos", True):
-        eos = set(req.get("eos_ids") or [])
+    if not req.ignore_eos:
+        eos = set(req.eos_ids)
         for i, t in enumerate(ids):
             if t in eos:  # the server stops at the GGUF's EOG tokens; the request's own eos_ids apply too
                 ids, stop = ids[: i + 1], "eos"
@@ -355,7 +315,7 @@ def server_result(req: dict[str, Any], reply: dict[str, Any], t_send: int, t_rec
     t_decode_start = t_decode_end - round(decode_ms * 1e6)
     t_prefill_start = t_decode_start - round(prompt_ms * 1e6)
     slack = max(0, (t_recv - t_send) - round((prompt_ms + decode_ms) * 1e6))
-    return {"type": "result", "id": req.get("id"), "output_ids": ids, "n_prompt": len(prompt_ids), "n_gen": len(ids),
+    return {"type": "result", "id": req.id, "output_ids": ids, "n_prompt": len(prompt_ids), "n_gen": len(ids),
             "stop": stop,
             "timing": {"prefill_ms": prompt_ms, "decode_ms": decode_ms,
                        "t_prefill_start_ns": t_prefill_start, "t_prefill_end_ns": t_decode_start,
@@ -364,20 +324,20 @@ def server_result(req: dict[str, Any], reply: dict[str, Any], t_send: int, t_rec
             "decode_steps": max(0, len(ids) - 1),
             # llama.cpp's ignore_eos bans end-of-generation tokens (logit bias -inf) rather than generating past them
             "llamacpp": {"mode": "server", "timings": timings, "prompt_n": timings.get("prompt_n"),
-                         "cache_n": timings.get("cache_n"), "eog_banned": bool(req.get("ignore_eos", True))}}
+                         "cache_n": timings.get("cache_n"), "eog_banned": req.ignore_eos}}
 
 
 # ------------------------------------------------------------------------------------------------ bench mode
-def bench_result(req: dict[str, Any], build: LlamaCppBuild, gguf: Path, *, ctx: int, kv_k: str, kv_v: str,
+def bench_result(req: GenerateRequest, build: LlamaCppBuild, gguf: Path, *, ctx: int, kv_k: str, kv_v: str,
                  flash_attn: str, n_gpu_layers: int, threads: int | None, reps: int, version: str,
-                 stderr_path: Path) -> dict[str, Any]:
+                 stderr_path: Path) -> ResultMessage:
     """Run llama-bench for the request's shape and map its rows to a protocol result (no output ids).
 
     Windows: a row's line is printed right after its last repetition, so that repetition ran during
     [line_time - last_sample, line_time]; we report the last repetition's window and duration and keep all
     samples under ``llamacpp``.
     """
-    p, n = len(req["prompt_ids"]), int(req["n_gen"])
+    p, n = len(req.prompt_ids), req.n_gen
     fa = None if flash_attn == "auto" else flash_attn == "on"
     common: dict[str, Any] = {"reps": reps, "flash_attn": fa, "kv_k": kv_k, "kv_v": kv_v, "n_gpu_layers": n_gpu_layers,
                               "threads": threads, "stderr_path": stderr_path, "version": version}
@@ -395,7 +355,7 @@ def bench_result(req: dict[str, Any], build: LlamaCppBuild, gguf: Path, *, ctx: 
         info["tg"] = tg.to_dict()
     else:
         dec_ns, t_dec_end = 0, t_pf_end
-    return {"type": "result", "id": req.get("id"), "output_ids": [], "n_prompt": p, "n_gen": n, "stop": "length",
+    return {"type": "result", "id": req.id, "output_ids": [], "n_prompt": p, "n_gen": n, "stop": "length",
             "timing": {"prefill_ms": pf_ns / 1e6, "decode_ms": dec_ns / 1e6,
                        "t_prefill_start_ns": t_pf_end - pf_ns, "t_prefill_end_ns": t_pf_end,
                        "t_decode_start_ns": t_dec_end - dec_ns, "t_decode_end_ns": t_dec_end,
@@ -431,7 +391,7 @@ def _raise_exit(signum: int, _frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the adapter until shutdown or EOF; returns the exit status."""
     args = _parse_args(argv)
-    out = Protocol()
+    out = ProtocolWriter.isolate_stdout()
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGHUP, _raise_exit)
     server: LlamaServer | None = None
@@ -458,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
                 version = llama_bench_version(build)
                 extra = {"log": str(log_path), "bench_reps": args.bench_reps}
                 cmdline = None
-            out.emit(ready_line(build, args.gguf, mode=args.mode, ctx=args.ctx, version=version, command_line=cmdline,
-                                extra=extra))
+            ready = ready_line(build, args.gguf, mode=args.mode, ctx=args.ctx, version=version, command_line=cmdline,
+                               extra=extra)
+            out.send(ready)
+            vocab_size = ready["model"].get("vocab_size")
         except (UserError, EngineError) as e:
             tail = getattr(e, "stderr_tail", None)
             msg = str(e) if isinstance(e, UserError) else e.message
@@ -472,23 +434,22 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             req_id = None
             try:
-                req = parse_request(line)
-                req_id = req.get("id")
-                if req["type"] == "shutdown":
+                req = parse_request(line, vocab_size=vocab_size if isinstance(vocab_size, int) else None)
+                if isinstance(req, Shutdown):
                     return 0
-                if len(req["prompt_ids"]) + int(req["n_gen"]) > args.ctx:
-                    raise RequestError("context_overflow", f"prompt {len(req['prompt_ids'])} + n_gen {req['n_gen']} "
+                req_id = req.id
+                if len(req.prompt_ids) + req.n_gen > args.ctx:
+                    raise RequestError("context_overflow", f"prompt {len(req.prompt_ids)} + n_gen {req.n_gen} "
                                                            f"exceeds max_ctx {args.ctx}")
                 if server is not None:
-                    reply, t_send, t_recv = server.completion(req["prompt_ids"], int(req["n_gen"]),
-                                                              bool(req.get("ignore_eos", True)))
-                    out.emit(server_result(req, reply, t_send, t_recv))
+                    reply, t_send, t_recv = server.completion(req.prompt_ids, req.n_gen, req.ignore_eos)
+                    out.send(server_result(req, reply, t_send, t_recv))
                 else:
-                    out.emit(bench_result(req, build, args.gguf, ctx=args.ctx, kv_k=args.kv_k, kv_v=args.kv_v,
+                    out.send(bench_result(req, build, args.gguf, ctx=args.ctx, kv_k=args.kv_k, kv_v=args.kv_v,
                                           flash_attn=args.flash_attn, n_gpu_layers=ngl, threads=args.threads,
                                           reps=args.bench_reps, version=version, stderr_path=log_path))
             except RequestError as e:
-                out.error(e.kind, str(e), req_id)
+                out.error(e.kind, e.message, e.request_id if e.request_id is not None else req_id)
             except EngineError as e:
                 out.error(e.kind if e.kind in ("oom", "internal") else "internal",
                           e.message + (f"\n{e.stderr_tail}" if e.stderr_tail else ""), req_id)

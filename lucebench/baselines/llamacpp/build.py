@@ -3,31 +3,44 @@
 The cache key is (commit, source hash, backend, arch, CMake flags, compiler, host CPU): a CPU build uses
 ``GGML_NATIVE`` (``-march=native``), so a cached binary is only reused on the same kind of CPU.
 Every build writes its full configure + compile output to ``build.log`` beside the binaries; a failure
-raises :class:`LlamaCppBuildError` naming that log, which is kept.
+raises :class:`LlamaCppBuildError` naming that log, which is kept. Arch resolution, compiler id, the lock and
+the logged steps are lucebench.engines.cmake's, shared with the bundled engines' build.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lucebench.baselines.llamacpp.source import LlamaCppSource, llamacpp_cache_dir, locate_source
+from lucebench.engines.cmake import (
+    BACKENDS,
+    BuildError,
+    build_jobs,
+    check_backend,
+    find_nvcc,
+    host_compiler,
+    locked,
+    log_tail,
+    normalize_cuda_arch,
+    nvcc_release,
+    resolve_arch,
+    run_logged,
+)
 from lucebench.errors import UserError
 
-BACKENDS = ("cpu", "cuda", "hip")
+__all__ = ["BACKENDS", "TARGETS", "LlamaCppBuild", "LlamaCppBuildError", "build_llamacpp", "cmake_flags_for",
+           "normalize_cuda_arch", "prune_objects"]
 #: Only what the baseline runs; the rest of llama.cpp's targets are never built.
 TARGETS = ("llama-bench", "llama-server", "llama-quantize")
 RECORD_NAME = "build.json"
@@ -49,12 +62,8 @@ _COMMON_FLAGS = (
 )
 
 
-class LlamaCppBuildError(UserError):
+class LlamaCppBuildError(BuildError):
     """A llama.cpp configure or compile step failed; the compiler output is kept in ``log``."""
-
-    def __init__(self, message: str, *, log: Path, hint: str | None = None):
-        super().__init__(message, where=str(log), hint=hint, exit_code=1)
-        self.log = log
 
 
 @dataclass(frozen=True)
@@ -122,15 +131,6 @@ class LlamaCppBuild:
                             hint="run `lucebench build llama.cpp`") from None
 
 
-def _first_line(cmd: Sequence[str]) -> str | None:
-    try:
-        r = subprocess.run(list(cmd), capture_output=True, check=False, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [ln.strip() for ln in (r.stdout or r.stderr).splitlines() if ln.strip()]
-    return lines[0] if lines else None
-
-
 def _host_signature() -> dict[str, str]:
     """CPU model and ISA flags: a -march=native binary is only valid on a CPU with the same flags."""
     model, flags = platform.processor() or "", ""
@@ -148,65 +148,9 @@ def _host_signature() -> dict[str, str]:
             "cpu_flags_sha256": hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16]}
 
 
-def _find_nvcc() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for cand in (os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
-        if cand and (Path(cand) / "bin" / "nvcc").is_file():
-            return str(Path(cand) / "bin" / "nvcc")
-    return None
-
-
-def normalize_cuda_arch(arch: str) -> str:
-    """'sm_90' / '9.0' / '90' / '90a' -> CMake's form ('90', '90a'); several may be ';'- or ','-separated."""
-    out = []
-    for part in re.split(r"[;,\s]+", arch.strip()):
-        if not part:
-            continue
-        a = part.lower().removeprefix("sm_").removeprefix("compute_")
-        m = re.fullmatch(r"(\d+)\.(\d)([af]?)", a)
-        if m:
-            a = f"{m.group(1)}{m.group(2)}{m.group(3)}"
-        if not re.fullmatch(r"\d{2,3}[af]?(-real|-virtual)?", a):
-            raise UserError(f"not a CUDA architecture: {part!r}", where="--arch",
-                            hint="use e.g. sm_90, 90 or 8.6 (compute capability)")
-        out.append(a)
-    if not out:
-        raise UserError("empty CUDA architecture", where="--arch", hint="use e.g. sm_90")
-    return ";".join(out)
-
-
-def detect_cuda_arch() -> str:
-    """Compute capability of GPU 0 from ``nvidia-smi`` (e.g. '90'); UserError where none can be read."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        raise UserError("no nvidia-smi: cannot detect the CUDA architecture", where="--arch",
-                        hint="pass --arch (e.g. sm_90) or build with --backend cpu")
-    r = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, check=False, text=True)
-    caps = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
-    if r.returncode != 0 or not caps:
-        raise UserError(f"nvidia-smi gave no compute capability: {(r.stderr or r.stdout).strip()[:300]}",
-                        where="--arch", hint="pass --arch (e.g. sm_90)")
-    return normalize_cuda_arch(caps[0])
-
-
-def detect_hip_arch() -> str:
-    """gfx target of the first AMD GPU from ``rocminfo``; UserError where none can be read."""
-    tool = shutil.which("rocminfo")
-    if tool is not None:
-        r = subprocess.run([tool], capture_output=True, check=False, text=True)
-        found = re.findall(r"\bgfx[0-9a-f]{3,4}\b", r.stdout)
-        if found:
-            return found[0]
-    raise UserError("cannot detect the AMD GPU architecture (no rocminfo output)", where="--arch",
-                    hint="pass --arch (e.g. gfx1100)")
-
-
 def cmake_flags_for(backend: str, arch: str | None, commit: str, extra: Sequence[str] = ()) -> list[str]:
     """The CMake -D flags of a build (without -S/-B/-G), in the order they are passed."""
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}", where="--backend", hint=f"one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     flags = list(_COMMON_FLAGS)
     # Build info: the tree may have no .git, so llama.cpp's own detection would print 'unknown'.
     flags.append(f"-DLLAMA_BUILD_COMMIT={commit[:7] if commit != 'unknown' else 'unknown'}")
@@ -216,11 +160,6 @@ def cmake_flags_for(backend: str, arch: str | None, commit: str, extra: Sequence
         flags += ["-DGGML_HIP=ON", f"-DGPU_TARGETS={arch}"]
     flags += list(extra)
     return flags
-
-
-def _compiler_version() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
-    return _first_line([cxx, "--version"]) or cxx
 
 
 def prune_objects(cmake_dir: Path) -> None:
@@ -238,29 +177,6 @@ def prune_objects(cmake_dir: Path) -> None:
             child.unlink()
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Two CI steps (or pytest workers) asking for the same build wait for one compile instead of racing.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _run_logged(cmd: Sequence[str], log: Path, *, env: dict[str, str], console: Any, step: str) -> None:
-    with log.open("a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        r = subprocess.run(list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
-    if r.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise LlamaCppBuildError(f"llama.cpp {step} failed (exit {r.returncode}); full output kept in {log}\n{tail}",
-                                 log=log, hint="read the log above; a wrong --arch or a missing toolkit is common")
-
-
 def build_llamacpp(*, backend: str = "cpu", arch: str | None = None, source: Path | None = None, console: Any = None,
                    cmake_args: Sequence[str] = (), jobs: int | None = None) -> LlamaCppBuild:
     """Configure and build llama-bench, llama-server and llama-quantize; reuse a cached build when one matches.
@@ -271,35 +187,29 @@ def build_llamacpp(*, backend: str = "cpu", arch: str | None = None, source: Pat
     (default ``$LUCEBENCH_BUILD_JOBS`` or the CPU count).
     Raises UserError for bad arguments or a missing toolkit, LlamaCppBuildError when CMake fails.
     """
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}", where="--backend", hint=f"one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     src: LlamaCppSource = locate_source(source, console=console)
     if shutil.which("cmake") is None:
         raise UserError("cmake not found on PATH", where="llama.cpp build", hint="pip install cmake, or apt install cmake")
     env = dict(os.environ)
     cuda_compiler = None
+    arch = resolve_arch(backend, arch)
     if backend == "cuda":
-        nvcc = _find_nvcc()
+        nvcc = find_nvcc()
         if nvcc is None:
             raise UserError("nvcc not found: cannot build the CUDA backend", where="--backend cuda",
                             hint="install the CUDA toolkit or set CUDA_HOME")
-        arch = normalize_cuda_arch(arch) if arch else detect_cuda_arch()
-        # nvcc's last --version line names the release ("Build cuda_13.0.r13.0/...").
-        nv = subprocess.run([nvcc, "--version"], capture_output=True, check=False, text=True).stdout.strip().splitlines()
-        cuda_compiler = nv[-1] if nv else nvcc
+        cuda_compiler = nvcc_release(nvcc)
         env.setdefault("CUDACXX", nvcc)
     elif backend == "hip":
-        arch = arch or detect_hip_arch()
         if shutil.which("hipconfig"):
             # llama.cpp's documented HIP setup: ROCm's clang as the HIP compiler.
             env.setdefault("HIPCXX", str(Path(subprocess.run(["hipconfig", "-l"], capture_output=True, check=False,
                                                               text=True).stdout.strip()) / "clang"))
             env.setdefault("HIP_PATH", subprocess.run(["hipconfig", "-R"], capture_output=True, check=False, text=True).stdout.strip())
-    else:
-        arch = None
     flags = cmake_flags_for(backend, arch, src.commit, cmake_args)
     generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
-    compiler = _compiler_version()
+    compiler = host_compiler()
     host = _host_signature()
     key_doc = {"commit": src.commit, "source_hash": src.source_hash, "backend": backend, "arch": arch,
                "flags": flags, "compiler": compiler, "cuda_compiler": cuda_compiler, "generator": generator,
@@ -308,7 +218,7 @@ def build_llamacpp(*, backend: str = "cpu", arch: str | None = None, source: Pat
     arch_tag = (arch or "native").replace(";", "+")
     out = llamacpp_cache_dir() / "build" / f"{src.commit_short}-{backend}-{arch_tag}-{key}"
     record = out / RECORD_NAME
-    with _locked(out.parent / f"{out.name}.lock"):
+    with locked(out.parent / f"{out.name}.lock"):
         if record.is_file():
             cached = LlamaCppBuild.load(record)
             if all((cached.bin_dir / t).is_file() for t in TARGETS):
@@ -317,17 +227,22 @@ def build_llamacpp(*, backend: str = "cpu", arch: str | None = None, source: Pat
         log = out / "build.log"
         log.write_text(f"# llama.cpp {src.commit} ({src.origin}: {src.root}) backend={backend} arch={arch}\n")
         cmake_dir = out / "cmake"
-        n_jobs = jobs or int(os.environ.get("LUCEBENCH_BUILD_JOBS", "0") or 0) or (os.cpu_count() or 2)
+        n_jobs = build_jobs(jobs)
         msg = f"llama.cpp: building {', '.join(TARGETS)} ({backend}{'/' + arch if arch else ''}, -j{n_jobs}); log: {log}"
         if console is not None:
             console.print(msg)
         else:
             print(msg, file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        _run_logged(["cmake", "-S", str(src.root), "-B", str(cmake_dir), "-G", generator, *flags], log,
-                    env=env, console=console, step="CMake configure")
-        _run_logged(["cmake", "--build", str(cmake_dir), "--config", "Release", "-j", str(n_jobs),
-                     "--target", *TARGETS], log, env=env, console=console, step="compile")
+        for step, argv in (("CMake configure", ["cmake", "-S", str(src.root), "-B", str(cmake_dir), "-G", generator,
+                                                *flags]),
+                           ("compile", ["cmake", "--build", str(cmake_dir), "--config", "Release", "-j", str(n_jobs),
+                                        "--target", *TARGETS])):
+            rc = run_logged(argv, log, env=env)
+            if rc != 0:
+                raise LlamaCppBuildError(f"llama.cpp {step} failed (exit {rc}); full output kept in {log}\n"
+                                         f"{log_tail(log)}", log=log,
+                                         hint="read the log above; a wrong --arch or a missing toolkit is common")
         seconds = round(time.monotonic() - t0, 1)
         bin_dir = cmake_dir / "bin"
         missing = [t for t in TARGETS if not (bin_dir / t).is_file()]
