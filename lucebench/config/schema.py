@@ -72,6 +72,8 @@ class Measure(_Strict):
                                        "windows reach this, so the energy counter resolves it")
     max_extension_s: float = Field(120.0, ge=0, description="cap on the time spent extending a cell")
     timeout_s: float = Field(900.0, gt=0, description="per cell: load + all requests")
+    prepare_timeout_s: float = Field(3600.0, gt=0, description="the preparation before the first cell (engine "
+                                     "builds, GGUF conversion), never counted in a cell's timeout_s")
     request_timeout_s: float = Field(600.0, gt=0, description="per request")
     noisy_cov: float = Field(0.05, gt=0, description="coefficient of variation above which a metric is 'noisy'")
     keep_output_ids: bool = Field(True, description="store generated token ids per sample (losslessness checks)")
