@@ -63,3 +63,21 @@ def test_include_takes_first_axis_values_for_unnamed_axes():
     cfg = _config(kv=["q8_0", "bf16"])
     cfg.include = [{"engine": "ar", "model": "m", "suite": "tg32", "context": 4096}]
     assert expand(cfg, "cpu")[-1].id == "ar/m/tg32/ctx4096/kvq8_0"
+
+
+def test_an_engine_on_a_backend_it_cannot_run_on_is_refused_when_the_matrix_expands():
+    cfg = _config(engine=["megakernel", "ar"])
+    with pytest.raises(UserError) as exc:
+        expand(cfg, "cpu")
+    assert "'megakernel'" in str(exc.value) and "does not run on the cpu backend" in str(exc.value)
+    assert exc.value.where == "config matrix.engine"
+    assert [c.engine for c in expand(cfg, "cuda")][:1] == ["megakernel"]
+
+
+def test_the_default_gpu_config_is_the_products_table():
+    from lucebench.config import find_config, load_config
+
+    cells = expand(load_config(find_config("quick-gpu")).config, "cuda")
+    assert sorted({c.engine_type for c in cells}) == ["ar", "hf", "llama.cpp", "megakernel"]
+    assert {c.suite for c in cells} == {"pp520", "tg128"} and len(cells) == 8
+    assert load_config(find_config("quick-gpu")).config.baseline == "hf"
