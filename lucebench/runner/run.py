@@ -104,7 +104,8 @@ class Runner:
                 self.console.print(f"[yellow]warning:[/] this machine cannot run it: {exc}")
             from lucebench.runner.plan import print_plan
 
-            print_plan(self.config, backend, cells, console=self.console)
+            print_plan(self.config, backend, cells, console=self.console,
+                       allow_power_limit=self.options.allow_power_limit)
             return RunSummary(result_path=self.result_path)
         check_hardware(self.config, backend, env)
 
