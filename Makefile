@@ -17,7 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[hf,dev]"
 	touch $@
 
-# Builds the bundled engines for the detected backend (cpu, cuda or hip) into the build cache.
+# Builds what the default `lucebench run` needs on the detected backend into the build cache
+# ($$LUCEBENCH_CACHE, default ~/.cache/lucebench): the bundled `ar` engine and the pinned llama.cpp
+# (llama-bench, llama-server, llama-quantize), plus the megakernel on CUDA. On a 2-core CPU machine the
+# llama.cpp build is most of set-up's time (see README).
 engines: $(VENV)/.installed
 	$(BIN)/lucebench build
 

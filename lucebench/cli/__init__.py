@@ -24,6 +24,22 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 
 
+def _flag_type_hidden() -> None:
+    """typer's rich help shows a type for every option, so a flag reads `--resume <bool>` as if it took a value;
+    a flag takes none, so its type column is left empty (options with values keep theirs)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else shown(self, ctx)  # type: ignore[arg-type]
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flag_type_hidden()
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"lucebench {__version__}")

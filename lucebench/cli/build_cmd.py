@@ -21,19 +21,35 @@ def _build_llamacpp(backend: str, arch: str | None, console: Console) -> object:
     return module.build_llamacpp(backend=backend, arch=arch, console=console)
 
 
+def default_engines(backend: str) -> list[str]:
+    """What `lucebench build` builds without names: every engine the default `lucebench run` uses on `backend`."""
+    from lucebench.engines.build import BUNDLED_ENGINES
+    from lucebench.engines.registry import ENGINE_TYPES
+
+    return [n for n in BUNDLED_ENGINES if backend in ENGINE_TYPES[n].backends] + ["llama.cpp"]
+
+
 @app.command("build")
 def build(
-    engines: Optional[list[str]] = typer.Argument(None, help="Engines to build: ar, llama.cpp (default: all bundled engines)."),
+    engines: Optional[list[str]] = typer.Argument(
+        None, help="Engines to build: ar, megakernel (CUDA only), llama.cpp. Default: what `lucebench run` needs on "
+                   "this backend: ar and llama.cpp, and megakernel on cuda."),
     backend: Optional[str] = typer.Option(None, "--backend", help="cpu, cuda or hip (default: detected)."),
     arch: Optional[str] = typer.Option(None, "--arch", help="GPU architecture, e.g. 90 or sm_86 (default: detected)."),
 ) -> None:
     """Configure and build engines with CMake, cached by source hash, backend, arch and compiler."""
     from lucebench.engines.build import BUNDLED_ENGINES, build_engine
     from lucebench.engines.detect import detect_backend
+    from lucebench.engines.registry import ENGINE_TYPES
 
     console = Console(stderr=True)
     backend = backend or detect_backend()
-    names = list(engines) if engines else list(BUNDLED_ENGINES)
+    names = list(engines) if engines else default_engines(backend)
+    for name in names:
+        if name in BUNDLED_ENGINES and backend not in ENGINE_TYPES[name].backends:
+            raise UserError(f"{name} runs only on {', '.join(sorted(ENGINE_TYPES[name].backends))}: there is nothing "
+                            f"to build for the {backend} backend", where="lucebench build",
+                            hint=f"build it on a GPU machine (--backend cuda), or build {', '.join(default_engines(backend))}")
     for name in names:
         if name == "llama.cpp":
             result = _build_llamacpp(backend, arch, console)

@@ -70,8 +70,9 @@ def list_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON inst
         table.add_row(*(str(r[c]) if r[c] is not None else "-" for c in
                         ("suite", "version", "kind", "source", "rows", "available", "sample", "format", "n_gen", "stop", "phase")))
     console.print(table)
-    console.print("pp{N} and tg{N} (any N) are the pp / tg families; sources: hub through `datasets`, "
-                  "else LUCEBENCH_DATA_DIR, else ../shared/datasets.", highlight=False)
+    console.print("pp{N} and tg{N} (any N) are the pp / tg families; a tgN suite's n_gen is N + 1: the first token "
+                  "comes from the prefill, the N after it are the timed decode steps; sources: hub through "
+                  "`datasets`, else LUCEBENCH_DATA_DIR, else ../shared/datasets.", highlight=False)
 
 
 def _preview(text: str | None, width: int = 90) -> str:
@@ -118,7 +119,7 @@ def show_cmd(
     head.add_column("value", overflow="fold")
     for key, value in info.items():
         if value is not None:
-            head.add_row(key, str(value))
+            head.add_row(key, _n_gen_text(value, info.get("phase")) if key == "n_gen" else str(value))
     console.print(head)
     table = Table(title=f"prompts ({len(shown)} of {len(prompts)})", title_justify="left")
     table.add_column("#", justify="right")
@@ -137,6 +138,13 @@ def show_cmd(
         console.print(st)
     elif model is None:
         console.print("token counts and length skips need the model's tokenizer: add --model DIR", highlight=False)
+
+
+def _n_gen_text(n_gen: Any, phase: Any) -> str:
+    """n_gen of a decode suite in words: tgN generates N + 1 tokens, the first from the prefill, N timed decode steps."""
+    if phase == "decode" and isinstance(n_gen, int) and n_gen > 1:
+        return f"{n_gen} (1 token from the prefill + {n_gen - 1} timed decode steps)"
+    return str(n_gen)
 
 
 def _show_without_tokenizer(suite: str, *, sample_size: int | None, prompt_format: str | None, n_gen: int | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -60,7 +61,10 @@ def generate(
     console = Console(stderr=True)
     launch = ENGINE_TYPES[engine].launch(LaunchRequest(engine=engine, options={}, model_dir=model, backend=backend,  # type: ignore[arg-type]
                                                        device=device, max_ctx=len(ids) + n_gen + 8, console=console))
-    log = Path(tempfile.gettempdir()) / "lucebench-generate.log"
+    # One log per invocation: a shared file's tail would show an earlier call's errors as this one's.
+    fd, name = tempfile.mkstemp(prefix=f"lucebench-generate-{engine}-", suffix=".log")
+    os.close(fd)
+    log = Path(name)
     try:
         with EngineProcess(launch.argv, log_path=log, env=launch.env) as proc:
             proc.wait_ready(600)
@@ -70,7 +74,9 @@ def generate(
             reply["e2e_ms"] = (time.perf_counter() - t0) * 1e3
     except EngineError as exc:
         raise UserError(f"engine {engine} failed ({exc.kind}): {exc.message}"
-                        + (f"\n{exc.stderr_tail}" if exc.stderr_tail else ""), exit_code=1) from None
+                        + (f"\n{exc.stderr_tail}" if exc.stderr_tail else ""), exit_code=1,
+                        hint=f"the engine's whole log of this call is {log}") from None
+    log.unlink(missing_ok=True)  # kept only when the call failed
     if as_json:
         print(json.dumps({"engine": engine, "prompt_ids": ids, **{k: v for k, v in reply.items() if k != "type"}}))
         return

@@ -28,10 +28,16 @@ def synth(
     layout: str = typer.Option("text", "--layout",
                                help="text (Qwen3_5ForCausalLM keys) or multimodal (model.language_model.* keys)"),
     shard_gb: float = typer.Option(4.0, "--shard-gb", min=0.001, help="largest safetensors shard, in GB"),
+    force: bool = typer.Option(False, "--force", help="replace the checkpoint already in --out"),
 ) -> None:
     """Write a random-weight checkpoint in Hugging Face layout that transformers loads."""
     from lucebench.models.shapes import get_shape, shape_from_config
     from lucebench.models.synth import synthesize
+
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not force):
+        what = "a model" if (out / "config.json").is_file() else "files"
+        raise UserError(f"already holds {what}; refusing to replace it", where=f"--out {out}",
+                        hint="choose an empty or new folder, or pass --force to replace what is there")
 
     if (shape is None) == (config is None):
         raise UserError("give exactly one of --shape NAME or --config FILE")

@@ -20,6 +20,7 @@ def submit(
 
     done = do_submit(result, results_dir)
     console = Console(soft_wrap=True)
+    console.print(f"what it is: {done.what}", highlight=False)
     if done.existed:
         console.print(f"already submitted: {done.path}", highlight=False)
     else:

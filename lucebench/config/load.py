@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from lucebench.config.schema import Config
+from lucebench.config.schema import Config, LocatedError
 from lucebench.config.yamlio import line_of, load_yaml
 from lucebench.errors import UserError
 
@@ -43,7 +43,8 @@ def load_config(path: Path) -> LoadedConfig:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            loc = tuple(err["loc"])
+            cause = (err.get("ctx") or {}).get("error")
+            loc = tuple(err["loc"]) + (cause.loc if isinstance(cause, LocatedError) else ())
             line = line_of(lines, loc)
             key = _format_loc(loc)
             msg = err["msg"].removeprefix("Value error, ")

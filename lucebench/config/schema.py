@@ -8,10 +8,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 KV_TYPES = ("f16", "bf16", "q8_0", "q4_0")
 AXES = ("engine", "model", "suite", "gpu", "power_limit_w", "budget", "kv", "context")
+MAX_POWER_LIMIT_W = 2000.0  # above any card's maximum; the card's own range is checked when the limit is applied
+MAX_CONTEXT = 1 << 20
+MAX_BUDGET = 4096
+
+
+class LocatedError(ValueError):
+    """A problem found by a validator of a whole section, with the key path it belongs to (for its line)."""
+
+    def __init__(self, loc: tuple, message: str):
+        super().__init__(message)
+        self.loc = loc
 
 
 class _Strict(BaseModel):
@@ -23,8 +34,17 @@ class SynthSpec(_Strict):
 
     shape: str | None = None
     config: str | None = Field(None, description="path of a config.json, instead of a named shape")
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+    @field_validator("shape")
+    @classmethod
+    def _known_shape(cls, value: str | None) -> str | None:
+        from lucebench.models.shapes import shape_names
+
+        if value is not None and value not in shape_names():
+            raise ValueError(f"unknown model shape {value!r}; shapes: {', '.join(shape_names())}")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> SynthSpec:
@@ -60,8 +80,16 @@ class GpuExpect(_Strict):
     """What the config expects to run on; a mismatch is an error before anything runs."""
 
     name: str | None = Field(None, description="substring of the GPU name, e.g. 'H200' or 'RTX 3090'")
-    arch: str | None = Field(None, description="compute capability without the dot, e.g. '90', '86'")
-    devices: list[int] = Field(default_factory=lambda: [0])
+    arch: str | None = Field(None, pattern=r"^[0-9]{2,3}[a-z]?$|^gfx[0-9a-f]+$",
+                             description="compute capability without the dot, e.g. '90', '86' (or a gfx target)")
+    devices: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+    @field_validator("devices")
+    @classmethod
+    def _device_indices(cls, values: list[int]) -> list[int]:
+        if any(v < 0 for v in values) or len(set(values)) != len(values):
+            raise ValueError("device indices are distinct numbers from 0")
+        return values
 
 
 class Measure(_Strict):
@@ -72,6 +100,8 @@ class Measure(_Strict):
                                        "windows reach this, so the energy counter resolves it")
     max_extension_s: float = Field(120.0, ge=0, description="cap on the time spent extending a cell")
     timeout_s: float = Field(900.0, gt=0, description="per cell: load + all requests")
+    prepare_timeout_s: float = Field(3600.0, gt=0, description="the preparation before the first cell (engine "
+                                     "builds, GGUF conversion), never counted in a cell's timeout_s")
     request_timeout_s: float = Field(600.0, gt=0, description="per request")
     noisy_cov: float = Field(0.05, gt=0, description="coefficient of variation above which a metric is 'noisy'")
     keep_output_ids: bool = Field(True, description="store generated token ids per sample (losslessness checks)")
@@ -115,9 +145,48 @@ class Matrix(_Strict):
     @field_validator("power_limit_w")
     @classmethod
     def _positive_watts(cls, values: list[float | None]) -> list[float | None]:
-        if any(v is not None and v <= 0 for v in values):
-            raise ValueError("power limits are positive watts (or null for the card's current limit)")
+        if any(v is not None and not 0 < v <= MAX_POWER_LIMIT_W for v in values):
+            raise ValueError(f"power limits are watts from 1 to {MAX_POWER_LIMIT_W:g} (or null for the card's "
+                             "current limit)")
         return values
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_indices(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None and (not values or any(v < 0 for v in values) or len(set(values)) != len(values)):
+            raise ValueError("GPU indices are distinct numbers from 0")
+        return values
+
+    @field_validator("budget")
+    @classmethod
+    def _budgets(cls, values: list[int | None]) -> list[int | None]:
+        if any(v is not None and not 1 <= v <= MAX_BUDGET for v in values):
+            raise ValueError(f"a budget is a number of draft tokens from 1 to {MAX_BUDGET} (or null)")
+        return values
+
+    @field_validator("context")
+    @classmethod
+    def _contexts(cls, values: list[int | None]) -> list[int | None]:
+        if any(v is not None and not 0 <= v <= MAX_CONTEXT for v in values):
+            raise ValueError(f"a context depth is a number of tokens from 0 to {MAX_CONTEXT} (or null)")
+        return values
+
+    @field_validator("suite")
+    @classmethod
+    def _known_suites(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _check_suite(value)
+        return values
+
+
+def _check_suite(name: str) -> None:
+    from lucebench.errors import UserError
+    from lucebench.suites.registry import resolve_suite
+
+    try:
+        resolve_suite(name)
+    except UserError as exc:
+        raise ValueError(f"suite {name!r}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")) from None
 
 
 class Config(_Strict):
@@ -138,15 +207,56 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> Config:
-        for name in self.matrix.model:
+        from lucebench.engines.registry import ENGINE_TYPES
+
+        for i, name in enumerate(self.matrix.model):
             if name not in self.models:
-                raise ValueError(f"matrix.model names {name!r}, which is not under 'models' "
-                                 f"(defined: {', '.join(self.models)})")
+                raise LocatedError(("matrix", "model", i), f"{name!r} is not under 'models' "
+                                   f"(defined: {', '.join(self.models)})")
+        for name, variant in self.engines.items():
+            if variant.type not in ENGINE_TYPES:
+                raise LocatedError(("engines", name, "type"), f"unknown engine type {variant.type!r}; "
+                                   f"types: {', '.join(sorted(ENGINE_TYPES))}")
+            unknown = set(variant.options) - ENGINE_TYPES[variant.type].options
+            if unknown:
+                raise LocatedError(("engines", name, "options"), f"unknown option(s) {sorted(unknown)} for "
+                                   f"{variant.type}; it takes: {', '.join(sorted(ENGINE_TYPES[variant.type].options))}")
+        for i, name in enumerate(self.matrix.engine):
+            if name not in self.engines and name not in ENGINE_TYPES:
+                raise LocatedError(("matrix", "engine", i), f"unknown engine {name!r}; engines: "
+                                   f"{', '.join(sorted(ENGINE_TYPES))}, or a variant defined under 'engines:'")
+        if any(b is not None for b in self.matrix.budget):
+            types = {self.engines[e].type if e in self.engines else e for e in self.matrix.engine}
+            if not any("budget" in ENGINE_TYPES[t].axes for t in types):
+                raise LocatedError(("matrix", "budget"), "no engine of matrix.engine takes a budget, so no cell "
+                                   "could use these values; leave the axis out")
+        for name in self.suites:
+            try:
+                _check_suite(name)
+            except ValueError as exc:
+                raise LocatedError(("suites", name), str(exc)) from None
         for rule_set, label in ((self.include, "include"), (self.exclude, "exclude")):
             for i, rule in enumerate(rule_set):
                 unknown = set(rule) - set(AXES)
                 if unknown:
-                    raise ValueError(f"{label}[{i}] has unknown axis {sorted(unknown)}; axes are {', '.join(AXES)}")
+                    raise LocatedError((label, i), f"unknown axis {sorted(unknown)}; axes are {', '.join(AXES)}")
+                if "engine" in rule and rule["engine"] not in self.engines and rule["engine"] not in ENGINE_TYPES:
+                    raise LocatedError((label, i, "engine"), f"unknown engine {rule['engine']!r}")
+                if "model" in rule and rule["model"] not in self.models:
+                    raise LocatedError((label, i, "model"), f"{rule['model']!r} is not under 'models'")
+                if label == "include" and "suite" in rule:
+                    try:
+                        _check_suite(str(rule["suite"]))
+                    except ValueError as exc:
+                        raise LocatedError((label, i, "suite"), str(exc)) from None
+                try:  # every other value under the rules of its matrix axis
+                    Matrix.model_validate({"engine": ["x"], "model": ["x"], "suite": ["pp1"],
+                                           **{k: [v] for k, v in rule.items()
+                                              if k not in ("engine", "model", "suite")}})
+                except ValidationError as exc:
+                    first = exc.errors()[0]
+                    raise LocatedError((label, i, str(first["loc"][0])),
+                                       first["msg"].removeprefix("Value error, ")) from None
         if self.baseline is not None and self.baseline not in self.matrix.engine:
-            raise ValueError(f"baseline {self.baseline!r} is not in matrix.engine {self.matrix.engine}")
+            raise LocatedError(("baseline",), f"{self.baseline!r} is not in matrix.engine {self.matrix.engine}")
         return self

@@ -72,6 +72,10 @@ def _matches(cell: CellSpec, rule: dict[str, Any]) -> bool:
 
 def _make_cell(config: Config, backend: str, values: dict[str, Any], show_gpu: bool) -> CellSpec:
     engine_type, _ = resolve_engine(values["engine"], config.engines)
+    if backend not in engine_type.backends:
+        raise UserError(f"engine {values['engine']!r} ({engine_type.name}) does not run on the {backend} backend; "
+                        f"it runs on {', '.join(sorted(engine_type.backends))}", where="config matrix.engine",
+                        hint="drop it from matrix.engine for this machine, or set 'backend:' to one it runs on")
     on_gpu = backend in GPU_BACKENDS
     kv_k, kv_v = _split_kv(values.get("kv")) if "kv" in engine_type.axes else (None, None)
     return CellSpec(

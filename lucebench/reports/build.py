@@ -40,7 +40,8 @@ def report_page(results: Sequence[Result], out_dir: Path) -> Page:
         for key, env in r.other_environments.items():  # a run resumed on another machine: its earlier ones
             page.environments.append(EnvBlock(f"{C.env_card_name(env)} ({r.run_id}, earlier machine {key})",
                                               T.environment_rows(r, key), synthetic=T.any_synthetic(r)))
-    page.tables = T.all_tables(views)
+    page.tables = T.result_tables(views)
+    page.caveats = T.caveat_tables(views)
     if not n_ok:
         page.notes.append("no cell finished ok: there is nothing to plot")
     page.plots = P.all_plots(views, out_dir)
@@ -61,4 +62,4 @@ def build_report(results: Sequence[Result], out_dir: Path) -> ReportFiles:
     html = out_dir / "index.html"
     md.write_text(page_markdown(page), encoding="utf-8")
     html.write_text(page_html(page), encoding="utf-8")
-    return ReportFiles(out_dir, md, html, [out_dir / p.file for p in page.plots], [t.key for t in page.tables])
+    return ReportFiles(out_dir, md, html, [out_dir / p.file for p in page.plots], [t.key for t in page.tables + page.caveats])

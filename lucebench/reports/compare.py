@@ -9,7 +9,10 @@ The rule (after asv / Bencher / Conbench, tuned against single-run noise alarms)
   confidence interval from the per-repetition samples;
 * a regression is flagged only when (1) the change is beyond the threshold in the bad direction, (2) the
   whole confidence interval lies beyond the threshold, and (3) a one-sided Mann-Whitney U test agrees
-  (p <= alpha; with 3 vs 3 samples complete separation gives exactly 0.05). A change beyond the threshold without that support is "inconclusive";
+  (p <= alpha), and the sample counts can reach alpha at all: with 3 vs 3 samples complete separation gives
+  exactly 0.05, the smallest p there is, so any consistent ordering would pass at 0.05 and such a change is
+  "inconclusive" (a warning, exit 0), not a regression. A change beyond the threshold without that support is
+  "inconclusive"; every metric also carries the power to detect a change of the threshold's size;
 * a metric whose cell is noisy (the summary's CoV flag, or fewer than `min_samples` samples on either
   side) is marked "noisy" instead of failing;
 * a cell that was ok in the baseline and failed in the candidate is a regression;
@@ -82,6 +85,11 @@ class MetricChange:
     n_baseline: int
     n_candidate: int
     status: str  # regression | improvement | inconclusive | noisy | unchanged | info | missing | n/a
+    # The smallest p the test can give with these sample counts: at or above alpha it cannot support anything.
+    min_p: float | None = None
+    # Probability that a change the size of the threshold would be flagged, at this noise and these counts.
+    power: float | None = None
+    too_few_samples: bool = False
 
 
 @dataclass
@@ -218,6 +226,28 @@ def mann_whitney_p(base: Sequence[float], cand: Sequence[float], alternative: st
         return 1.0
 
 
+def smallest_p(nb: int, nc: int) -> float:
+    """The smallest one-sided Mann-Whitney p of nb vs nc samples (complete separation): 1 / C(nb + nc, nb).
+    3 vs 3 gives 0.05, so at alpha 0.05 any consistent ordering would pass; it takes 3 vs 4 or more to mean it."""
+    return 1.0 / math.comb(nb + nc, nb) if nb > 0 and nc > 0 else 1.0
+
+
+def power_at_threshold(b: MetricSummary, c: MetricSummary, threshold: float, alpha: float) -> float:
+    """Power to flag a change of `threshold` (a fraction of the baseline median) at `alpha`, given the two sides'
+    spread and counts: the normal approximation of the t test, scaled by Mann-Whitney's asymptotic relative
+    efficiency (3/pi); 0 when the counts cannot reach alpha at all."""
+    from scipy.stats import norm
+
+    nb, nc = b.n, c.n
+    if smallest_p(nb, nc) >= alpha or b.median is None or b.median == 0:
+        return 0.0
+    var = ((nb - 1) * (b.stddev or 0.0) ** 2 + (nc - 1) * (c.stddev or 0.0) ** 2) / max(nb + nc - 2, 1)
+    if var <= 0:
+        return 1.0
+    z = abs(threshold * b.median) / math.sqrt(var * (1 / nb + 1 / nc)) * math.sqrt(3 / math.pi)
+    return float(norm.cdf(z - norm.ppf(1 - alpha)))
+
+
 def _seed(*parts: str) -> int:
     return zlib.crc32("|".join(parts).encode())
 
@@ -245,12 +275,15 @@ def compare_metric(name: str, b: MetricSummary | None, c: MetricSummary | None, 
     went_down = change < 0
     p = None
     status = "unchanged"
+    min_p = smallest_p(nb, nc)
+    too_few = min_p >= opts.alpha
+    power = power_at_threshold(b, c, thr, opts.alpha) if b is not None and c is not None else None
     if abs(change) > thr:
         # The test only decides beyond the threshold; skipping it elsewhere keeps big matrices fast.
         p = mann_whitney_p(b.samples if b else [], c.samples if c else [], "less" if went_down else "greater")
         # The whole CI must lie beyond the threshold on the side of the observed change.
         ci_beyond = ci is not None and ((ci[1] < -thr) if went_down else (ci[0] > thr))
-        supported = ci_beyond and p is not None and p <= opts.alpha
+        supported = ci_beyond and p is not None and p <= opts.alpha and not too_few
         if name in INFORMATIONAL:
             status = "info"
         elif noisy:
@@ -260,7 +293,8 @@ def compare_metric(name: str, b: MetricSummary | None, c: MetricSummary | None, 
         else:
             status = "regression" if worse > 0 else "improvement"
     return MetricChange(name, bm, cm, change, ci[0] if ci else None, ci[1] if ci else None, p, thr, hib, noisy,
-                        nb, nc, status)
+                        nb, nc, status, min_p=min_p, power=power,
+                        too_few_samples=too_few and status == "inconclusive")
 
 
 # ---------------------------------------------------------------------------------------------- compare

@@ -50,6 +50,19 @@ def summary_lines(comp: Comparison) -> list[str]:
                 if comp.options.metric_thresholds else ""),
              ", ".join(f"{s}: {statuses.count(s)}" for s in ("regression", "improvement", "inconclusive", "noisy")
                        if statuses.count(s))]
+    changes = [m for c in comp.cells for m in c.changes if m.status not in ("info", "n/a", "missing")]
+    few = [m for m in changes if m.too_few_samples]
+    if few:
+        counts = sorted({(m.n_baseline, m.n_candidate) for m in few})
+        lines.append(f"warning: inconclusive: {len(few)} metric(s) changed beyond the threshold, but with "
+                     f"{', '.join(f'{a} vs {b}' for a, b in counts)} samples the smallest p the test can give is "
+                     f"{min(m.min_p or 1.0 for m in few):.3g}, not below alpha {comp.options.alpha:g}: run more "
+                     "repetitions (measure.repetitions, at least 4 a side) for a verdict")
+    powers = sorted(m.power for m in changes if m.power is not None)
+    if powers:
+        able = sum(p >= 0.8 for p in powers)
+        lines.append(f"power: {able} of {len(powers)} metric(s) would flag a change of the threshold's size with "
+                     f"probability >= 80% (median power {powers[len(powers) // 2]:.0%})")
     for text in comp.forced_mismatches:
         lines.append(f"forced despite: {text}")
     noted = [f"{c.label}: {c.note}" for c in comp.cells if c.note and c.status not in ("failed", "both-failed")]

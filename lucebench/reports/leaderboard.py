@@ -17,6 +17,7 @@ from lucebench.reports.cells import CellView
 from lucebench.reports.fmt import NA, fmt_summary
 from lucebench.reports.plots import Plot, grouped_bars
 from lucebench.reports.render import Page, page_html, page_markdown
+from lucebench.reports.submission import submission_problems
 from lucebench.reports.tables import Table
 from lucebench.results.io import load_result
 from lucebench.results.validate import errors, validate_file
@@ -46,9 +47,15 @@ def _best(views: Sequence[CellView], metric: str) -> CellView | None:
     return max(cands, key=lambda v: v.median(metric) or 0.0) if cands else None
 
 
-def _row_label(v: CellView, with_model: bool) -> str:
-    return f"{v.engine} ({v.cell.params.get('model', v.cell.model.name if v.cell.model else '?')})" if with_model \
-        else v.engine
+def _row_key(v: CellView) -> tuple[str, str, str]:
+    """(model, workload, engine): a row compares cards on one engine, one model and one workload, never across."""
+    model = str(v.cell.params.get("model", v.cell.model.name if v.cell.model else "?"))
+    return model, str(v.cell.params.get("suite", "?")), v.engine
+
+
+def _row_label(key: tuple[str, str, str]) -> str:
+    model, suite, engine = key
+    return f"{engine} · {model} · {suite}"
 
 
 def _at(v: CellView) -> str:
@@ -67,16 +74,20 @@ def build_leaderboard(results_dir: Path, out_dir: Path) -> LeaderboardFiles:
         if errs:
             skipped.append(Skipped(path, f"{len(errs)} validation error(s), first: {errs[0]}"))
             continue
-        results.append(load_result(path))
+        result = load_result(path)
+        refused = submission_problems(result)
+        if refused:
+            skipped.append(Skipped(path, "; ".join(refused)))
+            continue
+        results.append(result)
         included.append(path)
     views = [v for v in C.collect(results) if v.ok and not C.is_speculative(v) and not C.is_context(v)
              and not C.is_dataset(v)]
-    with_model = len({v.cell.params.get("model") for v in views}) > 1
     cards = sorted({v.card for v in views})
     groups: dict[tuple[str, str], list[CellView]] = {}
     for v in views:
-        groups.setdefault((_row_label(v, with_model), v.card), []).append(v)
-    rows_labels = sorted({k[0] for k in groups})
+        groups.setdefault((_row_label(_row_key(v)), v.card), []).append(v)
+    rows_labels = [_row_label(k) for k in sorted({_row_key(v) for v in views})]
     tables: list[Table] = []
     plot_data: dict[str, tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]] = {}
     for metric, title in (("decode_tok_s", "Decode tok/s by card"), ("decode_tok_per_j", "Decode tok/J by card"),
@@ -93,9 +104,11 @@ def build_leaderboard(results_dir: Path, out_dir: Path) -> LeaderboardFiles:
                     errs_.setdefault(label, {})[card] = (m.stddev or 0.0) if m else 0.0
             rows.append(row)
         if vals:
-            tables.append(Table(metric, title, ["Engine"] + cards, rows,
-                                notes=[("best median over the card's submitted throughput cells, with its spread "
-                                        "and the power limit it was measured at")]))
+            tables.append(Table(metric, title, ["Engine · model · workload"] + cards, rows,
+                                notes=[("each row is one engine on one model and one workload, so a column ranks "
+                                        "like with like; best median over the card's submitted cells of it, with "
+                                        "its spread and the power limit it was measured at; smoke runs, unfinished "
+                                        "runs and runs of uncommitted code are not listed")]))
             plot_data[metric] = (vals, errs_)
     tables.append(Table("submissions", "Submissions", ["File", "Card", "Run", "Created", "lucebench commit"],
                         [[str(p.relative_to(results_dir)), C.card_name(r), r.run_id, r.created,

@@ -48,39 +48,77 @@ def _err(v: CellView, metric: str) -> float:
 
 
 def _series_label(v: CellView, keys: Sequence[str]) -> str:
-    return " ".join(C.fmt_param(k, v.params.get(k)) for k in keys) or v.engine
+    """A bar or line label in words: the engine, then "KV <type>" and the other varying settings that apply to
+    this cell (an axis that does not apply to it is left out, never shown as "-")."""
+    parts: list[str] = []
+    for k in keys:
+        if k in ("kv_k", "kv_v"):
+            if k == "kv_k" and (v.params.get("kv_k") is not None or v.params.get("kv_v") is not None):
+                parts.append(f"KV {C.kv_label(v)}")
+            continue
+        value = v.params.get(k)
+        if value is None:
+            continue
+        parts.append(str(value) if k == "engine" else f"{k.replace('_', ' ')} {C.fmt_param(k, value)}")
+    return ", ".join(parts) or v.engine
 
 
 def _ok(views: Sequence[CellView]) -> list[CellView]:
     return [v for v in views if v.ok]
 
 
-def throughput_bars(views: Sequence[CellView], out_dir: Path) -> Plot | None:
-    """Prefill and decode tok/s per engine (bars with stddev); every result with an ok cell gets this plot."""
+def _workload_of(views: Sequence[CellView], metric: str, family: str) -> str | None:
+    """The one workload a throughput panel shows: the `family` (pp/tg) suite measured by the most engines,
+    else any suite with the metric. A panel never mixes workloads: an engine whose cell of it failed has no bar."""
+    def count(suites: Sequence[str]) -> str | None:
+        tally: dict[str, int] = {}
+        for s in suites:
+            tally[s] = tally.get(s, 0) + 1
+        return max(tally, key=lambda s: (tally[s], s)) if tally else None
+
+    measured = [v for v in views if v.median(metric) is not None]
+    return (count([v.suite for v in measured if v.suite.startswith(family) and v.suite[len(family):].isdigit()])
+            or count([v.suite for v in measured]))
+
+
+def throughput_panels(views: Sequence[CellView]) -> list[tuple[str, str, str | None, dict[str, CellView]]]:
+    """(metric, title, workload, {bar label: cell}) of the prefill and decode panels: each panel is one workload,
+    so an engine whose cell of it failed has no bar rather than another workload's."""
     tv = [v for v in _ok(views) if not C.is_speculative(v) and not C.is_context(v) and not C.is_dataset(v)]
     if not tv:
         tv = _ok(views)
-    keys = ["engine", *C.varying_keys(tv, exclude=["engine", "suite", "power_limit_w", "gpu"])]
-    groups: dict[str, dict[str, CellView]] = {}
-    for v in sorted(tv, key=lambda v: -(C.power_limit_of(v) or 0)):
-        # At several power limits the highest one stands for the engine (its unconstrained speed).
-        groups.setdefault(_series_label(v, keys), {})
-        for metric in ("prefill_tok_s", "decode_tok_s"):
-            if v.median(metric) is not None:
-                groups[_series_label(v, keys)].setdefault(metric, v)
-    if not any(groups.values()):
+    keys = ["engine", *C.varying_keys(tv, exclude=["engine", "engine_type", "suite", "power_limit_w", "gpu"])]
+    panels = []
+    for metric, title, family in (("prefill_tok_s", "Prefill", "pp"), ("decode_tok_s", "Decode", "tg")):
+        workload = _workload_of(tv, metric, family)
+        bars: dict[str, CellView] = {}
+        for v in sorted(tv, key=lambda v: -(C.power_limit_of(v) or 0)):
+            # At several power limits the highest one stands for the engine (its unconstrained speed).
+            if v.suite == workload and v.median(metric) is not None:
+                bars.setdefault(_series_label(v, keys), v)
+        panels.append((metric, title, workload, bars))
+    return panels
+
+
+def throughput_bars(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Prefill (a pp workload) and decode (a tg workload) tok/s per engine, bars with stddev; each panel is one
+    workload, named in its title."""
+    panels = throughput_panels(views)
+    if not any(bars for *_, bars in panels):
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, title in ((axes[0], "prefill_tok_s", "Prefill"), (axes[1], "decode_tok_s", "Decode")):
-        labels = [g for g, ms in groups.items() if metric in ms]
-        vals = [groups[g][metric].median(metric) for g in labels]
-        errs = [_err(groups[g][metric], metric) for g in labels]
-        ax.bar(range(len(labels)), vals, yerr=errs, capsize=4, color="#4c72b0")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
+    shown = []
+    for ax, (metric, title, workload, bars) in zip(axes, panels):
+        labels = list(bars)
+        ax.bar(range(len(labels)), [bars[g].median(metric) for g in labels],
+               yerr=[_err(bars[g], metric) for g in labels], capsize=4, color="#4c72b0")
         ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
         ax.set_ylabel("tok/s")
-        ax.set_title(title if labels else f"{title} (not measured)")
+        ax.set_title(f"{title}, {workload}" if labels else f"{title} (not measured)")
+        if labels:
+            shown.append(f"{title.lower()}: {workload}")
     return Plot(_save(fig, out_dir, "throughput.png"), "Throughput per engine",
-                "median tok/s with stddev error bars")
+                f"median tok/s with stddev error bars; one workload per panel ({'; '.join(shown)})")
 
 
 def power_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
@@ -217,6 +255,11 @@ def roofline(views: Sequence[CellView], out_dir: Path) -> Plot | None:
                 "bytes moved per token x tok/s over peak bandwidth; best cell per engine")
 
 
+def timeline_title(v: CellView) -> str:
+    """A power-timeline title that fits its plot: engine, KV type and power limit in words, then the workload."""
+    return f"{_series_label(v, ['engine', 'kv_k', 'power_limit_w'])}: {v.suite}"
+
+
 def power_timelines(views: Sequence[CellView], out_dir: Path, limit: int = MAX_TIMELINES) -> list[Plot]:
     """Power over time of the cells with a power trace (decode cells first, at most `limit`)."""
     traced = [v for v in views if v.cell.power_trace]
@@ -230,8 +273,9 @@ def power_timelines(views: Sequence[CellView], out_dir: Path, limit: int = MAX_T
         if v.cell.power is not None and v.cell.power.limit_w:
             ax.axhline(v.cell.power.limit_w, color="red", linestyle="--", linewidth=1, label="power limit")
             ax.legend(fontsize=8)
-        title = ", ".join(f"{k}={val}" for k, val in v.cell.params.items())
-        ax.set(xlabel="seconds since cell start", ylabel="W", title=title[:90])
+        title = timeline_title(v)
+        ax.set(xlabel="seconds since cell start", ylabel="W")
+        ax.set_title(title, fontsize=10)
         plots.append(Plot(_save(fig, out_dir, f"power_{C.slug(v.cell.id)}.png"), f"Power timeline: {title}",
                           "decimated NVML power samples"))
     return plots

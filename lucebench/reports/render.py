@@ -34,6 +34,8 @@ class Page:
     tables: list[Table] = field(default_factory=list)
     plots: list[Plot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Shown after the results and plots: what to read the numbers with (noisy, contaminated, failed cells).
+    caveats: list[Table] = field(default_factory=list)
 
 
 def _md_escape(text: str) -> str:
@@ -53,23 +55,26 @@ def table_markdown(table: Table) -> str:
 
 
 def page_markdown(page: Page) -> str:
-    """The whole page as Markdown: title, environment, tables, plots (relative image links)."""
+    """The whole page as Markdown, the result first: title, notes, result tables, plots, then the caveats
+    (noisy, contaminated and failed cells) and the environment."""
     out = [f"# {page.title}", ""]
     if page.subtitle:
         out += [page.subtitle, ""]
     for note in page.notes:
         out += [f"> {note}", ""]
-    for env in page.environments:
-        out += [f"## Environment: {env.title}", ""]
-        if env.synthetic:
-            out += ["> **synthetic weights**: some cells use random-weight models; speeds are real, outputs are not.", ""]
-        out += ["| | |", "|---|---|"] + [f"| {_md_escape(k)} | {_md_escape(v)} |" for k, v in env.rows] + [""]
+    if any(env.synthetic for env in page.environments):
+        out += ["> **synthetic weights**: some cells use random-weight models; speeds are real, outputs are not.", ""]
     for table in page.tables:
         out.append(table_markdown(table))
     if page.plots:
         out += ["## Plots", ""]
         for p in page.plots:
             out += [f"### {p.title}", "", f"![{p.title}]({p.file})", "", f"_{p.caption}_", ""]
+    for table in page.caveats:
+        out.append(table_markdown(table))
+    for env in page.environments:
+        out += [f"## Environment: {env.title}", ""]
+        out += ["| | |", "|---|---|"] + [f"| {_md_escape(k)} | {_md_escape(v)} |" for k, v in env.rows] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -94,12 +99,8 @@ figure img { max-width: 100%; border: 1px solid #ddd; }
 <h1>{{ page.title }}</h1>
 {% if page.subtitle %}<p>{{ page.subtitle }}</p>{% endif %}
 {% for note in page.notes %}<p class="banner">{{ note }}</p>{% endfor %}
-{% for env in page.environments %}
-<h2>Environment: {{ env.title }}</h2>
-{% if env.synthetic %}<p class="banner"><strong>synthetic weights</strong>: some cells use random-weight models;
-speeds are real, outputs are not.</p>{% endif %}
-<table>{% for k, v in env.rows %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
-{% endfor %}
+{% if page.environments | selectattr("synthetic") | list %}<p class="banner"><strong>synthetic weights</strong>: some
+cells use random-weight models; speeds are real, outputs are not.</p>{% endif %}
 {% for t in page.tables %}
 <h2 id="{{ t.key }}">{{ t.title }}</h2>
 <table>
@@ -111,6 +112,18 @@ speeds are real, outputs are not.</p>{% endif %}
 {% if page.plots %}<h2>Plots</h2>{% endif %}
 {% for p in page.plots %}
 <figure><img src="{{ p.file }}" alt="{{ p.title }}"><figcaption>{{ p.title }}: {{ p.caption }}</figcaption></figure>
+{% endfor %}
+{% for t in page.caveats %}
+<h2 id="{{ t.key }}">{{ t.title }}</h2>
+<table>
+<tr>{% for h in t.headers %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in t.rows %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% for n in t.notes %}<p class="note">{{ n }}</p>{% endfor %}
+{% endfor %}
+{% for env in page.environments %}
+<h2>Environment: {{ env.title }}</h2>
+<table>{% for k, v in env.rows %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
 {% endfor %}
 </body>
 </html>

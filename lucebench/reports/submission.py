@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lucebench.errors import UserError
 from lucebench.reports.cells import card_name, slug
-from lucebench.results.io import load_result
+from lucebench.results.io import load_result, result_file
 from lucebench.results.schema import Result
 from lucebench.results.validate import errors, validate_file
 
@@ -34,6 +34,7 @@ class Submitted:
 
     path: Path
     existed: bool
+    what: str = ""
 
 
 def gpu_slug(result: Result) -> str:
@@ -63,9 +64,58 @@ def submission_path(result: Result, content: bytes, results_dir: Path) -> Path:
     return Path(results_dir) / gpu_slug(result) / f"{result_date(result)}-{engines_slug(result)}-{digest}.json"
 
 
+#: Model shapes that exist to check the pipeline (configs/cpu-smoke.yaml), not to be measured.
+SMOKE_SHAPES = frozenset({"tiny", "tiny-odd", "tiny-qwen3", "small"})
+
+
+def _config_models(result: Result) -> dict[str, dict]:
+    models = result.config.content.get("models") if isinstance(result.config.content, dict) else None
+    return models if isinstance(models, dict) else {}
+
+
+def is_smoke_run(result: Result) -> bool:
+    """A pipeline check rather than a measurement: the cpu-smoke config, or a cell on a tiny synthetic shape."""
+    if result.config.content.get("name") == "cpu-smoke":
+        return True
+    models = _config_models(result)
+    used = {str(c.params.get("model")) for c in result.cells}
+    return any(((models.get(m) or {}).get("synth") or {}).get("shape") in SMOKE_SHAPES for m in used)
+
+
+def submission_problems(result: Result) -> list[str]:
+    """Why a valid result is still not a leaderboard entry: unfinished, uncommitted code, or a smoke run."""
+    out = []
+    interrupted = [c.id for c in result.cells if c.error is not None and c.error.kind == "interrupted"]
+    if interrupted or not result.complete:
+        out.append("the run is unfinished (interrupted or still running"
+                   + (f": {', '.join(interrupted[:3])}" if interrupted else "") + "); finish it with --resume")
+    if result.environment.lucebench_dirty or any(e.lucebench_dirty for e in result.other_environments.values()):
+        out.append("it was measured with uncommitted changes to lucebench (lucebench_dirty); commit, then run again")
+    if is_smoke_run(result):
+        out.append("it is a smoke run on a tiny synthetic model: it checks the pipeline and measures nothing a "
+                   "leaderboard compares")
+    return out
+
+
+def describe(result: Result) -> str:
+    """What a submission is, in one line: card, engines, models and their weights, workloads."""
+    models = _config_models(result)
+    names = sorted({str(c.params.get("model")) for c in result.cells})
+
+    def synthetic(m: str) -> bool:
+        return bool((models.get(m) or {}).get("synth")) or any(
+            c.model is not None and c.model.synthetic for c in result.cells if c.params.get("model") == m)
+
+    weights = ", ".join(f"{m} ({'synthetic weights' if synthetic(m) else 'trained weights'})" for m in names)
+    suites = ", ".join(sorted({str(c.params.get("suite")) for c in result.cells}))
+    ok = sum(c.status == "ok" for c in result.cells)
+    return (f"{card_name(result)}; engines {engines_slug(result).replace('+', ', ')}; models {weights}; "
+            f"workloads {suites}; {ok} of {len(result.cells)} cells ok")
+
+
 def submit(path: Path, results_dir: Path) -> Submitted:
     """Validate `path` and copy it into the submission layout. Invalid files raise UserError (exit 1)."""
-    path = Path(path)
+    path = result_file(Path(path))
     problems = errors(validate_file(path))
     if problems:
         shown = "\n".join(f"  {p}" for p in problems[:20])
@@ -73,16 +123,20 @@ def submit(path: Path, results_dir: Path) -> Submitted:
         raise UserError(f"not submitted: {len(problems)} validation error(s):\n{shown}{more}", where=str(path),
                         hint="fix or re-run, then `lucebench validate` it", exit_code=1)
     result = load_result(path)
+    refused = submission_problems(result)
+    if refused:
+        raise UserError("not submitted: " + "; ".join(refused), where=str(path), exit_code=1,
+                        hint="the leaderboard compares finished runs of committed code on real workloads")
     content = path.read_bytes()
     dest = submission_path(result, content, results_dir)
     if dest.exists() and dest.read_bytes() == content:
-        return Submitted(dest, existed=True)
+        return Submitted(dest, existed=True, what=describe(result))
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
     except OSError as exc:
         raise UserError(f"cannot write the submission: {exc.strerror}", where=str(dest)) from None
-    return Submitted(dest, existed=False)
+    return Submitted(dest, existed=False, what=describe(result))
 
 
 def main(argv: list[str] | None = None) -> int:

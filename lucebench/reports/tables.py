@@ -74,6 +74,13 @@ def throughput_table(views: Sequence[CellView]) -> Table | None:
     headers += [f"Decode {s} (tok/s)" for s in dec]
     headers += [f"tok/J {s}" if len(dec) > 1 else "tok/J" for s in dec]
     headers += ["avg power (W)"] + (["% roofline"] if has_roof else [])
+    baselines = sorted({str(v.result.config.content.get("baseline")) for v in tv
+                        if isinstance(v.result.config.content, dict) and v.result.config.content.get("baseline")})
+    against = f" vs {' / '.join(baselines)}" if baselines else " vs baseline"
+    speed_suites = [s for s in dec if any(v.suite == s and v.median("speedup_decode") is not None for v in tv)]
+    match_suites = [s for s in suites if any(v.suite == s and v.median("token_match_pct") is not None for v in tv)]
+    headers += [f"Decode speedup{against}" + (f" {s}" if len(speed_suites) > 1 else "") for s in speed_suites]
+    headers += [f"Token agreement{against}" + (f" {s}" if len(match_suites) > 1 else "") for s in match_suites]
     rows = []
     for key, members in groups.items():
         by_suite = {v.suite: v for v in members}
@@ -85,10 +92,15 @@ def throughput_table(views: Sequence[CellView]) -> Table | None:
         row.append(_metric_cell(dec_cell, "avg_power_w"))
         if has_roof:
             row.append(_metric_cell(dec_cell, "roofline_pct"))
+        row += [_metric_cell(by_suite.get(s), "speedup_decode") for s in speed_suites]
+        row += [_metric_cell(by_suite.get(s), "token_match_pct") for s in match_suites]
         rows.append(row)
-    return Table("throughput", "Throughput and energy", headers, rows,
-                 notes=[("median ± stddev (n = measured repetitions); tok/J from the energy counter over the "
-                         "decode window (n/a where power is unavailable)")])
+    notes = [("median ± stddev (n = measured repetitions); tok/J from the energy counter over the "
+              "decode window (n/a where power is unavailable)")]
+    if speed_suites or match_suites:
+        notes.append(f"speedup: decode tok/s over the baseline engine's ({', '.join(baselines) or 'baseline'}) on the "
+                     "same workload; token agreement: share of prompts whose generated ids equal the baseline's")
+    return Table("throughput", "Throughput and energy", headers, rows, notes=notes)
 
 
 def power_sweep_table(views: Sequence[CellView]) -> Table | None:
@@ -268,17 +280,31 @@ def failed_table(views: Sequence[CellView]) -> Table | None:
 
 
 def noisy_table(views: Sequence[CellView]) -> Table | None:
-    """Every metric flagged noisy (coefficient of variation above the limit)."""
+    """One row per cell with metrics flagged noisy (CoV above the limit): the metrics and their CoV listed."""
     rows = []
     for v in _ok(views):
-        for name, m in v.cell.metrics.items():
-            if m.noisy:
-                rows.append([v.cell.id, _params_text(v.cell.params), name,
-                             fmt_value(m.cov * 100, digits=1) + "%" if m.cov is not None else NA, str(m.n)])
+        noisy = [(name, m) for name, m in v.cell.metrics.items() if m.noisy]
+        if noisy:
+            listed = ", ".join(f"{name} {fmt_value(m.cov * 100, digits=1) + '%' if m.cov is not None else NA}"
+                               for name, m in noisy)
+            rows.append([v.cell.id, listed, str(max(m.n for _, m in noisy))])
     if not rows:
         return None
-    return Table("noisy", f"Noisy measurements ({NOISY_MARK})", ["Cell", "Params", "Metric", "CoV", "n"], rows,
+    return Table("noisy", f"Noisy measurements ({NOISY_MARK})", ["Cell", "Noisy metrics (CoV)", "n"], rows,
                  notes=["treat these numbers with care: re-run with more repetitions or a quieter machine"])
+
+
+def contaminated_table(views: Sequence[CellView]) -> Table | None:
+    """CPU cells that shared the machine with other busy processes (lucebench.measure.cpu_load)."""
+    rows = [[v.cell.id, f"{v.cell.cpu_load.other_cores:.2f} of {v.cell.cpu_load.cpu_count}",
+             "; ".join(v.cell.cpu_load.other_processes[:3]) or NA]
+            for v in _ok(views) if v.cell.cpu_load is not None and v.cell.cpu_load.contaminated]
+    if not rows:
+        return None
+    return Table("contaminated", "Cells measured on a busy machine", ["Cell", "Cores used by other processes",
+                                                                      "Busiest other processes"], rows,
+                 notes=["other processes took CPU time while these cells measured, so their numbers are not the "
+                        "machine's: run them again on a quiet machine"])
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -354,7 +380,17 @@ def any_synthetic(result: Result) -> bool:
 
 
 def all_tables(views: Sequence[CellView]) -> list[Table]:
-    """Every table that the cells support, in report order."""
+    """Every table that the cells support, in report order: the results, then the caveats."""
+    return result_tables(views) + caveat_tables(views)
+
+
+def result_tables(views: Sequence[CellView]) -> list[Table]:
+    """The measured results, what a report leads with."""
     builders = (throughput_table, power_sweep_table, speculative_table, dataset_table, budget_sweep_table,
-                context_table, noisy_table, failed_table)
+                context_table)
     return [t for b in builders if (t := b(views)) is not None]
+
+
+def caveat_tables(views: Sequence[CellView]) -> list[Table]:
+    """What to read the results with: noisy metrics, cells on a busy machine, failed and skipped cells."""
+    return [t for b in (noisy_table, contaminated_table, failed_table) if (t := b(views)) is not None]

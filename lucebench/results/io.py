@@ -40,6 +40,12 @@ def json_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
     return out
 
 
+def result_file(path: Path) -> Path:
+    """A run folder stands for its results.json (what run, report, compare and validate all accept)."""
+    path = Path(path)
+    return path / "results.json" if path.is_dir() and (path / "results.json").is_file() else path
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON file; a missing file or a syntax error is a UserError naming line and column."""
     try:
@@ -77,7 +83,13 @@ def schema_problems(data: Any) -> list[SchemaProblem]:
         return [SchemaProblem("$", f"expected a JSON object, got {type(data).__name__}")]
     problems: list[SchemaProblem] = []
     schema = data.get("schema")
-    if schema is not None and schema != SCHEMA_ID:
+    if schema is None:
+        # The model gives `schema` a default, but a file without it does not say what it is.
+        return [SchemaProblem("$.schema", f"required key is missing: a result file names its schema, {SCHEMA_ID!r}")]
+    if "cells" not in data:
+        problems.append(SchemaProblem("$.cells", "required key is missing: a result lists its cells (an empty list "
+                                                 "for a run that measured nothing yet)"))
+    if schema != SCHEMA_ID:
         # A different schema version deserves one clear message rather than dozens of field errors.
         return [SchemaProblem("$.schema", f"unsupported schema {schema!r}; this lucebench reads {SCHEMA_ID!r}")]
     try:
@@ -111,8 +123,5 @@ def load_results(paths: list[Path]) -> list[Result]:
     """Load several result files; a directory stands for its results.json."""
     out: list[Result] = []
     for p in paths:
-        p = Path(p)
-        if p.is_dir() and (p / "results.json").is_file():
-            p = p / "results.json"
-        out.append(load_result(p))
+        out.append(load_result(result_file(p)))
     return out

@@ -121,6 +121,20 @@ class PowerState(_Strict):
                                           "not the card's")
 
 
+class CpuLoad(_Strict):
+    """What else used the machine's CPU while a CPU cell measured (lucebench.measure.cpu_load)."""
+
+    cpu_count: int
+    window_s: float = Field(description="wall time the load was read over (the cell's measurement)")
+    other_cores: float = Field(description="CPU cores other processes used on average over the window")
+    other_fraction: float = Field(description="other_cores / cpu_count")
+    contaminated: bool = Field(description="other processes took enough of the CPU that the cell's numbers are "
+                                           "not the machine's")
+    loadavg_1m_before: float | None = None
+    loadavg_1m_after: float | None = None
+    other_processes: list[str] = Field(default_factory=list, description="the busiest other processes")
+
+
 class PhaseEnergy(_Strict):
     """Energy of one phase window: from the NVML counter and from integrating power samples."""
 
@@ -191,6 +205,7 @@ class Cell(_Strict):
     model: ModelInfo | None = None
     workload: Workload | None = None
     power: PowerState | None = None
+    cpu_load: CpuLoad | None = Field(None, description="CPU cells: other processes' CPU use while it measured")
     warmups: int = 0
     samples: list[Sample] = Field(default_factory=list)
     power_trace: list[tuple[float, float]] = Field(

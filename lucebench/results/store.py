@@ -11,6 +11,12 @@ from lucebench.errors import UserError
 from lucebench.results.schema import Result
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_atomic(result: Result, path: Path) -> None:
     """Write `result` to `path` via a temporary file in the same folder and an atomic rename.
 
@@ -23,6 +29,8 @@ def save_atomic(result: Result, path: Path) -> None:
             json.dump(data, f, indent=1)
             f.write("\n")
             f.flush()
+            # mkstemp creates 0600; a result is for sharing, so it gets what the umask gives any new file (0644).
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

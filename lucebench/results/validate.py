@@ -25,7 +25,7 @@ from typing import Literal
 from lucebench import __version__
 from lucebench.errors import UserError
 from lucebench.metrics.definitions import gross_j
-from lucebench.results.io import iter_non_finite, json_path, read_json, schema_problems
+from lucebench.results.io import iter_non_finite, json_path, read_json, result_file, schema_problems
 from lucebench.results.schema import Cell, GpuInfo, MetricSummary, PhaseEnergy, Result, Sample
 
 REL_TOL = 0.01  # recomputed metrics must agree within 1%
@@ -60,8 +60,9 @@ def _close(a: float, b: float, rel: float) -> bool:
 # ---------------------------------------------------------------------------------------------- entry points
 def validate_file(path: Path) -> list[Problem]:
     """Every problem of one result file (unreadable, not JSON, schema, plausibility), in file order."""
+    path = result_file(Path(path))
     try:
-        data = read_json(Path(path))
+        data = read_json(path)
     except UserError as exc:
         where = exc.where or ""
         prefix = f"{path}:"

@@ -13,41 +13,77 @@ from lucebench.matrix import CellSpec
 _ROUGH = {"cpu": (2_000.0, 100.0, 5.0), "cuda": (20_000.0, 300.0, 20.0), "hip": (10_000.0, 200.0, 20.0)}
 
 
+def _synthetic_shape(spec: CellSpec) -> tuple[int, int] | None:
+    """(prompt tokens, generated tokens) of a pp/tg suite, known from its definition without a tokenizer."""
+    from lucebench.suites.registry import resolve_suite
+
+    try:
+        synthetic = resolve_suite(spec.suite).spec.synthetic
+    except Exception:  # noqa: BLE001 - config validation has already named a bad suite
+        return None
+    if synthetic is None:
+        return None
+    depth = spec.context or 0
+    if synthetic.mode == "pp":
+        return depth + synthetic.length, 1
+    return depth + synthetic.context, synthetic.length + 1
+
+
 def _cell_seconds(config: Config, backend: str, spec: CellSpec) -> float | None:
     """Load + warm-ups + repetitions at the rough rates; None when the workload cannot be sized yet."""
     from lucebench.runner.prepare import ModelCache, WorkloadCache
 
+    pp, tg, load = _ROUGH[backend]
+    passes_of = lambda n_prompts: config.measure.repetitions + config.measure.warmups / max(n_prompts, 1)  # noqa: E731
+    shape = _synthetic_shape(spec)
+    if shape is not None:  # pp/tg: the sizes are the suite's, whatever the tokenizer
+        n_prompt, n_gen = shape
+        return load + (n_prompt / pp + max(n_gen - 1, 0) / tg) * passes_of(1)
     source = config.models[spec.model]
     if source.path is None:
-        return None  # hub or synthetic models may not exist yet: their tokenizer sizes the prompts
+        return None  # hub or synthetic models may not exist yet: their tokenizer sizes dataset prompts
     try:
         model = ModelCache(config).get(spec.model)
         w = WorkloadCache(config).get(spec, model.path)
     except Exception:  # noqa: BLE001 - the plan must print even if a model is missing; the run reports it
         return None
-    pp, tg, load = _ROUGH[backend]
     per_pass = sum(len(p.token_ids) / pp + max(w.n_gen - 1, 0) / tg for p in w.prompts)
-    passes = config.measure.repetitions + config.measure.warmups / max(len(w.prompts), 1)
-    return load + per_pass * passes
+    return load + per_pass * passes_of(len(w.prompts))
 
 
-def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Console | None = None) -> None:
+def skip_reason(config: Config, spec: CellSpec, *, allow_power_limit: bool) -> str | None:
+    """Why a run with these flags would skip the cell without measuring it (None: it runs)."""
+    if spec.power_limit_w is not None and not (config.power.allow_set_limit and allow_power_limit):
+        need = [w for w, ok in (("power.allow_set_limit: true in the config", config.power.allow_set_limit),
+                                ("--allow-power-limit", allow_power_limit)) if not ok]
+        return f"power limit needs {' and '.join(need)} (and root)"
+    return None
+
+
+def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Console | None = None, *,
+               allow_power_limit: bool = False) -> None:
     console = console or Console()
     table = Table(title=f"{config.name}: {len(cells)} cells on {backend}")
     for col in ("cell", "engine", "model", "suite", "settings", "≈ time"):
         table.add_column(col)
     total, unknown = 0.0, 0
+    skipped: dict[str, int] = {}
     for spec in cells:
         settings = ", ".join(f"{k}={v}" for k, v in spec.params().items()
                              if k not in ("engine", "engine_type", "model", "suite"))
-        seconds = _cell_seconds(config, backend, spec)
-        if seconds is None:
+        why = skip_reason(config, spec, allow_power_limit=allow_power_limit)
+        seconds = None if why else _cell_seconds(config, backend, spec)
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+        elif seconds is None:
             unknown += 1
         else:
             total += seconds
         table.add_row(spec.id, spec.engine_type, spec.model, spec.suite, settings or "-",
-                      f"{seconds:.0f} s" if seconds is not None else "?")
+                      "skipped" if why else f"{seconds:.0f} s" if seconds is not None else "?")
     console.print(table)
+    for why, n in skipped.items():
+        console.print(f"[yellow]{n} of {len(cells)} cells will be skipped:[/] {why}")
     # What CMake builds: the bundled engines, and llama.cpp for its baseline.
     builds = sorted({c.engine_type for c in cells
                      if ENGINE_TYPES[c.engine_type].kind == "bundled" or c.engine_type == "llama.cpp"})
@@ -57,7 +93,9 @@ def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Con
         how = (f"path {src.path}" if src.path else f"hub {src.hub}" if src.hub else
                f"synthetic {src.synth.shape or src.synth.config} seed {src.synth.seed} {src.synth.dtype}")
         console.print(f"model {name}: {how}")
-    pp, tg, _ = _ROUGH[backend]
-    note = f" (+{unknown} cells not estimated: model not available yet)" if unknown else ""
-    console.print(f"estimated time ≈ {total / 60:.1f} min{note}; rough: assumes {pp:g} tok/s prefill and "
-                  f"{tg:g} tok/s decode on {backend}")
+    pp, tg, load = _ROUGH[backend]
+    note = f" (+{unknown} dataset cells not estimated: their model is not available yet)" if unknown else ""
+    minutes = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"
+    console.print(f"estimated time of the cells ≈ {minutes}{note}; rough: assumes {pp:g} tok/s prefill, {tg:g} tok/s "
+                  f"decode and {load:g} s to load each engine on {backend}; plus the preparation of builds and "
+                  "conversions not yet cached (the first llama.cpp build: minutes, see README)")

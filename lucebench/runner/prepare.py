@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,3 +87,80 @@ class WorkloadCache:
                                 f"{len(w.skipped)} skipped ({w.skipped[0]['reason'] if w.skipped else 'none'})")
             self._workloads[key] = w
         return self._workloads[key]
+
+
+class PreparationTimeout(Exception):
+    """The preparation phase ran past its limit (`measure.prepare_timeout_s`)."""
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise PreparationTimeout in the main thread after `seconds` (a build's subprocess.run kills its child)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise PreparationTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def prepare_engines(config: Config, backend: str, cells: list[CellSpec], models: ModelCache, *,
+                    limit_s: float, console: Any = None) -> dict[tuple[str, str], str]:
+    """Build the engines and convert the models the cells need, before any cell starts its clock.
+
+    Building llama.cpp or a bundled engine and converting a checkpoint to GGUF take minutes on a small
+    machine; done inside a cell they would eat its `timeout_s` and the failure would blame the engine.
+    Every step is cached (build folders keyed by sources, GGUF files by model hash), so an interrupted
+    preparation continues where it stopped and a cell's own launch afterwards only reads the cache.
+    Returns {(engine, model): why it could not be prepared}; those cells fail without running.
+    """
+    from lucebench.engines.registry import LaunchRequest, resolve_engine
+
+    wanted: dict[tuple[str, str], CellSpec] = {}
+    for spec in cells:
+        engine_type, _ = resolve_engine(spec.engine, config.engines)
+        if engine_type.kind == "bundled" or engine_type.name == "llama.cpp":
+            wanted.setdefault((spec.engine, spec.model), spec)
+    failures: dict[tuple[str, str], str] = {}
+    if not wanted:
+        return failures
+    started = time.monotonic()
+    if console is not None:
+        console.print(f"[bold]preparing[/] {len(wanted)} engine build(s)/conversion(s) (time limit {limit_s:g} s, "
+                      "not counted in any cell's timeout)")
+    for (engine, model_name), spec in wanted.items():
+        engine_type, options = resolve_engine(engine, config.engines)
+        left = limit_s - (time.monotonic() - started)
+        if left <= 0:
+            failures[(engine, model_name)] = (f"not prepared: the preparation time limit ({limit_s:g} s, "
+                                              "measure.prepare_timeout_s) was spent before its turn")
+            continue
+        t0 = time.monotonic()
+        what = f"{engine} for {model_name}" if engine_type.name == "llama.cpp" else engine
+        if console is not None:
+            console.print(f"  preparing {what} ({backend}) ...")
+        try:
+            with _time_limit(left):
+                engine_type.launch(LaunchRequest(
+                    engine=engine, options=options, model_dir=models.get(model_name).path,
+                    backend=backend, device=spec.gpu or 0, max_ctx=4096, console=console))  # type: ignore[arg-type]
+        except PreparationTimeout:
+            failures[(engine, model_name)] = (f"preparing {what} ran past the preparation time limit ({limit_s:g} s, "
+                                              "measure.prepare_timeout_s); what was built is cached, so --resume "
+                                              "continues it")
+        except UserError as exc:
+            failures[(engine, model_name)] = f"preparing {what} failed: {exc}"
+        except Exception as exc:  # a build or conversion tool failing is those cells' failure, not the run's
+            failures[(engine, model_name)] = f"preparing {what} failed: {type(exc).__name__}: {exc}"
+        else:
+            if console is not None:
+                console.print(f"  prepared {what} in {time.monotonic() - t0:.0f} s")
+    return failures

@@ -23,6 +23,7 @@ from lucebench.config.load import LoadedConfig
 from lucebench.engines.registry import GPU_BACKENDS, LaunchRequest, resolve_engine
 from lucebench.errors import EngineError, UserError
 from lucebench.matrix import CellSpec, expand, select
+from lucebench.measure.cpu_load import CpuLoadProbe
 from lucebench.metrics import METRICS_VERSION, compute_cell_metrics, compute_speedups
 from lucebench.results.schema import (
     Cell,
@@ -39,7 +40,7 @@ from lucebench.runner.cell import CellFailed, CellInterrupted, measure_cell
 from lucebench.runner.checks import token_match
 from lucebench.runner.hardware import add_memory_bandwidth, check_hardware, resolve_backend
 from lucebench.runner.power import RunPower, earlier_idle_power
-from lucebench.runner.prepare import ModelCache, WorkloadCache
+from lucebench.runner.prepare import ModelCache, WorkloadCache, prepare_engines
 from lucebench.runner.process import EngineProcess
 from lucebench.suites import workload_identity
 
@@ -89,6 +90,9 @@ class Runner:
     def run(self) -> RunSummary:
         from lucebench.measure.env import collect_environment
 
+        if self.options.resume and not self.result_path.exists():
+            raise UserError("--resume: there is no run to continue here (no results.json)", where=str(self.result_path),
+                            hint="give the folder of the earlier run with --out, or drop --resume to start a new run")
         backend = resolve_backend(self.config)
         cells = self.cells(backend)
         env = collect_environment()
@@ -100,7 +104,8 @@ class Runner:
                 self.console.print(f"[yellow]warning:[/] this machine cannot run it: {exc}")
             from lucebench.runner.plan import print_plan
 
-            print_plan(self.config, backend, cells, console=self.console)
+            print_plan(self.config, backend, cells, console=self.console,
+                       allow_power_limit=self.options.allow_power_limit)
             return RunSummary(result_path=self.result_path)
         check_hardware(self.config, backend, env)
 
@@ -116,6 +121,17 @@ class Runner:
         # (exit 2) found before anything is measured, not a failure in cell 17.
         for spec in cells:
             workloads.get(spec, models.get(spec.model).path)
+        # Saved before the preparation, so that a Ctrl-C during a build leaves a run that --resume continues.
+        save_atomic(result, self.result_path)
+        todo = [s for s in cells if not (self.options.resume and (c := result.cell(s.id)) is not None
+                                         and c.status == "ok")]
+        try:
+            unprepared = prepare_engines(self.config, backend, todo, models, limit_s=self.config.measure.prepare_timeout_s,
+                                         console=self.console)
+        except KeyboardInterrupt:
+            self.console.print(f"[yellow]interrupted while preparing; what was built is cached and the run is in "
+                               f"{self.options.out_dir}; continue with --resume --out {self.options.out_dir}[/]")
+            raise
 
         try:
             with ExitStack() as stack:
@@ -132,6 +148,14 @@ class Runner:
                     if self.options.resume and previous is not None and previous.status == "ok":
                         summary.reused += 1
                         progress.advance(overall)
+                        continue
+                    why = unprepared.get((spec.engine, spec.model))
+                    if why is not None:
+                        cell = self._failed(spec, "build", why, started=_now(), model=models.get(spec.model).info)
+                        self._store(result, cell)
+                        progress.advance(overall)
+                        summary.failed += 1
+                        summary.failures.append(f"{cell.id}: build: {why}")
                         continue
                     requests = progress.add_task(f"  {spec.id}", total=None)
                     try:
@@ -280,9 +304,11 @@ class Runner:
                 ready = proc.wait_ready(max(1.0, deadline - time.monotonic()))
                 engine.ready = ready
                 engine.version = (ready.get("engine") or {}).get("version")
+                probe = CpuLoadProbe(engine_session=engine_pid) if spec.gpu is None else None
                 m = measure_cell(proc, workload, measure, power=power, device=spec.gpu,
                                  deadline=deadline, cell_id=spec.id,
                                  on_request=on_request)
+                known["cpu_load"] = probe.stop() if probe is not None else None
         except CellInterrupted as exc:
             raise KeyboardInterrupt(exc.samples) from None
         except CellFailed as exc:
@@ -294,6 +320,11 @@ class Runner:
         if power_state is not None and spec.gpu is not None:
             self._refresh_power_state(power_state, spec.gpu)
             self._note_other_processes(power_state, spec, before=False, exclude=(engine_pid,))
+        load = known.get("cpu_load")
+        if load is not None and load.contaminated:
+            self.console.print(f"[yellow]warning:[/] {spec.id}: other processes used {load.other_cores:.1f} of "
+                               f"{load.cpu_count} CPU cores while it measured, so its numbers are not the machine's: "
+                               f"{'; '.join(load.other_processes[:3])}")
         bandwidth = self._bandwidth(spec.gpu)
         metrics = compute_cell_metrics(m.samples, phase_totals=m.phase_totals,
                                        memory_bandwidth_bytes_s=bandwidth, noisy_cov=measure.noisy_cov)

@@ -46,7 +46,11 @@ def data_dirs() -> list[Path]:
     """Folders searched for local copies, in order: LUCEBENCH_DATA_DIR, then ../shared/datasets."""
     dirs = []
     if os.environ.get(ENV_DATA_DIR):
-        dirs.append(Path(os.environ[ENV_DATA_DIR]))
+        given = Path(os.environ[ENV_DATA_DIR])
+        if not given.is_dir():  # read another copy instead, and the user never learns their setting did nothing
+            raise UserError("no such folder", where=f"{ENV_DATA_DIR}={given}",
+                            hint="point it at a folder holding the offline dataset copies, or unset it")
+        dirs.append(given)
     dirs.append(repo_root().parent / "shared" / "datasets")
     return dirs
 

@@ -50,3 +50,14 @@ def test_shapes_command_lists_the_shapes():
     data = json.loads(proc.stdout)
     assert data["qwen3.5-0.8b"]["config"]["hidden_size"] == 1024
     assert "tiny" in data and "qwen3-0.6b" in data
+
+
+def test_synth_refuses_to_replace_a_model_without_force(tmp_path):
+    out = tmp_path / "tiny"
+    assert _cli("models", "synth", "--shape", "tiny", "--out", str(out)).returncode == 0
+    before = (out / "model.safetensors").read_bytes()
+    proc = _cli("models", "synth", "--shape", "tiny", "--out", str(out), "--seed", "9")
+    assert proc.returncode == 2 and "already holds a model" in proc.stderr and "--force" in proc.stderr
+    assert (out / "model.safetensors").read_bytes() == before
+    proc = _cli("models", "synth", "--shape", "tiny", "--out", str(out), "--seed", "9", "--force")
+    assert proc.returncode == 0 and (out / "model.safetensors").read_bytes() != before

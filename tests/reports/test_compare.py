@@ -235,3 +235,40 @@ def test_cli_defaults_match_the_module():
     assert compare_cmd.DEFAULT_ALPHA == compare.DEFAULT_ALPHA
     assert compare_cmd.DEFAULT_MIN_SAMPLES == compare.DEFAULT_MIN_SAMPLES
     assert compare_cmd.DEFAULT_REFERENCE_TOLERANCE_PCT == compare.DEFAULT_REFERENCE_TOLERANCE_PCT
+
+
+# ---------------------------------------------------------------------------------------------- sample counts
+def test_three_vs_three_cannot_reach_significance_so_a_consistent_ordering_is_inconclusive():
+    from lucebench.reports.compare import smallest_p
+
+    assert smallest_p(3, 3) == pytest.approx(0.05) and smallest_p(4, 4) == pytest.approx(1 / 70)
+    # two runs of one commit: the second a little slower every time, as a busy machine makes it
+    m = compare_metric("decode_tok_s", _summary([400, 401, 402]), _summary([360, 361, 362]), CompareOptions())
+    assert m.status == "inconclusive" and m.too_few_samples and m.power == 0.0
+    m = compare_metric("decode_tok_s", _summary([400, 401, 402, 403, 404]), _summary([360, 361, 362, 363, 364]),
+                       CompareOptions())
+    assert m.status == "regression" and not m.too_few_samples and m.power > 0.99
+
+
+def test_a_gate_on_three_repetitions_warns_inconclusive_and_exits_0(fab, write_result, cli):
+    from lucebench.reports.compare_render import summary_lines
+
+    base, cand = fab.gpu_result(seed=1, cov=0.02, reps=3), fab.gpu_result(seed=2, cov=0.02, reps=3, decode_scale=0.8)
+    for r in (base, cand):  # the one-prompt pp/tg cells: 3 samples a side (dataset cells have 2 prompts x 3)
+        r.cells = [c for c in r.cells if c.params.get("model") == "qwen3.5-0.8b"]
+    comp = compare_results(base, cand)
+    assert comp.exit_code == 0
+    text = "\n".join(summary_lines(comp))
+    assert "warning: inconclusive:" in text and "3 vs 3 samples" in text and "power: 0 of" in text
+    code, out, _ = cli(["compare", str(write_result(base, "a.json")), str(write_result(cand, "b.json"))])
+    assert code == 0 and "warning: inconclusive" in out
+
+
+def test_power_is_reported_and_enough_samples_still_flag_a_20_percent_slowdown(fab):
+    from lucebench.reports.compare_render import summary_lines
+
+    comp = compare_results(fab.gpu_result(seed=1, cov=0.02, reps=5), fab.gpu_result(seed=2, cov=0.02, reps=5,
+                                                                                    decode_scale=0.8))
+    assert comp.exit_code == 1
+    power_line = next(line for line in summary_lines(comp) if line.startswith("power:"))
+    assert "median power" in power_line

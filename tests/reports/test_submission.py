@@ -35,7 +35,9 @@ def test_invalid_file_is_refused_with_its_problems(fab, write_result, tmp_path):
 
 
 def test_cli(fab, write_result, cli, tmp_path):
-    src = write_result(fab.cpu_result())
+    cpu = fab.cpu_result()  # a CPU run of a real-size model is a measurement, not a smoke run
+    cpu.config.content = {"name": "cpu-real", "models": {"synthetic-tiny": {"synth": {"shape": "qwen3-0.6b"}}}}
+    src = write_result(cpu)
     code, out, _ = cli(["submit", str(src), "--results-dir", str(tmp_path / "results")])
     assert code == 0 and "submitted:" in out
     assert len(list((tmp_path / "results" / "amd-ryzen-9-5950x").glob("2026-05-01-ar-*.json"))) == 1
@@ -45,3 +47,23 @@ def test_slug_entry_point(fab, write_result, capsys):
     assert main(["slug", str(write_result(fab.gpu_result()))]) == 0
     assert capsys.readouterr().out.strip() == "nvidia-geforce-rtx-3090"
     assert main(["nonsense"]) == 2
+
+
+def test_unfinished_dirty_and_smoke_runs_are_refused(fab, write_result, tmp_path):
+    unfinished = fab.gpu_result()
+    unfinished.complete = False
+    dirty = fab.gpu_result()
+    dirty.environment.lucebench_dirty = True
+    for result, why in ((unfinished, "unfinished"), (dirty, "uncommitted changes"), (fab.cpu_result(), "smoke run")):
+        with pytest.raises(UserError) as exc:
+            submit(write_result(result), tmp_path / "results")
+        assert why in str(exc.value) and exc.value.exit_code == 1
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_submission_says_what_it_is(fab, write_result, tmp_path, cli):
+    code, out, _ = cli(["submit", str(write_result(fab.gpu_result(gpu="NVIDIA H200"))), "--results-dir",
+                        str(tmp_path / "results")])
+    assert code == 0
+    assert "what it is: NVIDIA H200; engines ar, dflash, hf, llamacpp, more;" in " ".join(out.split())
+    assert "workloads gsm8k, humaneval, math500, niah, pp520, tg128" in " ".join(out.split())

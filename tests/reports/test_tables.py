@@ -69,12 +69,15 @@ def test_cpu_smoke_only_throughput_with_na_energy(fab):
 
 def test_noisy_cells_listed(fab):
     r = fab.cpu_result()
-    m = r.cells[0].metrics["decode_tok_s"]
-    m.noisy = True
+    for name in ("decode_tok_s", "prefill_tok_s"):
+        r.cells[0].metrics[name].noisy = True
     tables = T.all_tables(C.collect([r]))
     noisy = _table(tables, "noisy")
-    assert noisy is not None and noisy.rows[0][2] == "decode_tok_s"
+    # condensed: one row per cell, its noisy metrics listed with their CoV
+    assert noisy is not None and len(noisy.rows) == 1 and noisy.headers == ["Cell", "Noisy metrics (CoV)", "n"]
+    assert "decode_tok_s " in noisy.rows[0][1] and "prefill_tok_s " in noisy.rows[0][1]
     assert "⚠" in _table(tables, "throughput").rows[0][2]
+    assert [t.key for t in tables].index("noisy") > [t.key for t in tables].index("throughput")
 
 
 def test_environment_block(fab):

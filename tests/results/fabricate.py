@@ -175,4 +175,6 @@ def cpu_result(*, seed: int = 0, reps: int = 3) -> Result:
     rng = np.random.default_rng(seed)
     cell = make_cell(rng, {"engine": "ar", "model": "synthetic-tiny", "suite": "smoke"}, n_prompt=32, n_gen=16,
                      prefill_tok_s=900.0, decode_tok_s=55.0, power_w=None, reps=reps, cov=0.02, backend="cpu")
-    return _result([cell], environment(None, None), run_id=f"run-cpu-{seed}")
+    result = _result([cell], environment(None, None), run_id=f"run-cpu-{seed}")
+    result.config.content = {"name": "cpu-smoke", "models": {"synthetic-tiny": {"synth": {"shape": "tiny"}}}}
+    return result

@@ -196,3 +196,23 @@ def test_warnings_do_not_fail(fab, write_result, cli):
     r.environment.lucebench_dirty = True
     code, out, _ = cli(["validate", str(write_result(r))])
     assert code == 0 and "warning" in out and "modified source tree" in out
+
+
+def test_a_result_without_its_schema_or_cells_is_invalid(fab, write_result):
+    import json as _json
+
+    from lucebench.results.validate import errors as _errors
+    from lucebench.results.validate import validate_file as _validate
+
+    data = _json.loads(fab.cpu_result().model_dump_json(by_alias=True))
+    no_schema = {k: v for k, v in data.items() if k != "schema"}
+    [problem] = _errors(_validate(write_result(_json.dumps(no_schema), "a.json")))
+    assert problem.path == "$.schema" and "missing" in problem.message
+    no_cells = {k: v for k, v in data.items() if k != "cells"}
+    assert [p.path for p in _errors(_validate(write_result(_json.dumps(no_cells), "b.json")))] == ["$.cells"]
+
+
+def test_validate_accepts_a_run_folder_as_report_and_compare_do(fab, write_result, tmp_path, cli):
+    write_result(fab.cpu_result(), "run/results.json")
+    code, out, _ = cli(["validate", str(tmp_path / "run")])
+    assert code == 0 and "valid" in out

@@ -62,3 +62,11 @@ def test_user_errors_end_in_one_message(data_dir: Path, capsys: pytest.CaptureFi
     assert code == 2 and "expects 1319" in err and "Traceback" not in err
     code, _, err = _run(capsys, "datasets", "show", "pp520", "--model", str(tmp_path))
     assert code == 2 and "no tokenizer.json" in err
+
+
+def test_tg_suites_explain_their_n_gen(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, _ = cli(["datasets", "show", "tg128"])
+    assert code == 0 and "129 (1 token from the prefill + 128 timed decode steps)" in " ".join(out.split())
+    code, out, _ = cli(["datasets", "list"])
+    assert code == 0 and "n_gen is N + 1" in " ".join(out.split())

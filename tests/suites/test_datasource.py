@@ -55,6 +55,7 @@ def test_forced_sources(data_dir: Path, small_suites: Path, monkeypatch: pytest.
 def test_unreachable_hub_without_local_copy_says_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               helpers) -> None:
     path = helpers.write_suite(tmp_path / "s", "gsm8k", name="gsm8k-elsewhere", dataset__local="nowhere/test.jsonl")
+    (tmp_path / "empty").mkdir()
     monkeypatch.setenv("LUCEBENCH_DATA_DIR", str(tmp_path / "empty"))
     with pytest.raises(UserError) as exc:
         load_rows(resolve_suite(str(path)).spec.dataset, suite="gsm8k-elsewhere")
@@ -101,3 +102,17 @@ def test_cli_show_reads_the_hub_cache_with_hf_hub_offline(tmp_path: Path, model_
     shown = json.loads(out.stdout)
     assert shown["source"] == "hub" and shown["revision"] == REV and len(shown["prompts"]) == 10
     assert all(p["tokens"] > 5 for p in shown["prompts"])
+
+
+def test_a_data_dir_that_does_not_exist_is_an_error_not_ignored(tmp_path, monkeypatch):
+    import pytest as _pytest
+
+    from lucebench.errors import UserError as _UserError
+    from lucebench.suites.datasource import data_dirs
+
+    monkeypatch.setenv("LUCEBENCH_DATA_DIR", str(tmp_path / "nope"))
+    with _pytest.raises(_UserError) as exc:
+        data_dirs()
+    assert "LUCEBENCH_DATA_DIR" in str(exc.value) and "no such folder" in str(exc.value)
+    monkeypatch.setenv("LUCEBENCH_DATA_DIR", str(tmp_path))
+    assert data_dirs()[0] == tmp_path
