@@ -118,7 +118,7 @@ class SuiteOverride(_Strict):
     sample_size: int | None = Field(None, ge=1)
     max_prompt_tokens: int | None = Field(None, ge=1)
     stop: Literal["fixed", "natural"] | None = None
-    prompt_format: str | None = None
+    prompt_format: Literal["raw", "chat", "chat-nothinking", "chat-thinking"] | None = None
 
 
 class Matrix(_Strict):

@@ -16,6 +16,8 @@ The rule (after asv / Bencher / Conbench, tuned against single-run noise alarms)
 * a metric whose cell is noisy (the summary's CoV flag, or fewer than `min_samples` samples on either
   side) is marked "noisy" instead of failing;
 * a cell that was ok in the baseline and failed in the candidate is a regression;
+* a CPU cell flagged as measured on a busy machine (other processes' CPU time, lucebench.measure.cpu_load) on
+  either side is marked "noisy" instead of failing;
 * metrics measured against a per-run reference reading (net energies: the idle power; the roofline: the copy
   bandwidth) are marked "noisy" instead of failing when that reading differs between the two cells by more than
   `reference_tolerance_pct`: the change would be the reading's, not the engine's.
@@ -413,10 +415,15 @@ def _compare_cells(b: Cell, c: Cell, opts: CompareOptions, rb: References, rc: R
     else:
         status = "ok"
     ungated, notes = reference_notes(rb, rc, opts)
+    # A CPU cell measured while other processes took the machine's cores measured them, not the engine.
+    busy = [side for side, cell in (("baseline", b), ("candidate", c))
+            if cell.cpu_load is not None and cell.cpu_load.contaminated]
+    if busy:
+        notes.append(f"measured on a busy machine ({' and '.join(busy)}): its metrics do not gate")
     changes = []
     for name in list(dict.fromkeys([*b.metrics, *c.metrics])):
         mc = compare_metric(name, b.metrics.get(name), c.metrics.get(name), opts, seed_text=label,
-                            reference_differs=name in ungated)
+                            reference_differs=name in ungated or bool(busy))
         if mc is not None:
             changes.append(mc)
     if status == "fixed":

@@ -266,6 +266,21 @@ def _params_text(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
+MAX_REASON = 600
+
+
+def reason_text(message: str, limit: int = MAX_REASON) -> str:
+    """A failure's message for a table cell: whole, on one line; a very long one ends at a sentence or word
+    boundary with a pointer to the full text, never mid-word."""
+    text = " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    end = max(cut.rfind(". "), cut.rfind("; "))
+    cut = cut[:end + 1] if end > limit // 2 else cut[:cut.rfind(" ")] if " " in cut else cut
+    return f"{cut} … (the full message is in results.json)"
+
+
 def failed_table(views: Sequence[CellView]) -> Table | None:
     """Failed and skipped cells with their reasons."""
     bad = [v for v in views if not v.ok]
@@ -274,7 +289,7 @@ def failed_table(views: Sequence[CellView]) -> Table | None:
     rows = []
     for v in bad:
         err = v.cell.error
-        msg = (err.message.strip().splitlines() or [""])[0][:200] if err else "(no reason recorded)"
+        msg = reason_text(err.message) if err else "(no reason recorded)"
         rows.append([v.cell.id, _params_text(v.cell.params), v.cell.status, err.kind if err else NA, msg])
     return Table("failed", "Failed and skipped cells", ["Cell", "Params", "Status", "Kind", "Reason"], rows)
 

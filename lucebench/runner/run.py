@@ -117,19 +117,22 @@ class Runner:
         summary = RunSummary(result_path=self.result_path)
         models = ModelCache(self.config, console=self.console)
         workloads = WorkloadCache(self.config)
-        # Resolve every model and workload first: a missing model or unknown suite is a config error
-        # (exit 2) found before anything is measured, not a failure in cell 17.
-        for spec in cells:
-            workloads.get(spec, models.get(spec.model).path)
-        # Saved before the preparation, so that a Ctrl-C during a build leaves a run that --resume continues.
-        save_atomic(result, self.result_path)
         todo = [s for s in cells if not (self.options.resume and (c := result.cell(s.id)) is not None
                                          and c.status == "ok")]
         try:
+            # Resolve every model and workload first: a missing model or unknown suite is a config error
+            # (exit 2) found before anything is measured, not a failure in cell 17.
+            for spec in cells:
+                workloads.get(spec, models.get(spec.model).path)
+            # Saved before the preparation, so that a Ctrl-C during a build leaves a run that --resume continues.
+            save_atomic(result, self.result_path)
             unprepared = prepare_engines(self.config, backend, todo, models, limit_s=self.config.measure.prepare_timeout_s,
                                          console=self.console)
         except KeyboardInterrupt:
-            self.console.print(f"[yellow]interrupted while preparing; what was built is cached and the run is in "
+            # Synthetic checkpoints, builds and conversions are written atomically into caches: --resume reuses
+            # whatever finished and redoes only what was cut.
+            save_atomic(result, self.result_path)
+            self.console.print(f"[yellow]interrupted while preparing; what was made is cached and the run is in "
                                f"{self.options.out_dir}; continue with --resume --out {self.options.out_dir}[/]")
             raise
 

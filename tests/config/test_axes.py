@@ -100,3 +100,14 @@ def test_include_rules_check_their_values_like_the_axes(tmp_path):
     err = _with(tmp_path, "include:\n  - {engine: ar, model: tiny, suite: pp64, context: -3}\n")
     assert "include[0].context" in err
     assert "include[0].engine" in _with(tmp_path, "include:\n  - {engine: nosuch, model: tiny, suite: pp64}\n")
+
+
+def test_suite_overrides_reject_unknown_prompt_formats_and_zero_counts(tmp_path):
+    assert "suites.gsm8k.prompt_format" in _with(tmp_path, "suites:\n  gsm8k: {prompt_format: chatty}\n")
+    assert "suites.gsm8k.n_gen" in _with(tmp_path, "suites:\n  gsm8k: {n_gen: 0}\n")
+
+
+def test_measure_and_power_sections_reject_out_of_range_values(tmp_path):
+    assert "measure.repetitions" in _with(tmp_path, "measure: {repetitions: 0}\n")
+    assert "measure.prepare_timeout_s" in _with(tmp_path, "measure: {prepare_timeout_s: -1}\n")
+    assert "power.idle_s" in _with(tmp_path, "power: {idle_s: -3}\n")

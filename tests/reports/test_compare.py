@@ -272,3 +272,17 @@ def test_power_is_reported_and_enough_samples_still_flag_a_20_percent_slowdown(f
     assert comp.exit_code == 1
     power_line = next(line for line in summary_lines(comp) if line.startswith("power:"))
     assert "median power" in power_line
+
+
+def test_a_cell_measured_on_a_busy_machine_does_not_gate(fab):
+    from lucebench.results.schema import CpuLoad
+
+    base, cand = fab.cpu_result(seed=1, reps=5), fab.cpu_result(seed=2, reps=5)
+    for c in cand.cells:
+        for m in c.metrics.values():  # 43x slower, as a CPU run beside a parallel build was
+            m.median, m.samples = (m.median or 0) / 43, [x / 43 for x in m.samples]
+    assert compare_results(base, cand).exit_code == 1
+    cand.cells[0].cpu_load = CpuLoad(cpu_count=2, window_s=1.0, other_cores=1.8, other_fraction=0.9,
+                                     contaminated=True)
+    comp = compare_results(base, cand)
+    assert comp.exit_code == 0 and "busy machine" in (comp.cells[0].note or "")

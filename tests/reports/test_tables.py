@@ -139,3 +139,16 @@ def test_dataset_cells_without_speculation_get_their_own_table(fab):
     t = _table(tables, "datasets")
     assert t is not None and [row[0] for row in t.rows] == ["gsm8k", "humaneval", "math500"]
     assert _table(tables, "speculative") is None
+
+
+def test_failure_reasons_are_whole_not_cut_mid_sentence(fab):
+    r = fab.gpu_result()
+    bad = next(c for c in r.cells if c.status == "failed")
+    bad.error.message = ("engine printed a line that is not protocol JSON: '{\"type\": \"result\", \"id\": \"r1\", "
+                         "\"timing\": {\"prefill_ms\": 1.5, \"decode_ms\": ' - the engine wrote a partial reply "
+                         "before it was killed; its log has the rest of the output and the reason it stopped")
+    row = next(row for row in _table(T.all_tables(C.collect([r])), "failed").rows if row[0] == bad.id)
+    assert row[4] == bad.error.message
+    long = T.reason_text("First sentence is here. " + "word " * 200)
+    assert long.startswith("First sentence is here.") and long.endswith("(the full message is in results.json)")
+    assert "wor …" not in long

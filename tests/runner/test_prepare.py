@@ -135,3 +135,22 @@ def test_cpu_cells_record_the_machines_load(tmp_path, tiny_model):
     _runner(_config(tmp_path, tiny_model), tmp_path / "out").run()
     [cell] = load_result(tmp_path / "out" / "results.json").cells
     assert cell.cpu_load is not None and cell.cpu_load.cpu_count == os.cpu_count() and cell.cpu_load.window_s > 0
+
+
+def test_ctrl_c_while_models_are_prepared_then_resume_finishes(tmp_path, tiny_model, monkeypatch):
+    from lucebench.runner import prepare
+
+    real_get, calls = prepare.ModelCache.get, {"n": 0}
+
+    def get(self, name):
+        calls["n"] += 1
+        if calls["n"] == 1:  # as if Ctrl-C arrived while a synthetic checkpoint was being written
+            raise KeyboardInterrupt
+        return real_get(self, name)
+
+    monkeypatch.setattr(prepare.ModelCache, "get", get)
+    cfg, out = _config(tmp_path, tiny_model), tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        _runner(cfg, out).run()
+    assert (out / "results.json").exists()
+    assert _runner(cfg, out, resume=True).run().ok == 1

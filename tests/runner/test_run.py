@@ -108,7 +108,9 @@ def test_resume_after_kill_keeps_finished_cells(tmp_path, tiny_model):
     proc = subprocess.Popen([sys.executable, "-m", "lucebench", "run", str(cfg), "--out", str(out), "--no-report"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (out / "results.json").exists():
+    # results.json exists from before the preparation on; wait for the first finished cell in it
+    while time.monotonic() < deadline and not ((out / "results.json").exists()
+                                               and "fast/tiny/tg8" in (out / "results.json").read_text()):
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole group: harness and engine, as a crash would
     proc.wait()
