@@ -4,8 +4,9 @@ Modules (imported individually; this package imports nothing so that nvml/power/
 run on machines without pydantic):
 
 * nvml: thin NVML wrapper with an injectable backend (fake: the simulated backend for tests)
-* power: PowerSampler (energy of phase windows), measure_idle_power; energy: the window arithmetic
+* power: PowerSampler (energy of phase windows), measure_idle_power; energy: the window arithmetic, the one
+  energy record (EnergyResult) and the one rule for summing windows (combine)
 * power_limit: PowerLimitGuard, PowerLimitError, recover_stale_power_limits
 * state: read_gpu_state; bandwidth: measured / datasheet memory bandwidth
-* env: collect_environment; records: conversion to result-schema models
+* env: collect_environment; records: conversion to and from result-schema models
 """

@@ -186,6 +186,43 @@ def test_prune_objects_keeps_binaries(tmp_path: Path) -> None:
     assert (tmp_path / "bin" / "llama-server").is_file()
 
 
+def _standin_tree(root: Path) -> Path:
+    """A llama.cpp-shaped tree whose CMake project builds three trivial programs under the real tools' names."""
+    for rel in ("ggml/CMakeLists.txt", "convert_hf_to_gguf.py", "tools/llama-bench/x.cpp", "tools/server/y.cpp"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    (root / "main.cpp").write_text("int main() { return 0; }\n")
+    (root / "CMakeLists.txt").write_text(textwrap.dedent("""\
+        cmake_minimum_required(VERSION 3.16)
+        project(standin CXX)
+        if(STANDIN_FAIL)
+          message(FATAL_ERROR "standin-configure-failure")
+        endif()
+        set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+        foreach(t llama-bench llama-server llama-quantize)
+          add_executable(${t} main.cpp)
+        endforeach()
+        """))
+    return root
+
+
+def test_build_steps_cache_and_failure_on_a_standin_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(source.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv("LUCEBENCH_LLAMACPP_COMMIT", "0c1e57098bba43ac29e6e3b677cdceebdd22334f")
+    tree = _standin_tree(tmp_path / "llama.cpp")
+    b = build.build_llamacpp(backend="cpu", source=tree, jobs=2)
+    assert b.backend == "cpu" and b.arch is None and b.commit.startswith("0c1e570") and b.compiler
+    assert all(os.access(b.binary(t), os.X_OK) for t in build.TARGETS)
+    log = b.build_log.read_text()
+    assert "$ cmake -S" in log and "[exit 0]" in log and "-DLLAMA_BUILD_COMMIT=0c1e570" in log
+    assert build.LlamaCppBuild.load(b.build_dir) == b
+    assert build.build_llamacpp(backend="cpu", source=tree, jobs=2) == b  # cached: the same record
+    with pytest.raises(build.LlamaCppBuildError) as e:
+        build.build_llamacpp(backend="cpu", source=tree, cmake_args=["-DSTANDIN_FAIL=ON"])
+    assert e.value.exit_code == 1 and e.value.log is not None and str(e.value.log) in str(e.value)
+    assert "standin-configure-failure" in str(e.value) and not (e.value.log.parent / "build.json").exists()
+
+
 def test_unknown_backend_is_user_error() -> None:
     with pytest.raises(UserError, match="unknown backend"):
         build.build_llamacpp(backend="vulkan")

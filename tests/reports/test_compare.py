@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lucebench.errors import UserError
+from lucebench.metrics import summarize
 from lucebench.reports.compare import (
     CompareOptions,
     bootstrap_change_ci,
@@ -20,10 +21,8 @@ from lucebench.results.schema import MetricSummary
 
 
 def _summary(values, noisy=False):
-    v = [float(x) for x in values]
-    return MetricSummary(unit="tok/s", n=len(v), median=float(np.median(v)), mean=float(np.mean(v)),
-                         stddev=float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, min=min(v), max=max(v),
-                         noisy=noisy, samples=v)
+    """The package's summary of `values`, with the noisy flag as the test sets it."""
+    return summarize(values, "tok/s").model_copy(update={"noisy": noisy})
 
 
 def _gauss(rng, mean, cov, n):

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from lucebench.engines.protocol import GenerateRequest, ReadyMessage, RequestError, ready_message
+from lucebench.engines.protocol import GenerateRequest, ReadyMessage, RequestError, ResultMessage, ready_message
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -190,7 +190,7 @@ class HFEngine:
         return cache
 
     # ------------------------------------------------------------------------------------------ generate
-    def generate(self, req: GenerateRequest) -> dict[str, Any]:
+    def generate(self, req: GenerateRequest) -> ResultMessage:
         """Serve one generate request; raises RequestError for context overflow, unsupported, oom."""
         if len(req.prompt_ids) + req.n_gen > self.max_ctx:
             raise RequestError("context_overflow", f"prompt {len(req.prompt_ids)} + n_gen {req.n_gen} exceeds "
@@ -206,7 +206,7 @@ class HFEngine:
             raise RequestError("oom", f"out of device memory: {str(exc).splitlines()[0]}", req.id) from None
 
     @torch.inference_mode()
-    def _run(self, req: GenerateRequest, *, compiled: bool) -> dict[str, Any]:
+    def _run(self, req: GenerateRequest, *, compiled: bool) -> ResultMessage:
         dev = self.device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
@@ -247,7 +247,7 @@ class HFEngine:
         decode_ms = self.timer.elapsed_ms(m_pre1, m_dec1) if steps else 0.0
         if not steps:
             t_dec1 = t_pre1
-        result: dict[str, Any] = {
+        result: ResultMessage = {
             "type": "result", "id": req.id, "output_ids": output_ids, "n_prompt": len(req.prompt_ids),
             "n_gen": len(output_ids), "stop": stop,
             "timing": {"prefill_ms": prefill_ms, "decode_ms": decode_ms,
