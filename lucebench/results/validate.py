@@ -153,6 +153,10 @@ def check_cell(result: Result, i: int, cell: Cell) -> list[Problem]:
     else:
         if cell.error is None or not cell.error.message.strip():
             out.append(Problem(_p(*base, "error"), f"status is {cell.status} but no error/reason is recorded"))
+    if cell.cpu_load is not None and cell.cpu_load.contaminated:
+        out.append(Problem(_p(*base, "cpu_load"), f"measured on a busy machine: other processes used "
+                           f"{cell.cpu_load.other_cores:.2f} of {cell.cpu_load.cpu_count} CPU cores meanwhile",
+                           "warning"))
     if cell.environment_id is not None and cell.environment_id not in result.other_environments:
         out.append(Problem(_p(*base, "environment_id"),
                            f"names environment {cell.environment_id!r}, which other_environments does not hold"))

@@ -216,3 +216,13 @@ def test_validate_accepts_a_run_folder_as_report_and_compare_do(fab, write_resul
     write_result(fab.cpu_result(), "run/results.json")
     code, out, _ = cli(["validate", str(tmp_path / "run")])
     assert code == 0 and "valid" in out
+
+
+def test_a_cell_measured_on_a_busy_machine_is_a_warning(fab):
+    from lucebench.results.schema import CpuLoad
+    from lucebench.results.validate import validate_result as _validate_result
+
+    r = fab.cpu_result()
+    r.cells[0].cpu_load = CpuLoad(cpu_count=2, window_s=1.0, other_cores=1.2, other_fraction=0.6, contaminated=True)
+    [p] = [p for p in _validate_result(r) if p.path.endswith("cpu_load")]
+    assert p.severity == "warning" and "busy machine" in p.message
