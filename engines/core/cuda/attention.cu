@@ -1,0 +1,504 @@
+// Full attention over a prefill chunk: the prologue (q/k norms, partial RoPE, cache append) and causal GQA
+// attention with the sigmoid output gate. CPU reference: ../cpu/attention.cpp, ../cpu/norms.cpp.
+#include "common.cuh"
+
+namespace lb::gpu {
+
+namespace {
+
+// grid (n, nh + nkv), AP_THREADS threads: one block per q or k head of a token. The head's row (and a k
+// head's v row) is read once, with the position, into shared memory: one round trip, where the old kernel
+// re-read the row from global memory after each step. It is normalised (gain), rotated (partial RoPE) and
+// written back once; a k head's block also stores its k and v rows in the caches. The gains and rotary
+// frequencies, which depend on no earlier kernel, are read before the dependency wait.
+// KVF >= 0: K and V caches both of type DType(KVF), fixed at compile time (one store path in the code; see
+// attn_decode_flash_kernel).
+constexpr int AP_THREADS = 128, AP_MAX_HD = 512, AP_PER = AP_MAX_HD / AP_THREADS;
+
+template <int KVF>
+__global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot,
+                                                                float theta, const float* q_gain, const float* k_gain,
+                                                                float eps, const int* d_pos, void* kcache, DType kt,
+                                                                void* vcache, DType vt) {
+    if (KVF >= 0) kt = vt = DType(KVF);
+    __shared__ float xr[AP_MAX_HD], vr[AP_MAX_HD];
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, half = rot / 2;
+    const bool is_q = h < nh;
+    const float* gain = is_q ? q_gain : k_gain;
+    float g[AP_PER], inv_freq[AP_PER];
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        g[k] = i < hd ? gain[i] : 0.f;
+        inv_freq[k] = i < half ? rope_inv_freq(i, rot, theta) : 0.f;
+    }
+    griddep_launch();
+    griddep_wait();
+    const int pos = *d_pos + t;
+    float* row = qkv + size_t(t) * ld;
+    float* v = is_q ? row + size_t(h) * 2 * hd : row + 2 * nh * hd + size_t(h - nh) * hd;
+    const float* vv = row + 2 * nh * hd + size_t(nkv) * hd + size_t(is_q ? 0 : h - nh) * hd;
+    float ss = 0;
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        if (i < hd) {
+            const float x = v[i];
+            xr[i] = x;
+            ss += x * x;
+            if (!is_q) vr[i] = vv[i];
+        }
+    }
+    const float inv = rsqrtf(block_sum(ss) / hd + eps);
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        if (i < hd) xr[i] = xr[i] * inv * g[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < AP_PER; ++k) {
+        const int i = tid + k * AP_THREADS;
+        if (i < half) {
+            const float angle = float(pos) * inv_freq[k];
+            float sn, cs;
+            sincosf(angle, &sn, &cs);
+            rope_rotate(xr, i, half, cs, sn);
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < hd; i += AP_THREADS) v[i] = xr[i];
+    if (!is_q && tid < LB_WARP) {
+        const size_t r = size_t(pos) * nkv + (h - nh);
+        kv_store_warp(xr, hd, kt, (uint8_t*)kcache + r * kv_row_bytes(kt, hd));
+        kv_store_warp(vr, hd, vt, (uint8_t*)vcache + r * kv_row_bytes(vt, hd));
+    }
+}
+
+// grid (n, nh), 4 warps: each warp runs an online softmax over every 4th position, then the warps merge.
+// Each lane holds hd / 32 output elements (hd <= 512).
+constexpr int ATT_WARPS = 4;
+__global__ void attention_kernel(const float* qkv, int ld, int nh, int nkv, int hd, const int* d_pos,
+                                 const void* kcache, DType kt, const void* vcache, DType vt, float* out) {
+    const int t = blockIdx.x, h = blockIdx.y, kvh = h / (nh / nkv);
+    const int warp = threadIdx.x / LB_WARP, lane = threadIdx.x % LB_WARP;
+    const int last = *d_pos + t;
+    const float* q = qkv + size_t(t) * ld + size_t(h) * 2 * hd;
+    const float* gate = q + hd;
+    const int per = (hd + LB_WARP - 1) / LB_WARP;  // <= 16
+    float qv[16], acc[16];
+    for (int k = 0; k < per; ++k) {
+        const int e = lane * per + k;
+        qv[k] = e < hd ? q[e] : 0.f;
+        acc[k] = 0.f;
+    }
+    const float scale = rsqrtf(float(hd));
+    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    float m = -FLT_MAX, l = 0.f;
+    for (int s = warp; s <= last; s += ATT_WARPS) {
+        const void* kr = (const uint8_t*)kcache + (size_t(s) * nkv + kvh) * krow;
+        float d = 0;
+        for (int k = 0; k < per; ++k) {
+            const int e = lane * per + k;
+            if (e < hd) d += qv[k] * kv_load(kr, kt, e);
+        }
+        const float score = warp_sum(d) * scale;
+        const float m_new = fmaxf(m, score);
+        const float corr = __expf(m - m_new), p = __expf(score - m_new);
+        l = l * corr + p;
+        const void* vr = (const uint8_t*)vcache + (size_t(s) * nkv + kvh) * vrow;
+        for (int k = 0; k < per; ++k) {
+            const int e = lane * per + k;
+            acc[k] = acc[k] * corr + (e < hd ? p * kv_load(vr, vt, e) : 0.f);
+        }
+        m = m_new;
+    }
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][512];
+    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+    for (int k = 0; k < per; ++k) {
+        const int e = lane * per + k;
+        if (e < hd) sm_acc[warp][e] = acc[k];
+    }
+    __syncthreads();
+    float M = -FLT_MAX;
+    for (int w = 0; w < ATT_WARPS; ++w) M = fmaxf(M, sm_m[w]);
+    float L = 0;
+    for (int w = 0; w < ATT_WARPS; ++w) L += sm_l[w] * __expf(sm_m[w] - M);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float o = 0;
+        for (int w = 0; w < ATT_WARPS; ++w) o += sm_acc[w][e] * __expf(sm_m[w] - M);
+        out[(size_t(t) * nh + h) * hd + e] = o / L * sigmoidf(gate[e]);
+    }
+}
+
+#if defined(LB_CUDA)
+// Prefill attention, tiled: same math as attention_kernel (scores q.k / sqrt(hd), causal online softmax in
+// fp32 with __expf, o / l * sigmoid(gate)). Grid (ceil(n / rows), nkv), 256 threads; a block takes
+// TA_QV = 32 query vectors: rows t0 .. t0 + rows - 1 (rows = 32 / G) times the G = nh / nkv query heads of
+// KV head blockIdx.y (vector v = r * G + g is head kvh * G + g of row t0 + r). Keys go in tiles of TA_TK = 32
+// positions, staged in shared memory as fp32 (through kv_load, so every cache type works) and shared by the
+// 32 vectors. Per tile: (1) thread (v = tid / 8, sg = tid % 8) computes the scores of vector v with keys
+// sg, sg + 8, sg + 16, sg + 24; (2) the same 8 threads reduce the tile maximum, rescale (m, l) and write
+// p = exp(score - m) (0 where masked) to Ps and the factor exp(m_old - m_new) to corr_s; (3) warp w owns
+// vectors 4w .. 4w + 3 and lane owns dims 4 lane + 128 c (+0..3): acc = acc * corr + sum_s p_s v_s.
+// Row t (absolute position *d_pos + t) sees keys 0 .. *d_pos + t; key 0 is never masked, so m is finite
+// after the first tile and the masked p are exact zeros (the K/V rows past the block's last key are zero).
+constexpr int TA_QV = 32, TA_TK = 32, TA_THREADS = 256;
+template <int HD>
+constexpr size_t attention_tiled_smem() {
+    return sizeof(float) * (size_t(TA_QV) * (HD + 4) + size_t(TA_TK) * (HD + 4) + size_t(TA_TK) * HD +
+                            size_t(TA_QV) * (TA_TK + 4) + 2 * TA_QV);
+}
+template <int HD>
+__global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float* qkv, int ld, int n, int nh, int nkv,
+                                                                     const int* d_pos, const void* kcache, DType kt,
+                                                                     const void* vcache, DType vt, float* out) {
+    static_assert(HD % 128 == 0, "lane owns HD / 32 dims as float4 chunks 128 apart");
+    constexpr int LDQ = HD + 4;       // Qs / Ks row stride: rows r..r+7 start in 8 distinct 4-bank groups
+    constexpr int LDP = TA_TK + 4;
+    constexpr int NC = HD / 128;      // float4 chunks per lane in phase 3
+    extern __shared__ __align__(16) float att_sm[];
+    float* Qs = att_sm;                   // [QV][LDQ]
+    float* Ks = Qs + TA_QV * LDQ;         // [TK][LDQ]
+    float* Vs = Ks + TA_TK * LDQ;         // [TK][HD]
+    float* Ps = Vs + TA_TK * HD;          // [QV][LDP]
+    float* corr_s = Ps + TA_QV * LDP;     // [QV]
+    float* l_s = corr_s + TA_QV;          // [QV]
+    const int G = nh / nkv, rows = TA_QV / G;
+    const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) tiles start first
+    const int kvh = blockIdx.y, t0 = tile * rows;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int p0 = *d_pos;
+    const int s_end = p0 + min(t0 + rows, n) - 1;  // last key any valid row of this block sees
+    const float scale = rsqrtf(float(HD));
+    const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
+
+    for (int e = tid; e < TA_QV * (HD / 4); e += TA_THREADS) {
+        const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
+        const int t = t0 + v / G, h = kvh * G + v % G;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        *(float4*)(Qs + v * LDQ + d) = q;
+    }
+
+    const int v1 = tid / 8, sg = tid % 8;       // phases 1-2
+    const int last1 = p0 + t0 + v1 / G;         // last key of vector v1
+    float m = -FLT_MAX, l = 0.f;                // identical in the 8 threads of v1
+    float acc[4][NC][4];                        // phase 3: vectors 4 warp + a, dims c * 128 + 4 lane + i
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[a][c][i] = 0.f;
+
+    for (int s0 = 0; s0 <= s_end; s0 += TA_TK) {
+        __syncthreads();  // the previous tile's Ks, Vs, Ps, corr_s are no longer read
+        for (int e = tid; e < TA_TK * HD; e += TA_THREADS) {
+            const int j = e / HD, d = e % HD, sp = s0 + j;
+            float kx = 0.f, vx = 0.f;
+            if (sp <= s_end) {
+                const size_t r = size_t(sp) * nkv + kvh;
+                kx = kv_load((const uint8_t*)kcache + r * krow, kt, d);
+                vx = kv_load((const uint8_t*)vcache + r * vrow, vt, d);
+            }
+            Ks[j * LDQ + d] = kx;
+            Vs[j * HD + d] = vx;
+        }
+        __syncthreads();
+        // (1) scores
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int d = 0; d < HD; d += 4) {
+            const float4 q = *(const float4*)(Qs + v1 * LDQ + d);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 k = *(const float4*)(Ks + (sg + 8 * i) * LDQ + d);
+                sc[i] += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+            }
+        }
+        // (2) online softmax update of vector v1
+        float mt = -FLT_MAX;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            sc[i] *= scale;
+            if (s0 + sg + 8 * i <= last1) mt = fmaxf(mt, sc[i]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffff, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffff, mt, 2));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffff, mt, 4));
+        const float m_new = fmaxf(m, mt);
+        const float corr = __expf(m - m_new);
+        float ps = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float p = s0 + sg + 8 * i <= last1 ? __expf(sc[i] - m_new) : 0.f;
+            Ps[v1 * LDP + sg + 8 * i] = p;
+            ps += p;
+        }
+        ps += __shfl_xor_sync(0xffffffff, ps, 1);
+        ps += __shfl_xor_sync(0xffffffff, ps, 2);
+        ps += __shfl_xor_sync(0xffffffff, ps, 4);
+        l = l * corr + ps;
+        m = m_new;
+        if (sg == 0) corr_s[v1] = corr;
+        __syncthreads();
+        // (3) acc = acc * corr + P V
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const float cr = corr_s[warp * 4 + a];
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[a][c][i] *= cr;
+        }
+#pragma unroll 2
+        for (int j = 0; j < TA_TK; j += 4) {
+            float4 p[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) p[a] = *(const float4*)(Ps + (warp * 4 + a) * LDP + j);
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+#pragma unroll
+                for (int c = 0; c < NC; ++c) {
+                    const float4 vv = *(const float4*)(Vs + (j + jj) * HD + c * 128 + lane * 4);
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) {
+                        const float pa = jj == 0 ? p[a].x : jj == 1 ? p[a].y : jj == 2 ? p[a].z : p[a].w;
+                        acc[a][c][0] += pa * vv.x;
+                        acc[a][c][1] += pa * vv.y;
+                        acc[a][c][2] += pa * vv.z;
+                        acc[a][c][3] += pa * vv.w;
+                    }
+                }
+            }
+        }
+    }
+    if (sg == 0) l_s[v1] = l;
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const int v = warp * 4 + a, t = t0 + v / G, h = kvh * G + v % G;
+        if (t >= n) continue;
+        const float L = l_s[v];
+        const float* gate = qkv + size_t(t) * ld + size_t(h) * 2 * HD + HD;
+        float* o = out + (size_t(t) * nh + h) * HD;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int e = c * 128 + lane * 4 + i;
+                o[e] = acc[a][c][i] / L * sigmoidf(gate[e]);
+            }
+    }
+}
+
+// Prefill attention on tensor cores (wmma: wtype inputs, fp32 accumulation). Same query vectors as
+// attention_tiled_kernel: a block takes AW_QV = 64 vectors (rows t0 .. t0 + 64 / G - 1 times the G query
+// heads of KV head blockIdx.y) and walks key tiles of AW_TK = 64 positions twice. Pass 1 finds each
+// vector's softmax maximum m and sum l (online, fp32); pass 2 adds exp(s - m) / l times V into wmma
+// accumulators, which can stay in registers because, with m and l final, nothing needs rescaling. That
+// costs a second Q K^T (1.5x the tensor-core work of one pass) and keeps the 64 x HD output out of shared
+// memory. Q, K, V and P are rounded to wtype, as the GEMMs round activations; scores, softmax and sums are
+// fp32. Warp w computes score row block w / 2, column blocks 2 (w % 2) + {0, 1}, and output row block w / 2,
+// columns (w % 2) HD / 2 .. + HD / 2. Masking as in attention_tiled_kernel.
+constexpr int AW_QV = 64, AW_TK = 64, AW_THREADS = 256;
+#if defined(LB_GPU_FP16)
+constexpr DType AW_KV_NATIVE = DType::F16;  // a cache of this type is copied into shared memory as is
+#else
+constexpr DType AW_KV_NATIVE = DType::BF16;
+#endif
+template <int HD>
+constexpr size_t attention_wmma_smem() {
+    return sizeof(wtype) * 3 * AW_QV * (HD + 8) + sizeof(float) * AW_QV * (AW_TK + 4) +
+           sizeof(wtype) * AW_QV * (AW_TK + 8);
+}
+template <int HD>
+__global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float* qkv, int ld, int n, int nh, int nkv,
+                                                                    const int* d_pos, const void* kcache, DType kt,
+                                                                    const void* vcache, DType vt, float* out) {
+    using namespace nvcuda;
+    static_assert(AW_QV == AW_TK && AW_THREADS == 4 * AW_QV, "4 threads a vector in the softmax steps");
+    constexpr int LDW = HD + 8, LDS = AW_TK + 4, LDP = AW_TK + 8;  // strides keep fragment rows 32-byte aligned
+    constexpr int OCOLS = HD / 2, OFR = OCOLS / 16;
+    extern __shared__ __align__(128) unsigned char aw_sm[];
+    wtype* Qs = (wtype*)aw_sm;                   // [QV][LDW]
+    wtype* Ks = Qs + AW_QV * LDW;                // [TK][LDW]
+    wtype* Vs = Ks + AW_TK * LDW;                // [TK][LDW]
+    float* Ss = (float*)(Vs + AW_TK * LDW);      // [QV][LDS]
+    wtype* Ps = (wtype*)(Ss + AW_QV * LDS);      // [QV][LDP]
+    const int G = nh / nkv, rows = AW_QV / G;
+    const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) tiles start first
+    const int kvh = blockIdx.y, t0 = tile * rows;
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int p0 = *d_pos;
+    const int s_end = p0 + min(t0 + rows, n) - 1;  // last key any valid row of this block sees
+    const float scale = rsqrtf(float(HD));
+    const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
+
+    for (int e = tid; e < AW_QV * (HD / 4); e += AW_THREADS) {
+        const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
+        const int t = t0 + v / G, h = kvh * G + v % G;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        wtype* dst = Qs + v * LDW + d;
+        dst[0] = wtype(q.x); dst[1] = wtype(q.y); dst[2] = wtype(q.z); dst[3] = wtype(q.w);
+    }
+    // keys s0 .. s0 + TK - 1 of this KV head into dst (zero past s_end)
+    auto load_tile = [&](wtype* dst, const void* cache, DType t, size_t rowb, int s0) {
+        if (t == AW_KV_NATIVE) {
+            for (int e = tid; e < AW_TK * (HD / 8); e += AW_THREADS) {
+                const int j = e / (HD / 8), c = e % (HD / 8), sp = s0 + j;
+                uint4 u = make_uint4(0u, 0u, 0u, 0u);
+                if (sp <= s_end) u = ((const uint4*)((const uint8_t*)cache + (size_t(sp) * nkv + kvh) * rowb))[c];
+                *(uint4*)(dst + j * LDW + c * 8) = u;
+            }
+        } else {
+            for (int e = tid; e < AW_TK * HD; e += AW_THREADS) {
+                const int j = e / HD, d = e % HD, sp = s0 + j;
+                const float x = sp <= s_end ? kv_load((const uint8_t*)cache + (size_t(sp) * nkv + kvh) * rowb, t, d) : 0.f;
+                dst[j * LDW + d] = wtype(x);
+            }
+        }
+    };
+    auto scores = [&]() {  // Ss = Q K^T for the staged tile
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2];
+        wmma::fill_fragment(c[0], 0.f);
+        wmma::fill_fragment(c[1], 0.f);
+        const int rb = warp / 2, cb = (warp % 2) * 2;
+#pragma unroll 4
+        for (int k = 0; k < HD; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, wtype, wmma::row_major> a;
+            wmma::load_matrix_sync(a, Qs + rb * 16 * LDW + k, LDW);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, wtype, wmma::col_major> b;
+                wmma::load_matrix_sync(b, Ks + (cb + j) * 16 * LDW + k, LDW);
+                wmma::mma_sync(c[j], a, b, c[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(Ss + rb * 16 * LDS + (cb + j) * 16, c[j], LDS, wmma::mem_row_major);
+    };
+
+    // pass 1: the 4 threads of vector sv own keys 16 sq .. 16 sq + 15 of each tile; m and l are kept
+    // identical in all 4
+    const int sv = tid / 4, sq = tid % 4;
+    const int last = p0 + t0 + sv / G;  // last key of vector sv
+    float m = -FLT_MAX, l = 0.f;
+    for (int s0 = 0; s0 <= s_end; s0 += AW_TK) {
+        __syncthreads();  // Qs written / the previous tile's Ks and Ss read
+        load_tile(Ks, kcache, kt, krow, s0);
+        __syncthreads();
+        scores();
+        __syncthreads();
+        float sc[16], mt = -FLT_MAX;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int j = 16 * sq + i;
+            sc[i] = Ss[sv * LDS + j] * scale;
+            if (s0 + j <= last) mt = fmaxf(mt, sc[i]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        const float m_new = fmaxf(m, mt);
+        float ps = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            if (s0 + 16 * sq + i <= last) ps += __expf(sc[i] - m_new);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+        l = l * __expf(m - m_new) + ps;
+        m = m_new;
+    }
+    // pass 2: o += (exp(s - m) / l) V
+    const float inv_l = 1.f / l;
+    const int orb = warp / 2, oc0 = (warp % 2) * OCOLS;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[OFR];
+#pragma unroll
+    for (int f = 0; f < OFR; ++f) wmma::fill_fragment(o[f], 0.f);
+    for (int s0 = 0; s0 <= s_end; s0 += AW_TK) {
+        __syncthreads();  // the previous tile's Ks, Vs, Ss, Ps read
+        load_tile(Ks, kcache, kt, krow, s0);
+        load_tile(Vs, vcache, vt, vrow, s0);
+        __syncthreads();
+        scores();
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int j = 16 * sq + i;
+            const float p = s0 + j <= last ? __expf(Ss[sv * LDS + j] * scale - m) * inv_l : 0.f;
+            Ps[sv * LDP + j] = wtype(p);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < AW_TK; k += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, wtype, wmma::row_major> a;
+            wmma::load_matrix_sync(a, Ps + orb * 16 * LDP + k, LDP);
+#pragma unroll
+            for (int f = 0; f < OFR; ++f) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, wtype, wmma::row_major> b;
+                wmma::load_matrix_sync(b, Vs + k * LDW + oc0 + f * 16, LDW);
+                wmma::mma_sync(o[f], a, b, o[f]);
+            }
+        }
+    }
+    __syncthreads();
+    float* Os = (float*)Ks;  // [QV][HD] fp32 fits in the K and V tiles
+#pragma unroll
+    for (int f = 0; f < OFR; ++f)
+        wmma::store_matrix_sync(Os + orb * 16 * HD + oc0 + f * 16, o[f], HD, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < AW_QV * HD; e += AW_THREADS) {
+        const int v = e / HD, d = e % HD, t = t0 + v / G, h = kvh * G + v % G;
+        if (t < n) out[(size_t(t) * nh + h) * HD + d] = Os[v * HD + d] * sigmoidf(qkv[size_t(t) * ld + size_t(h) * 2 * HD + HD + d]);
+    }
+}
+#endif
+
+}  // namespace
+
+void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
+               const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
+               gpuStream_t s) {
+    if (hd > AP_MAX_HD || rot > hd) lb::fail("unsupported", "attention head_dim > 512 on the GPU");
+    auto* kernel = kv_bf16_kernels(kt, vt) ? attn_prep_kernel<int(DType::BF16)> : attn_prep_kernel<-1>;
+    launch_k(kernel, dim3(n, nh + nkv), dim3(AP_THREADS), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps,
+             d_pos, kcache, kt, vcache, vt);
+}
+
+void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
+               const void* vcache, DType vt, float* out, gpuStream_t s) {
+    if (hd > 512) lb::fail("unsupported", "head_dim above 512");
+#if defined(LB_CUDA)
+    // The tiled kernel for prefill (n >= 8; one-token steps keep the one-block-per-row kernel).
+    static const bool old_attn = env_on("LB_GPU_OLD_ATTN");
+    const int G = nkv > 0 ? nh / nkv : 0;
+    if (!old_attn && n >= 8 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && ld % 4 == 0 &&
+        (hd == 128 || hd == 256)) {
+        const size_t limit = size_t(smem_optin_limit());
+        auto go = [&](auto kernel, dim3 grid, int threads, size_t smem) {
+            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+        };
+        // tensor cores unless LB_GPU_ATTN_TILED=1 (the fp32 kernel below)
+        static const bool tiled = env_on("LB_GPU_ATTN_TILED");
+        if (!tiled && n >= 16 && AW_QV % G == 0) {
+            const dim3 gw((n + AW_QV / G - 1) / (AW_QV / G), nkv);
+            if (hd == 256 && attention_wmma_smem<256>() <= limit)
+                return go(attention_wmma_kernel<256>, gw, AW_THREADS, attention_wmma_smem<256>());
+            if (hd == 128 && attention_wmma_smem<128>() <= limit)
+                return go(attention_wmma_kernel<128>, gw, AW_THREADS, attention_wmma_smem<128>());
+        }
+        const dim3 grid((n + TA_QV / G - 1) / (TA_QV / G), nkv);
+        if (hd == 256 && attention_tiled_smem<256>() <= limit)
+            return go(attention_tiled_kernel<256>, grid, TA_THREADS, attention_tiled_smem<256>());
+        if (hd == 128 && attention_tiled_smem<128>() <= limit)
+            return go(attention_tiled_kernel<128>, grid, TA_THREADS, attention_tiled_smem<128>());
+    }
+#endif
+    attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out);
+}
+
+}  // namespace lb::gpu
