@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/errors.h"
+#include "core/json.h"
 #include "mem_checkpoint.h"
 
 using namespace lb;
@@ -355,7 +356,52 @@ static void test_bad_requests(const Model& m) {
     expect("verify past max_ctx", "context_overflow", [&] { be->verify(r, &o); });
 }
 
-int main() {
+// `lucebench-verify-tests features MODEL LAYERS TOKENS` (comma-separated lists): one chain verify of TOKENS
+// from an empty sequence on the cpu backend; prints {"argmax", "logits" [rows x vocab], "features" [rows x
+// layers x hidden]} as one JSON line, for tests/engines/test_verify.py to compare with transformers.
+static std::vector<int> int_list(const std::string& s) {
+    std::vector<int> out;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        if (j > i) out.push_back(std::stoi(s.substr(i, j - i)));
+        i = j + 1;
+    }
+    return out;
+}
+
+static int print_features(const char* model, const char* layers, const char* tokens) {
+    try {
+        auto src = open_checkpoint(model);
+        const ModelConfig cfg = config_from_source(*src);
+        auto be = make_cpu_backend();
+        be->load(*src, cfg, nullptr);
+        VerifyRequest req;
+        req.tokens = int_list(tokens);
+        req.feature_layers = int_list(layers);
+        for (int i = 0; i < int(req.tokens.size()); ++i) req.positions.push_back(i);
+        req.want_logits = true;
+        be->allocate(int(req.tokens.size()), DType::F32, DType::F32);
+        VerifyResult res;
+        be->verify(req, &res);
+        Json out = Json::object(), am = Json::array(), lg = Json::array(), ft = Json::array();
+        for (int v : res.argmax) am.push_back(Json(v));
+        for (float v : res.logits) lg.push_back(Json(double(v)));
+        for (float v : res.features) ft.push_back(Json(double(v)));
+        out["argmax"] = am;
+        out["logits"] = lg;
+        out["features"] = ft;
+        printf("%s\n", out.dump().c_str());
+        return 0;
+    } catch (const std::exception& e) {
+        fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc == 5 && std::string(argv[1]) == "features") return print_features(argv[2], argv[3], argv[4]);
     const Model hybrid = make_model("qwen3.5 tiny", R"({"model_type": "qwen3_5_text", "vocab_size": 301,
         "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 4, "num_attention_heads": 3,
         "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
