@@ -61,3 +61,22 @@ def test_verify_outputs_match_transformers(arch, ar_exe, tmp_path):
     for row in range(n):
         if clear[row]:
             assert got["argmax"][row] == int(top.indices[row, 0]), f"row {row} argmax"
+
+
+def test_ready_line_reports_memory(engine, tmp_path):
+    """model.memory in the ready line: weights, KV cache, recurrent state, and what one verify row keeps per
+    DeltaNet layer for commit (k, u, gamma and the conv input, fp32)."""
+    model = qwen35_synth.make_model(seed=2)
+    c = model.config
+    e = engine(qwen35_synth.save(model, tmp_path / "m"), "--kv-k", "f16", "--kv-v", "f32", "--max-ctx", "100")
+    mem = e.ready["model"]["memory"]
+    n_full = c.layer_types.count("full_attention")
+    n_lin = c.num_hidden_layers - n_full
+    kd, vd = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
+    conv_dim = 2 * kd + vd
+    assert e.ready["model"]["arch"] == "qwen3_5"
+    assert mem["weights_bytes"] == 4 * sum(p.numel() for p in model.parameters())
+    assert mem["kv_cache_bytes"] == n_full * 100 * c.num_key_value_heads * c.head_dim * (2 + 4)
+    assert mem["recurrent_state_bytes"] == 4 * n_lin * (
+        c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim + conv_dim * (c.linear_conv_kernel_dim - 1))
+    assert mem["verify_bytes_per_node"] == 4 * n_lin * (kd + vd + c.linear_num_value_heads + conv_dim)
