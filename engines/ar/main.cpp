@@ -1,6 +1,7 @@
-// lucebench-ar: autoregressive greedy decoding of Qwen3.5 hybrid models, speaking docs/protocol.md.
+// lucebench-ar: autoregressive greedy decoding (Qwen3.5 hybrid models on every backend, Qwen3 dense models
+// on the cpu backend), speaking docs/protocol.md.
 // Prefill runs the whole prompt through one forward (parallel over tokens), then decode runs one
-// forward per generated token (Qwen35Backend::decode). Logs go to stderr; stdout carries only protocol lines.
+// forward per generated token (Backend::decode). Logs go to stderr; stdout carries only protocol lines.
 #include <cstdio>
 #include <memory>
 
@@ -14,7 +15,7 @@ namespace {
 
 class ArHandler : public RequestHandler {
 public:
-    ArHandler(Qwen35Backend& be, const Qwen35Config& cfg, int max_ctx) : be_(be), cfg_(cfg), max_ctx_(max_ctx) {}
+    ArHandler(Backend& be, const ModelConfig& cfg, int max_ctx) : be_(be), cfg_(cfg), max_ctx_(max_ctx) {}
     int vocab_size() const override { return cfg_.vocab; }
     int max_ctx() const override { return max_ctx_; }
 
@@ -29,8 +30,8 @@ public:
     }
 
 private:
-    Qwen35Backend& be_;
-    const Qwen35Config& cfg_;
+    Backend& be_;
+    const ModelConfig& cfg_;
     int max_ctx_;
 };
 
@@ -42,8 +43,8 @@ int run(int argc, char** argv) {
     EngineOptions opt;
     if (!parse_flags_or_report(argc, argv, &opt)) return 2;
     const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
-    std::unique_ptr<Qwen35Backend> be;
-    Qwen35Config cfg;
+    std::unique_ptr<Backend> be;
+    ModelConfig cfg;
     LoadStats stats;
     const bool loaded = load_or_report([&] {
         if (backend == "cpu") be = make_cpu_backend();
@@ -63,9 +64,11 @@ int run(int argc, char** argv) {
         be->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
     });
     if (!loaded) return 1;
-    fprintf(stderr, "[ar] loaded: %d layers (%d full attention), hidden %d, vocab %d, %lld params\n", cfg.n_layers,
-            cfg.n_full_layers(), cfg.hidden, cfg.vocab, (long long)stats.n_params);
-    emit(ready_line("ar", backend, kv_options(opt, be->weight_dtype()), cfg, stats, be->device(), opt.max_ctx));
+    fprintf(stderr, "[ar] loaded %s: %d layers (%d attention), hidden %d, vocab %d, %lld params\n", arch_name(cfg.arch),
+            cfg.n_layers, cfg.n_full_layers(), cfg.hidden, cfg.vocab, (long long)stats.n_params);
+    const MemoryReport mem = be->memory();
+    emit(ready_line("ar", backend, kv_options(opt, be->weight_dtype()), cfg, stats, be->device(), opt.max_ctx,
+                    mem.weights ? &mem : nullptr));
 
     ArHandler handler(*be, cfg, opt.max_ctx);
     return serve(handler);

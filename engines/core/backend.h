@@ -1,6 +1,12 @@
-// What a compute backend (cpu, cuda, hip) provides to the engines: the Qwen3.5 forward pass over a
-// sequence held in the backend's caches (KV cache for full-attention layers, recurrent and conv state
-// for DeltaNet layers), plus device timing. Engines (ar, and later speculative ones) drive it.
+// What a compute backend (cpu, cuda, hip) provides to the engines: the forward pass of a model (model.h)
+// over a sequence held in the backend's caches (KV cache for attention layers, recurrent and conv state
+// for DeltaNet layers), plus device timing. Engines (ar, speculative ones) drive it.
+//
+// Two ways to run tokens:
+//  * forward(): append-only prefill / decode, returning the last row's greedy token;
+//  * verify() + commit(): a forward over n candidate tokens (a chain or a tree) that leaves the committed
+//    sequence untouched, then the accepted root-to-node path made part of the sequence (KV rows
+//    compacted to contiguous positions, DeltaNet and conv state set to the accepted node's).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -8,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "model.h"
 #include "qwen35_model.h"
 #include "quant.h"
+#include "errors.h"
 #include "tensor_source.h"
 
 namespace lb {
@@ -20,14 +28,52 @@ struct DeviceInfo {
     uint64_t memory_bytes = 0;
 };
 
-class Qwen35Backend {
+// A verify forward: n tokens at explicit positions. Row i attends to the committed cache, its ancestors
+// and itself: parents[i] is an earlier row (parents before children) or -1 for a row hung directly on the
+// committed sequence; no parents means a chain (row i's parent is i - 1, row 0's is -1).
+struct VerifyRequest {
+    std::vector<int> tokens;
+    std::vector<int> positions;       // rotary position of each row (a tree: length + depth)
+    std::vector<int> parents;         // empty: a chain
+    std::vector<int> out_rows;        // rows whose outputs are returned; empty: every row
+    bool want_logits = false;         // raw logits of the out rows
+    int top_k = 0;                    // > 0: the k largest log-probabilities of each out row
+    std::vector<int> feature_layers;  // layer ids whose output (the residual stream after the layer,
+                                      // HF's hidden_states[id + 1]) is returned at the out rows
+};
+
+struct VerifyResult {
+    std::vector<int> argmax;             // [out rows]: greedy token (lowest index on ties)
+    std::vector<float> logits;           // [out rows, vocab] when asked
+    std::vector<int> top_ids;            // [out rows, top_k], largest first
+    std::vector<float> top_logprobs;     // [out rows, top_k]
+    std::vector<float> features;         // [out rows, feature layers, hidden]
+};
+
+// The committed sequence state, decoded to fp32 (tests compare it with an autoregressive run's).
+struct SequenceState {
+    int length = 0;
+    std::vector<std::vector<float>> k, v;  // per layer: [length, n_kv_heads, head_dim] (empty for DeltaNet)
+    std::vector<std::vector<float>> recurrent, conv;  // per layer: [hv, dk, dv] and [conv_dim, K - 1]
+};
+
+// Device memory the backend holds, reported at load (ready line "memory").
+struct MemoryReport {
+    uint64_t weights = 0;             // weights as stored by the backend
+    uint64_t kv_cache = 0;            // KV cache for max_ctx tokens (verify rows use its tail)
+    uint64_t recurrent_state = 0;     // DeltaNet recurrent + conv state of the committed sequence
+    uint64_t verify_bytes_per_node = 0;  // speculative state one verify row keeps for commit
+    int max_verify_rows = 0;          // rows one verify may have (0: no verify forward)
+};
+
+class Backend {
 public:
-    virtual ~Qwen35Backend() = default;
+    virtual ~Backend() = default;
     virtual std::string name() const = 0;  // "cpu", "cuda", "hip"
     virtual DeviceInfo device() const = 0;
 
-    // Loads and converts the weights (see qwen35_model.h). Throws EngineError("load"/"oom").
-    virtual void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) = 0;
+    // Loads and converts the weights (see model.h). Throws EngineError("load"/"oom"/"unsupported").
+    virtual void load(const TensorSource& src, const ModelConfig& cfg, LoadStats* stats) = 0;
     // Sizes the caches: max_ctx tokens of KV cache with the given K and V element types.
     virtual void allocate(int max_ctx, DType kv_k, DType kv_v) = 0;
 
@@ -64,11 +110,33 @@ public:
     virtual uint64_t decode_bytes(int ctx) const = 0;
     // What the build was compiled with (compiler, flags, arch, source hash).
     virtual std::string weight_dtype() const = 0;  // dtype the backend computes matrices in
+
+    // Verify forward (see VerifyRequest): writes the rows' K/V after the committed length and keeps what
+    // commit() needs; the committed sequence is unchanged until commit(). A later forward() or verify()
+    // discards it. Throws EngineError("context_overflow") when length() + n exceeds the cache,
+    // ("bad_request") for a malformed request, ("unsupported") where the backend has none.
+    virtual void verify(const VerifyRequest& req, VerifyResult* out) {
+        fail("unsupported", "the " + name() + " backend has no verify forward");
+    }
+    // Appends the rows `path` of the last verify to the sequence: path[0] is a row with parent -1, each
+    // next row a child of the previous, at positions length(), length() + 1, ... (checked).
+    virtual void commit(const std::vector<int>& path) {
+        fail("unsupported", "the " + name() + " backend has no verify forward");
+    }
+    // Drops the sequence's tail down to `length` tokens. Only attention-only models can: a DeltaNet
+    // state cannot go back (speculative engines use verify + commit instead).
+    virtual void truncate(int length) { fail("unsupported", "the " + name() + " backend cannot truncate"); }
+    virtual void export_state(SequenceState* out) const {
+        fail("unsupported", "the " + name() + " backend cannot export its state");
+    }
+    virtual MemoryReport memory() const { return {}; }
 };
 
-std::unique_ptr<Qwen35Backend> make_cpu_backend();
+using Qwen35Backend = Backend;  // the name the Qwen3.5-only GPU code uses
+
+std::unique_ptr<Backend> make_cpu_backend();
 #if defined(LB_HAVE_GPU)
-std::unique_ptr<Qwen35Backend> make_gpu_backend(int device);  // cuda or hip, as built
+std::unique_ptr<Backend> make_gpu_backend(int device);  // cuda or hip, as built
 #endif
 
 }  // namespace lb

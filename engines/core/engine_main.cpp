@@ -48,8 +48,18 @@ Json kv_options(const EngineOptions& opt, const std::string& compute_dtype) {
     return options;
 }
 
-Json ready_line(const std::string& engine_name, const std::string& backend, Json options, const Qwen35Config& cfg,
-                const LoadStats& stats, const DeviceInfo& device, int max_ctx) {
+Json memory_json(const MemoryReport& m) {
+    Json j = Json::object();
+    j["weights_bytes"] = Json(m.weights);
+    j["kv_cache_bytes"] = Json(m.kv_cache);
+    j["recurrent_state_bytes"] = Json(m.recurrent_state);
+    j["verify_bytes_per_node"] = Json(m.verify_bytes_per_node);
+    j["max_verify_rows"] = m.max_verify_rows;
+    return j;
+}
+
+Json ready_line(const std::string& engine_name, const std::string& backend, Json options, const ModelConfig& cfg,
+                const LoadStats& stats, const DeviceInfo& device, int max_ctx, const MemoryReport* memory) {
     Json ready = Json::object();
     ready["type"] = "ready";
     ready["protocol"] = "lucebench.engine/v1";
@@ -61,13 +71,14 @@ Json ready_line(const std::string& engine_name, const std::string& backend, Json
     engine["options"] = options;
     ready["engine"] = engine;
     Json model = Json::object();
-    model["arch"] = "qwen3_5";
+    model["arch"] = arch_name(cfg.arch);
     model["n_layers"] = cfg.n_layers;
     model["hidden_size"] = cfg.hidden;
     model["vocab_size"] = cfg.vocab;
     model["dtype"] = stats.dtype;
     model["n_params"] = Json(stats.n_params);
     model["weight_bytes"] = Json(stats.weight_bytes);
+    if (memory) model["memory"] = memory_json(*memory);
     ready["model"] = model;
     Json dev = Json::object();
     dev["name"] = device.name;

@@ -1,4 +1,4 @@
-// What every Qwen3.5 engine executable shares around its backend: the timed generation of one request
+// What every engine executable shares around its backend: the timed generation of one request
 // (prefill, then the engine's own decode loop), the protocol reply built from it, the ready line, and
 // load failures turned into one protocol error line. ar/main.cpp and megakernel/main.cpp use it.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include "backend.h"
 #include "json.h"
-#include "qwen35_model.h"
+#include "model.h"
 #include "server.h"
 
 namespace lb {
@@ -61,9 +61,12 @@ inline int mean_decode_ctx(const GenerateRequest& req, const Generation& g) {
     return int(req.prompt_ids.size()) + g.decode_steps / 2;
 }
 
-// The ready line. `options` holds the engine's settings in effect (kv_k, kv_v, compute_dtype, ...).
-Json ready_line(const std::string& engine, const std::string& backend, Json options, const Qwen35Config& cfg,
-                const LoadStats& stats, const DeviceInfo& device, int max_ctx);
+// The ready line. `options` holds the engine's settings in effect (kv_k, kv_v, compute_dtype, ...);
+// `memory`, when given, becomes model.memory (what the backend holds for this model).
+Json ready_line(const std::string& engine, const std::string& backend, Json options, const ModelConfig& cfg,
+                const LoadStats& stats, const DeviceInfo& device, int max_ctx, const MemoryReport* memory = nullptr);
+// {"weights_bytes", "kv_cache_bytes", "recurrent_state_bytes", "verify_bytes_per_node", "max_verify_rows"}.
+Json memory_json(const MemoryReport& m);
 
 // {"kv_k", "kv_v", "compute_dtype"}: the options every Qwen3.5 engine reports.
 Json kv_options(const EngineOptions& opt, const std::string& compute_dtype);

@@ -16,6 +16,7 @@ const char* dtype_name(DType t) {
         case DType::Q8_0: return "q8_0";
         case DType::Q4_0: return "q4_0";
         case DType::Q4_K: return "q4_k";
+        case DType::Q5_K: return "q5_k";
         case DType::Q6_K: return "q6_k";
     }
     return "?";
@@ -31,7 +32,7 @@ bool dtype_from_name(const std::string& name, DType* out) {
 size_t dtype_block_elems(DType t) {
     switch (t) {
         case DType::Q8_0: case DType::Q4_0: return QK;
-        case DType::Q4_K: case DType::Q6_K: return QK_K;
+        case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return QK_K;
         default: return 1;
     }
 }
@@ -43,6 +44,7 @@ size_t dtype_block_bytes(DType t) {
         case DType::Q8_0: return sizeof(BlockQ8_0);
         case DType::Q4_0: return sizeof(BlockQ4_0);
         case DType::Q4_K: return sizeof(BlockQ4_K);
+        case DType::Q5_K: return sizeof(BlockQ5_K);
         case DType::Q6_K: return sizeof(BlockQ6_K);
     }
     return 0;
@@ -131,6 +133,28 @@ void decode_row(DType t, const void* src, float* dst, size_t n) {
                     float d2 = d * sc, m2 = dmin * m;
                     for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
                     for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+                }
+            }
+            return;
+        }
+        case DType::Q5_K: {
+            // As q4_K, with a fifth bit per element in qh: bit 2i (low nibbles) and 2i + 1 (high nibbles)
+            // of qh[l] for the i-th 64-element group.
+            auto* b = (const BlockQ5_K*)src;
+            for (size_t blk = 0; blk < n / QK_K; ++blk) {
+                float d = f16_to_f32(b[blk].d), dmin = f16_to_f32(b[blk].dmin);
+                const uint8_t* ql = b[blk].qs;
+                const uint8_t* qh = b[blk].qh;
+                float* y = dst + blk * QK_K;
+                uint8_t u1 = 1, u2 = 2;
+                for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+                    uint8_t sc, m;
+                    q4k_scale_min(is, b[blk].scales, &sc, &m);
+                    float d1 = d * sc, m1 = dmin * m;
+                    q4k_scale_min(is + 1, b[blk].scales, &sc, &m);
+                    float d2 = d * sc, m2 = dmin * m;
+                    for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+                    for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
                 }
             }
             return;

@@ -8,7 +8,7 @@
 namespace lb {
 
 // Element types of tensors: weights in files and the KV cache.
-enum class DType { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K };
+enum class DType { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
 
 const char* dtype_name(DType t);
 bool dtype_from_name(const std::string& name, DType* out);  // "f16", "bf16", "q8_0", "q4_0", "f32"
@@ -24,9 +24,10 @@ struct BlockQ4_0 { uint16_t d; uint8_t qs[QK / 2]; };
 // k-quants (GGUF weights only): 256-element super-blocks.
 constexpr int QK_K = 256;
 struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };
+struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
 struct BlockQ6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18, "ggml block sizes");
-static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210, "ggml k-quant block sizes");
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210, "ggml k-quant block sizes");
 
 // Encode n floats (n a multiple of the block size for quantised types) into `dst` of type t.
 void encode_row(DType t, const float* src, void* dst, size_t n);

@@ -219,6 +219,7 @@ bool ggml_type_to_dtype(uint32_t t, DType* out) {
         case 2: *out = DType::Q4_0; return true;
         case 8: *out = DType::Q8_0; return true;
         case 12: *out = DType::Q4_K; return true;
+        case 13: *out = DType::Q5_K; return true;
         case 14: *out = DType::Q6_K; return true;
         case 30: *out = DType::BF16; return true;
         default: return false;
@@ -268,7 +269,7 @@ public:
             t.file = path;
             if (!ggml_type_to_dtype(raw.type, &t.dtype))
                 fail("unsupported", path + ": tensor " + raw.name + " has ggml type " + std::to_string(raw.type) +
-                                        " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)");
+                                        " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
             int64_t inner = t.shape.empty() ? 1 : t.shape.back();
             if (inner % int64_t(dtype_block_elems(t.dtype)) != 0)
                 fail("load", path + ": tensor " + raw.name + " row length is not a multiple of its block size");

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/ops.h"
@@ -76,7 +78,33 @@ static void test_delta_rule() {
     CHECK(emax < 1e-4, "chunked vs recurrent max abs diff %g", emax);
 }
 
-int main() {
+// `lucebench-core-tests dequantize TYPE IN OUT`: decodes the raw blocks in IN (a ggml type name: q8_0,
+// q4_0, q4_k, q5_k, q6_k) to fp32 in OUT, for tests/engines/test_gguf_quants.py to compare with the gguf
+// package's reference dequantisation.
+static int dequantize_file(const char* type, const char* in, const char* out) {
+    static const std::pair<const char*, lb::DType> types[] = {{"q8_0", lb::DType::Q8_0}, {"q4_0", lb::DType::Q4_0},
+                                                              {"q4_k", lb::DType::Q4_K}, {"q5_k", lb::DType::Q5_K},
+                                                              {"q6_k", lb::DType::Q6_K}};
+    const lb::DType* t = nullptr;
+    for (auto& [name, dt] : types) if (std::string(type) == name) t = &dt;
+    if (!t) { fprintf(stderr, "unknown type %s\n", type); return 2; }
+    FILE* f = fopen(in, "rb");
+    if (!f) { fprintf(stderr, "cannot read %s\n", in); return 2; }
+    std::vector<uint8_t> raw;
+    uint8_t buf[4096];
+    for (size_t got; (got = fread(buf, 1, sizeof buf, f)) > 0;) raw.insert(raw.end(), buf, buf + got);
+    fclose(f);
+    const size_t n = raw.size() / lb::dtype_block_bytes(*t) * lb::dtype_block_elems(*t);
+    std::vector<float> y(n);
+    lb::decode_row(*t, raw.data(), y.data(), n);
+    FILE* o = fopen(out, "wb");
+    if (!o || fwrite(y.data(), 4, n, o) != n) { fprintf(stderr, "cannot write %s\n", out); return 2; }
+    fclose(o);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 5 && std::string(argv[1]) == "dequantize") return dequantize_file(argv[2], argv[3], argv[4]);
     test_json();
     test_half();
     test_blocks();

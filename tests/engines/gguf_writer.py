@@ -31,8 +31,11 @@ def _tile_cols(t: np.ndarray, nk: int, nv: int, per_head: int) -> np.ndarray:
     return t.reshape(rows, nk, r, per_head).swapaxes(1, 2).reshape(rows, nv * per_head).copy()
 
 
-def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") -> Path:
-    """`qtype`: f32, f16, bf16 or q8_0 for the 2-D weight matrices (norms and 1-D tensors stay f32)."""
+def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32",
+                      raw: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]] | None = None) -> Path:
+    """`qtype`: f32, f16, bf16 or q8_0 for the 2-D weight matrices (norms and 1-D tensors stay f32).
+    `raw`: GGUF tensor name -> (block bytes [rows, row bytes], type) written as given instead (the model
+    must hold their dequantised values; only for tensors the converter does not reorder)."""
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     nk, nv, dv, dk = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim
@@ -55,7 +58,9 @@ def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") ->
 
     def add(name: str, arr: np.ndarray, matrix: bool) -> None:
         arr = np.ascontiguousarray(arr.astype(np.float32))
-        if matrix and qtype == "f16":
+        if raw and name in raw:
+            w.add_tensor(name, raw[name][0], raw_dtype=raw[name][1])
+        elif matrix and qtype == "f16":
             w.add_tensor(name, arr.astype(np.float16))
         elif matrix and qtype in ("bf16", "q8_0"):
             q = gguf.GGMLQuantizationType.BF16 if qtype == "bf16" else gguf.GGMLQuantizationType.Q8_0
@@ -95,6 +100,51 @@ def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") ->
         add(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"], True)
         add(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"], True)
         add(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"], True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_qwen3_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") -> Path:
+    """A Hugging Face Qwen3 state dict as llama.cpp's `qwen3` GGUF (norm gains as stored, no reordering:
+    llama.cpp's NEOX rotary needs no q/k permutation). `qtype` as in write_qwen35_gguf."""
+    cfg = model.config
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+
+    def add(name: str, arr: np.ndarray, matrix: bool) -> None:
+        arr = np.ascontiguousarray(arr.astype(np.float32))
+        if matrix and qtype == "q8_0":
+            q = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
+        else:
+            w.add_tensor(name, arr)
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"], True)
+    add("output_norm.weight", sd["model.norm.weight"], False)
+    if not cfg.tie_word_embeddings:
+        add("output.weight", sd["lm_head.weight"], True)
+    for i in range(cfg.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", sd[p + "input_layernorm.weight"], False)
+        add(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"], False)
+        for hf, gg in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            add(b + gg + ".weight", sd[p + "self_attn." + hf + ".weight"], True)
+        add(b + "attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"], False)
+        add(b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"], False)
+        for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            add(b + gg + ".weight", sd[p + "mlp." + hf + ".weight"], True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,5 +1,7 @@
-// The CPU reference of every operation of the Qwen3.5 forward pass: plain C++ in fp32, one file per
+// The CPU reference of every operation of the forward pass: plain C++ in fp32, one file per
 // operation, written to be read. The GPU kernels in ../cuda/ compute the same things.
+// The *_tree forms run the rows of a verify forward: row t's predecessors are its ancestors (parent[t]
+// is an earlier row, or -1 for the committed sequence), so a chain (parent[t] = t - 1) is the causal case.
 // Activations are token-major: x[t * width + i].
 #pragma once
 #include <cstdint>
@@ -21,6 +23,13 @@ void l2norm(float* x, int rows, int dim, float eps);
 // Causal depthwise conv over time, kernel K, then SiLU. x[n, C] (token-major); state[C, K-1] holds the
 // K-1 inputs before x (oldest first) and is advanced past x. w[C, K]: w[c, K-1] multiplies the current input.
 void causal_conv1d_silu(const float* x, int n, int C, int K, const float* w, float* state, float* y);
+// Tree form: row t's window is the inputs of its ancestors (nearest last), continued into `state` (read
+// only) where the path is shorter than K - 1.
+void causal_conv1d_silu_tree(const float* x, int n, int C, int K, const float* w, const float* state,
+                             const int* parent, float* y);
+// The conv state after the rows `path` (root first; each the next one's parent): their last K - 1 inputs,
+// continued into the old state. Updates `state` in place.
+void conv_state_commit(const float* x, int C, int K, const int* path, int n_path, float* state);
 
 // Gated delta rule. q, k: [n, hk, dk] (already L2-normalised; q scaled by 1/sqrt(dk)); v: [n, hv, dv];
 // g (log decay) and beta: [n, hv]. Value head h reads key head h / (hv / hk). state: [hv, dk, dv], fp32,
@@ -33,14 +42,32 @@ void delta_rule_recurrent(const float* q, const float* k, const float* v, const 
 void delta_rule_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, int n,
                         int hk, int hv, int dk, int dv, float* state, float* out, int chunk = 64);
 
+// The tree form of the chunked solution, over all n rows at once: with gamma_t the summed log decay along
+// t's path, u_t + sum_{s anc t} beta_t (k_t . k_s) e^{gamma_t - gamma_s} u_s = beta_t (v_t - e^{gamma_t} S0^T k_t)
+// and o_t = e^{gamma_t} S0^T q_t + sum_{s anc-or-self t} e^{gamma_t - gamma_s} (q_t . k_s) u_s.
+// `state` S0 is read only; u [n, hv, dv] and gamma [n, hv] are kept for delta_rule_tree_commit.
+void delta_rule_tree(const float* q, const float* k, const float* v, const float* g, const float* beta, int n,
+                     int hk, int hv, int dk, int dv, const int* parent, const float* state, float* out, float* u,
+                     float* gamma);
+// The state after the rows `path` (root first), a = its last row:
+//   S = e^{gamma_a} S0 + sum_{s in path} e^{gamma_a - gamma_s} k_s u_s^T   (in place)
+void delta_rule_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
+                            const int* path, int n_path, float* state);
+
 // Rotate-half RoPE on the first `rot` dims of each head of x[n, heads, hd], positions pos0..pos0+n-1.
 void rope(float* x, int n, int heads, int hd, int rot, float theta, int pos0);
+// The same at explicit positions pos[0..n).
+void rope_at(float* x, int n, int heads, int hd, int rot, float theta, const int* pos);
 
 // Causal attention of q[n, nh, hd] (positions pos0..) over the cache rows [0, pos0 + n) of K and V
 // ([ctx, nkv, hd], element types kt / vt, one row per position), GQA: query head h reads kv head
 // h / (nh / nkv). out[n, nh, hd].
 void attention(const float* q, int n, int nh, int nkv, int hd, int pos0, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out);
+// Tree form: the n rows' K/V are cache rows ctx0..ctx0+n-1; row t attends to the rows [0, ctx0) and to
+// the new rows j with visible[t * n + j] (its ancestors and itself).
+void tree_attention(const float* q, int n, int nh, int nkv, int hd, int ctx0, const void* kcache, DType kt,
+                    const void* vcache, DType vt, const uint8_t* visible, float* out);
 
 float silu(float x);
 float sigmoid(float x);

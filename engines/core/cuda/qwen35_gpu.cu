@@ -1,4 +1,4 @@
-// The GPU backend (CUDA, or HIP through gpu_compat.h): the forward pass of ../cpu/qwen35_cpu.cpp as a
+// The GPU backend (CUDA, or HIP through gpu_compat.h): the forward pass of ../cpu/cpu_backend.cpp as a
 // sequence of kernels on one stream. Decode steps (one token) are captured once as a graph and replayed.
 // The decode graph uses the fused one-token kernels (gpu_ops.h, "fused decode"): 4 kernels per DeltaNet
 // layer (in-projection + conv, delta rule, gated norm + out-projection, MLP), 5 per attention layer

@@ -1,132 +1,12 @@
-#include "qwen35_model.h"
+#include "model.h"
 
 #include <cmath>
 #include <map>
 
 #include "errors.h"
+#include "model_arch.h"
 
 namespace lb {
-
-// ---------------------------------------------------------------------------------------------- config
-
-static int64_t need_int(const Json& obj, const char* key, const std::string& where) {
-    const Json* v = obj.get(key);
-    if (!v || !v->is_number()) fail("load", where + ": missing integer '" + key + "'");
-    return v->as_int();
-}
-
-static Qwen35Config config_from_hf(const Json& root) {
-    const std::string where = "config.json";
-    const Json* text = root.get("text_config");
-    const Json& c = text ? *text : root;
-    if (auto* mt = c.get("model_type"); mt && mt->is_string()) {
-        const std::string& t = mt->as_string();
-        if (t != "qwen3_5_text" && t != "qwen3_5")
-            fail("unsupported", where + ": model_type '" + t + "' (this engine runs qwen3_5 / qwen3_5_text)");
-    }
-    Qwen35Config cfg;
-    cfg.n_layers = int(need_int(c, "num_hidden_layers", where));
-    cfg.hidden = int(need_int(c, "hidden_size", where));
-    cfg.intermediate = int(need_int(c, "intermediate_size", where));
-    cfg.vocab = int(need_int(c, "vocab_size", where));
-    cfg.n_heads = int(need_int(c, "num_attention_heads", where));
-    cfg.n_kv_heads = int(need_int(c, "num_key_value_heads", where));
-    cfg.head_dim = c.get("head_dim") ? int(c.get("head_dim")->as_int()) : cfg.hidden / cfg.n_heads;
-    cfg.lin_k_heads = int(need_int(c, "linear_num_key_heads", where));
-    cfg.lin_v_heads = int(need_int(c, "linear_num_value_heads", where));
-    cfg.lin_k_dim = int(need_int(c, "linear_key_head_dim", where));
-    cfg.lin_v_dim = int(need_int(c, "linear_value_head_dim", where));
-    if (c.get("linear_conv_kernel_dim")) cfg.conv_kernel = int(c.get("linear_conv_kernel_dim")->as_int());
-    if (c.get("rms_norm_eps")) cfg.eps = float(c.get("rms_norm_eps")->as_number());
-    // RoPE: transformers >= 5 nests it in rope_parameters; older files have top-level keys.
-    double theta = 10000.0, partial = 0.25;
-    if (auto* v = c.get("rope_theta")) theta = v->as_number();
-    if (auto* v = c.get("partial_rotary_factor")) partial = v->as_number();
-    if (auto* rp = c.get("rope_parameters"); rp && rp->is_object()) {
-        if (auto* v = rp->get("rope_theta")) theta = v->as_number();
-        if (auto* v = rp->get("partial_rotary_factor")) partial = v->as_number();
-        if (auto* v = rp->get("rope_type"); v && v->is_string() && v->as_string() != "default")
-            fail("unsupported", where + ": rope_type '" + v->as_string() + "' (only 'default')");
-    }
-    cfg.rope_theta = float(theta);
-    cfg.rope_dims = int(cfg.head_dim * partial);
-    // Tied embeddings: the top-level flag wins for multimodal checkpoints (that is the class transformers builds).
-    const Json* tie = root.get("tie_word_embeddings");
-    if (!tie && text) tie = text->get("tie_word_embeddings");
-    cfg.tied = tie && tie->is_bool() && tie->as_bool();
-    if (auto* lt = c.get("layer_types"); lt && lt->is_array()) {
-        for (auto& t : lt->items()) {
-            const std::string& s = t.as_string();
-            if (s == "full_attention" || s == "attention") cfg.is_full.push_back(true);
-            else if (s == "linear_attention") cfg.is_full.push_back(false);
-            else fail("unsupported", where + ": layer type '" + s + "'");
-        }
-    } else {
-        int interval = c.get("full_attention_interval") ? int(c.get("full_attention_interval")->as_int()) : 4;
-        for (int i = 0; i < cfg.n_layers; ++i) cfg.is_full.push_back((i + 1) % interval == 0);
-    }
-    if (int(cfg.is_full.size()) < cfg.n_layers) fail("load", where + ": layer_types is shorter than num_hidden_layers");
-    cfg.is_full.resize(static_cast<size_t>(cfg.n_layers));
-    return cfg;
-}
-
-// GGUF keys are "<arch>.<name>"; some hybrid models store per-layer arrays (0 for recurrent layers).
-static double gguf_num(const Json& md, const std::string& key, bool required, double fallback = 0) {
-    const Json* v = md.get(key);
-    if (!v) {
-        if (required) fail("load", "GGUF metadata lacks " + key);
-        return fallback;
-    }
-    if (v->is_array()) {
-        double best = 0;
-        for (auto& e : v->items()) best = std::max(best, e.as_number());
-        return best;
-    }
-    return v->as_number();
-}
-
-static Qwen35Config config_from_gguf(const TensorSource& src) {
-    const Json& md = src.metadata();
-    const Json* arch_v = md.get("general.architecture");
-    std::string arch = arch_v && arch_v->is_string() ? arch_v->as_string() : "";
-    if (arch != "qwen35") fail("unsupported", "GGUF architecture '" + arch + "' (this engine runs qwen35)");
-    auto key = [&](const char* k) { return arch + "." + k; };
-    Qwen35Config cfg;
-    cfg.n_layers = int(gguf_num(md, key("block_count"), true));
-    cfg.hidden = int(gguf_num(md, key("embedding_length"), true));
-    cfg.intermediate = int(gguf_num(md, key("feed_forward_length"), true));
-    cfg.n_heads = int(gguf_num(md, key("attention.head_count"), true));
-    cfg.n_kv_heads = int(gguf_num(md, key("attention.head_count_kv"), true));
-    cfg.head_dim = int(gguf_num(md, key("attention.key_length"), false, cfg.hidden / std::max(1, cfg.n_heads)));
-    cfg.eps = float(gguf_num(md, key("attention.layer_norm_rms_epsilon"), false, 1e-6));
-    cfg.rope_theta = float(gguf_num(md, key("rope.freq_base"), false, 10000.0));
-    cfg.rope_dims = int(gguf_num(md, key("rope.dimension_count"), false, cfg.head_dim / 4));
-    cfg.conv_kernel = int(gguf_num(md, key("ssm.conv_kernel"), true));
-    cfg.lin_k_dim = int(gguf_num(md, key("ssm.state_size"), true));
-    cfg.lin_k_heads = int(gguf_num(md, key("ssm.group_count"), true));
-    cfg.lin_v_heads = int(gguf_num(md, key("ssm.time_step_rank"), true));
-    cfg.lin_v_dim = int(gguf_num(md, key("ssm.inner_size"), true)) / std::max(1, cfg.lin_v_heads);
-    const TensorInfo* emb = src.find("token_embd.weight");
-    if (!emb) fail("load", "GGUF file lacks tensor token_embd.weight");
-    cfg.vocab = int(emb->shape.at(0));
-    cfg.tied = src.find("output.weight") == nullptr;
-    // A layer is a DeltaNet layer exactly when it has the recurrent tensors.
-    for (int i = 0; i < cfg.n_layers; ++i) {
-        std::string b = "blk." + std::to_string(i) + ".";
-        cfg.is_full.push_back(!(src.find(b + "ssm_a") || src.find(b + "ssm_a.weight")));
-    }
-    return cfg;
-}
-
-Qwen35Config config_from_source(const TensorSource& src) {
-    Qwen35Config cfg = src.format() == "gguf" ? config_from_gguf(src) : config_from_hf(src.metadata());
-    auto check = [](bool ok, const std::string& what) { if (!ok) fail("load", "bad model config: " + what); };
-    check(cfg.n_layers > 0 && cfg.hidden > 0 && cfg.vocab > 0 && cfg.intermediate > 0, "sizes must be positive");
-    check(cfg.n_heads > 0 && cfg.n_kv_heads > 0 && cfg.n_heads % cfg.n_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads");
-    check(cfg.lin_k_heads > 0 && cfg.lin_v_heads % cfg.lin_k_heads == 0, "linear_num_value_heads must be a multiple of linear_num_key_heads");
-    check(cfg.rope_dims % 2 == 0 && cfg.rope_dims <= cfg.head_dim, "rotary dims must be even and <= head_dim");
-    return cfg;
-}
 
 // ---------------------------------------------------------------------------------------------- weights
 
@@ -141,8 +21,9 @@ std::string shape_str(const std::vector<int64_t>& s) {
 // Name lookups and format-specific value transforms.
 struct Reader {
     const TensorSource& src;
-    const Qwen35Config& cfg;
+    const ModelConfig& cfg;
     bool gguf;
+    bool plus_one;  // norm gains stored as w with multiplier (1 + w)
     std::string prefix;  // HF: "model." or "model.language_model." ...
     LoadStats* stats;
 
@@ -161,10 +42,11 @@ struct Reader {
         if (stats) { stats->n_params += t.numel(); }
         return src.read_f32(t);
     }
-    // Norm gains: HF stores w with output x * (1 + w); GGUF stores (1 + w) already.
+    // Norm gains: Qwen3.5's HF files store w with output x * (1 + w); its GGUF and Qwen3's files store
+    // the multiplier itself.
     std::vector<float> norm(const std::string& name, int64_t n) {
         auto v = read(name, {n});
-        if (!gguf) for (auto& x : v) x += 1.f;
+        if (plus_one) for (auto& x : v) x += 1.f;
         return v;
     }
 };
@@ -203,12 +85,12 @@ void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert
 
 }  // namespace
 
-Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& cfg, const Uploader& upload,
-                                  LoadStats* stats) {
+ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const Uploader& upload, LoadStats* stats) {
     const bool gguf = src.format() == "gguf";
-    Reader rd{src, cfg, gguf, "", stats};
+    const ArchConventions& conv = conventions(cfg.arch);
+    Reader rd{src, cfg, gguf, !gguf && conv.hf_norm_plus_one, "", stats};
     if (!gguf) {
-        // Text-only (Qwen3_5ForCausalLM) and multimodal (Qwen3_5ForConditionalGeneration) layouts.
+        // Text-only (*ForCausalLM) and multimodal (*ForConditionalGeneration) layouts.
         for (const char* p : {"model.", "model.language_model.", "language_model.model.", "language_model."})
             if (src.find(std::string(p) + "embed_tokens.weight")) { rd.prefix = p; break; }
         if (rd.prefix.empty())
@@ -221,7 +103,7 @@ Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& c
     auto vec = [&](std::vector<float>&& v) { int64_t n = int64_t(v.size()); return upload(std::move(v), n, 1, false); };
     auto mat = [&](std::vector<float>&& v, int64_t r, int64_t c) { return upload(std::move(v), r, c, true); };
 
-    Qwen35Weights w;
+    ModelWeights w;
     const std::string embed_name = gguf ? "token_embd.weight" : rd.prefix + "embed_tokens.weight";
     w.embed = mat(rd.read(embed_name, {V, H}), V, H);
     w.final_norm = vec(rd.norm(gguf ? "output_norm.weight" : rd.prefix + "norm.weight", H));
@@ -235,17 +117,20 @@ Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& c
     }
 
     for (int l = 0; l < cfg.n_layers; ++l) {
-        Qwen35Layer L;
-        L.full = cfg.is_full[size_t(l)];
+        LayerWeights L;
+        L.kind = cfg.kinds[size_t(l)];
+        L.full = L.kind != LayerKind::DeltaNet;
         const std::string b = gguf ? "blk." + std::to_string(l) + "." : rd.prefix + "layers." + std::to_string(l) + ".";
         auto nm = [&](const char* hf, const char* gg) { return b + (gguf ? gg : hf); };
         L.input_norm = vec(rd.norm(nm("input_layernorm.weight", "attn_norm.weight"), H));
-        L.post_norm = vec(rd.norm(nm("post_attention_layernorm.weight", "post_attention_norm.weight"), H));
+        const std::string post_norm_gguf = std::string(conv.gguf_post_norm) + ".weight";
+        L.post_norm = vec(rd.norm(nm("post_attention_layernorm.weight", post_norm_gguf.c_str()), H));
         if (L.full) {
-            std::vector<float> qkv = rd.read(nm("self_attn.q_proj.weight", "attn_q.weight"), {2 * nh * hd, H});
+            const int64_t q_rows = (L.kind == LayerKind::GatedAttention ? 2 : 1) * nh * hd;  // query (+ gate)
+            std::vector<float> qkv = rd.read(nm("self_attn.q_proj.weight", "attn_q.weight"), {q_rows, H});
             append(qkv, rd.read(nm("self_attn.k_proj.weight", "attn_k.weight"), {nkv * hd, H}));
             append(qkv, rd.read(nm("self_attn.v_proj.weight", "attn_v.weight"), {nkv * hd, H}));
-            L.attn_qkv = mat(std::move(qkv), cfg.attn_qkv_rows(), H);
+            L.attn_qkv = mat(std::move(qkv), cfg.attn_qkv_rows(l), H);
             L.q_norm = vec(rd.norm(nm("self_attn.q_norm.weight", "attn_q_norm.weight"), hd));
             L.k_norm = vec(rd.norm(nm("self_attn.k_norm.weight", "attn_k_norm.weight"), hd));
             L.o_proj = mat(rd.read(nm("self_attn.o_proj.weight", "attn_output.weight"), {H, nh * hd}), H, nh * hd);
@@ -312,13 +197,13 @@ Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& c
 }  // namespace lb
 
 namespace lb {
-uint64_t qwen35_streamed_weight_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, size_t elem_bytes) {
+uint64_t streamed_weight_bytes(const ModelConfig& cfg, uint64_t matrix_bytes, size_t elem_bytes) {
     const uint64_t embed = uint64_t(cfg.vocab) * cfg.hidden * elem_bytes;
     return matrix_bytes - (cfg.tied ? 0 : embed) + uint64_t(cfg.hidden) * elem_bytes;
 }
 
-uint64_t qwen35_decode_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, uint64_t lm_head_bytes_if_tied,
-                             DType kv_k, DType kv_v, int ctx) {
+uint64_t decode_bytes(const ModelConfig& cfg, uint64_t matrix_bytes, uint64_t lm_head_bytes_if_tied, DType kv_k,
+                      DType kv_v, int ctx) {
     const uint64_t row = uint64_t(cfg.n_kv_heads) *
                          (dtype_row_bytes(kv_k, size_t(cfg.head_dim)) + dtype_row_bytes(kv_v, size_t(cfg.head_dim)));
     const uint64_t kv = uint64_t(cfg.n_full_layers()) * row * uint64_t(ctx + 1);
