@@ -107,3 +107,25 @@ def needle_prompts(tok: ModelTokenizer, spec: Needle, fmt: PromptFormat, *, suit
     """All cases for the given lengths, in (length, index) order."""
     return [build_case(tok, spec, fmt, make_case(spec, length, i), suite=suite)
             for length in lengths for i in range(cases)]
+
+
+def needles_kept(reference: dict, kept_ranges: list[tuple[int, int]]) -> list[bool] | None:
+    """Per needle of a prompt, whether every one of its tokens lies in the kept ranges (half-open, over the
+    prompt's positions, ascending): the retention check of a compressed prefill, independent of the answer.
+    None for a prompt without needles."""
+    needles = reference.get("needles")
+    if not needles:
+        return None
+    merged: list[list[int]] = []
+    for a, b in sorted(kept_ranges):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [m[0] for m in merged]
+
+    def covered(a: int, b: int) -> bool:
+        i = bisect.bisect_right(starts, a) - 1
+        return i >= 0 and merged[i][1] >= b
+
+    return [covered(*n["token_span"]) for n in needles]
