@@ -293,6 +293,8 @@ class Cell(_Strict):
     finished: str | None = None
     engine: EngineInfo | None = None
     model: ModelInfo | None = None
+    draft_model: ModelInfo | None = Field(None, description="the second model of a speculative cell: the dflash "
+                                                            "draft or the pflash drafter, resolved and hashed")
     workload: Workload | None = None
     power: PowerState | None = None
     cpu_load: CpuLoad | None = Field(None, description="CPU cells: other processes' CPU use while it measured")
