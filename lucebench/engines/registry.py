@@ -62,6 +62,7 @@ class EngineType:
     launch: Callable[[LaunchRequest], EngineLaunch]
     options_model: type[OptionsBase] = BundledOptions  # the typed options the config may set
     description: str = ""
+    executable: str | None = None  # a bundled engine's CMake executable (engines/), which must exist to run
 
     @property
     def options(self) -> frozenset[str]:
@@ -75,12 +76,12 @@ class EngineType:
 
     def unavailable(self) -> str | None:
         """Why this engine cannot run from this checkout (a bundled engine without an executable), or None."""
-        if self.kind == "bundled":
+        if self.executable is not None:
             from lucebench.engines.build import BUNDLED_ENGINES
 
-            if self.name not in BUNDLED_ENGINES:
+            if self.executable not in BUNDLED_ENGINES.values():
                 return (f"engine type {self.name!r} has no executable in this checkout yet: engines/ builds no "
-                        f"lucebench-{self.name} (its config, options and second model are checked, but it cannot run)")
+                        f"{self.executable} (its config, options and second model are checked, but it cannot run)")
         return None
 
 
@@ -154,16 +155,20 @@ ENGINE_TYPES: dict[str, EngineType] = {
     for t in (
         EngineType("ar", "bundled", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("ar"), BundledOptions,
-                   "lucebench's autoregressive engine (engines/): the AR baseline for speculative speedups"),
+                   "lucebench's autoregressive engine (engines/): the AR baseline for speculative speedups",
+                   "lucebench-ar"),
         EngineType("megakernel", "bundled", frozenset({"kv", "context"}), frozenset({"cuda"}),
                    _launch_bundled("megakernel"), BundledOptions,
-                   "the whole Qwen3.5 decode step in one persistent CUDA kernel; the core's CUDA prefill"),
+                   "the whole Qwen3.5 decode step in one persistent CUDA kernel; the core's CUDA prefill",
+                   "lucebench-megakernel"),
         EngineType("dflash", "bundled", frozenset({"budget", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("dflash"), DFlashOptions,
-                   "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft"),
+                   "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft",
+                   "lucebench-dflash"),
         EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("pflash"), PFlashOptions,
-                   "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept"),
+                   "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept",
+                   "lucebench-pflash"),
         EngineType("hf", "baseline", frozenset({"context"}), frozenset({"cpu", "cuda"}), _launch_hf, HfOptions,
                    "PyTorch + transformers' Qwen3.5, greedy"),
         EngineType("llama.cpp", "baseline", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),

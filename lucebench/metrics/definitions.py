@@ -51,7 +51,8 @@ def _decode_tokens(s: Sample) -> int:
 
 # Latency-like metrics are averaged over a pass's prompts; everything else is recomputed on the pooled
 # pass (total tokens / total time or energy), which weights prompts by their work.
-_MEAN_OVER_PROMPTS = {"ttft_ms", "tpot_ms", "e2e_ms"} | {f"prefill_{stage}_ms" for stage in PREFILL_STAGES}
+_MEAN_OVER_PROMPTS = ({"ttft_ms", "tpot_ms", "e2e_ms", "kept_tokens_target"}
+                      | {f"prefill_{stage}_ms" for stage in PREFILL_STAGES})
 
 
 @dataclass
@@ -134,12 +135,14 @@ def pool_prefill(stats: list[PrefillStats | None]) -> PrefillStats | None:
         for k, v in s.time_ms.items():
             times[k] = times.get(k, 0.0) + v
     needles = [s.needles_kept for s in parts]
+    depths = [s.needle_depths for s in parts]
     return PrefillStats(
         prompt_tokens=sum(s.prompt_tokens for s in parts),
         drafter_prompt_tokens=total([s.drafter_prompt_tokens for s in parts]),
         kept_tokens_drafter=total([s.kept_tokens_drafter for s in parts]),
         kept_tokens_target=sum(s.kept_tokens_target for s in parts), time_ms=times,
-        needles_kept=None if any(n is None for n in needles) else [k for n in needles for k in (n or [])])
+        needles_kept=None if any(n is None for n in needles) else [k for n in needles for k in (n or [])],
+        needle_depths=None if any(d is None for d in depths) else [x for d in depths for x in (d or [])])
 
 
 def _values(samples: list[Sample], name: str, fn: Callable) -> list[float | None]:
@@ -238,7 +241,8 @@ def _effective_prefill(s: Sample) -> float | None:
     return _ratio(s.prefill.prompt_tokens, s.prefill_s) if s.prefill is not None else None
 
 
-@_sample_metric("kept_tokens_target", "tok", False, "compressed prefill: target tokens the target prefilled")
+@_sample_metric("kept_tokens_target", "tok", False,
+                "compressed prefill: target tokens the target prefilled (mean over prompts)")
 def _kept_target(s: Sample) -> float | None:
     return float(s.prefill.kept_tokens_target) if s.prefill is not None else None
 

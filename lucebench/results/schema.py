@@ -217,6 +217,7 @@ class PrefillStats(_Strict):
                                           "target_prefill")
     needles_kept: list[bool] | None = Field(
         None, description="harness: per needle of the prompt, whether all of its tokens lie in kept_ranges")
+    needle_depths: list[float] | None = Field(None, description="harness: the depth of each needle, as needles_kept")
 
     def problems(self) -> list[str]:
         out: list[str] = []

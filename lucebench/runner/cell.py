@@ -87,6 +87,8 @@ def _sample(reply: dict[str, Any], rep: int, prompt: Prompt, e2e_s: float, keep_
     prefill_stats: PrefillStats | None = _typed(PrefillStats, reply, "prefill")
     if prefill_stats is not None and prefill_stats.kept_ranges:
         prefill_stats.needles_kept = needles_kept(prompt.reference, prefill_stats.kept_ranges)
+        if prefill_stats.needles_kept is not None:
+            prefill_stats.needle_depths = [float(n["depth"]) for n in prompt.reference["needles"]]
     spec = reply.get("spec") or {}
     n_gen = int(reply.get("n_gen", len(reply.get("output_ids", []))))
     return Sample(

@@ -132,7 +132,7 @@ def test_compressed_prefill_metrics():
                 prefill=pre(3000, 150, [True, True], score=900.0, target_prefill=200.0))
     m = compute_cell_metrics([a, b])
     assert m["effective_prefill_tok_s"].median == 4000 / 2.0  # pooled: prompt tokens / TTFT
-    assert m["kept_pct"].median == 5.0 and m["kept_tokens_target"].median == 200
+    assert m["kept_pct"].median == 5.0 and m["kept_tokens_target"].median == 100  # per request, as TTFT
     assert m["needle_retention_pct"].median == 75.0
     assert m["prefill_score_ms"].median == 600.0  # mean over prompts, as TTFT
     assert "effective_prefill_tok_s" not in compute_cell_metrics([_sample()])

@@ -16,7 +16,7 @@ def _reply(**extra):
 
 
 PROMPT = Prompt(id="p", token_ids=list(range(40)),
-                reference={"needles": [{"token_span": [5, 9]}, {"token_span": [30, 34]}]})
+                reference={"needles": [{"token_span": [5, 9], "depth": 0.1}, {"token_span": [30, 34], "depth": 0.8}]})
 
 
 def test_spec_and_prefill_are_typed_and_needle_survival_is_checked():
@@ -28,7 +28,7 @@ def test_spec_and_prefill_are_typed_and_needle_survival_is_checked():
     assert s.draft_steps == 3 and s.accepted_tokens == 7 and s.spec.al_histogram == [0, 1, 0, 2]
     assert s.prefill.kept_tokens_target == 12
     # The first needle (5..9) lies in the merged range 0..10; the second (30..34) starts before 32.
-    assert s.prefill.needles_kept == [True, False]
+    assert s.prefill.needles_kept == [True, False] and s.prefill.needle_depths == [0.1, 0.8]
 
 
 @pytest.mark.parametrize(("extra", "fragment"), [

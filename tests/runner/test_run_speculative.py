@@ -87,7 +87,7 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
         seen.append(flags)
         return EngineLaunch(argv=[sys.executable, FAKE, *flags], build={"fake": True})
 
-    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")
+    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")  # as once engines/ builds it
     monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(registry.ENGINE_TYPES["dflash"],
                                                                              launch=launch))
     monkeypatch.setenv("LUCEBENCH_CACHE", str(tmp_path / "cache"))
