@@ -2,7 +2,11 @@
 
 #include <time.h>
 
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -54,23 +58,67 @@ void emit_error(const std::string& id, const std::string& kind, const std::strin
     emit(e);
 }
 
-EngineOptions parse_engine_flags(int argc, char** argv) {
+namespace {
+
+struct SpecFlagInfo {
+    const char* name;
+    unsigned bit;
+    const char* meaning;
+};
+
+const SpecFlagInfo kSpecFlags[] = {
+    {"--draft", kFlagDraft, "the DFlash draft model"},
+    {"--drafter", kFlagDrafter, "the PFlash drafter model"},
+    {"--budget", kFlagBudget, "the DDTree node budget"},
+    {"--keep-ratio", kFlagKeepRatio, "the PFlash keep ratio"},
+    {"--chain", kFlagChain, "chain verification"},
+};
+
+std::string program_name(const char* argv0) {
+    std::string p = argv0 ? argv0 : "engine";
+    size_t slash = p.find_last_of('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+}  // namespace
+
+EngineOptions parse_engine_flags(int argc, char** argv, unsigned accepted) {
     EngineOptions o;
     bool have_model = false;
     for (int i = 1; i < argc; ++i) {
         std::string flag = argv[i], value;
         size_t eq = flag.find('=');
         if (flag.rfind("--", 0) != 0) fail("bad_request", "unexpected argument '" + flag + "'");
-        if (eq != std::string::npos) { value = flag.substr(eq + 1); flag = flag.substr(0, eq); }
-        else {
+        const bool inline_value = eq != std::string::npos;
+        if (inline_value) { value = flag.substr(eq + 1); flag = flag.substr(0, eq); }
+        // A speculative flag the engine does not take is refused before its value is looked at.
+        for (const SpecFlagInfo& f : kSpecFlags)
+            if (flag == f.name && !(accepted & f.bit))
+                fail("unsupported", program_name(argc > 0 ? argv[0] : nullptr) + " does not take " + flag + " (" +
+                                        f.meaning + "): only the speculative engines that use it do");
+        if (flag == "--chain") {  // a switch: no separate value
+            if (!inline_value || value == "true" || value == "1") o.chain = true;
+            else if (value == "false" || value == "0") o.chain = false;
+            else fail("bad_request", "--chain takes no value, or true / false, got '" + value + "'");
+            continue;
+        }
+        if (!inline_value) {
             if (i + 1 >= argc) fail("bad_request", "flag " + flag + " needs a value");
             value = argv[++i];
         }
         auto to_int = [&](const std::string& v) {
             char* end = nullptr;
+            errno = 0;
             long x = strtol(v.c_str(), &end, 10);
-            if (v.empty() || *end) fail("bad_request", "flag " + flag + " needs an integer, got '" + v + "'");
+            if (v.empty() || *end || errno == ERANGE || x < INT_MIN || x > INT_MAX)
+                fail("bad_request", "flag " + flag + " needs an integer, got '" + v + "'");
             return int(x);
+        };
+        auto to_double = [&](const std::string& v) {
+            char* end = nullptr;
+            double x = strtod(v.c_str(), &end);
+            if (v.empty() || *end || !std::isfinite(x)) fail("bad_request", "flag " + flag + " needs a number, got '" + v + "'");
+            return x;
         };
         if (flag == "--model") { o.model = value; have_model = true; }
         else if (flag == "--backend") {
@@ -85,6 +133,16 @@ EngineOptions parse_engine_flags(int argc, char** argv) {
             if (!dtype_from_name(value, &t))
                 fail("unsupported", "KV cache type '" + value + "' for " + flag + " (supported: f16, bf16, q8_0, q4_0; f32 for reference checks)");
             (flag == "--kv-k" ? o.kv_k : o.kv_v) = t;
+        } else if (flag == "--draft" || flag == "--drafter") {
+            if (value.empty()) fail("bad_request", flag + " needs a path");
+            (flag == "--draft" ? o.draft : o.drafter) = value;
+        } else if (flag == "--budget") {
+            o.budget = to_int(value);
+            if (o.budget < 1) fail("bad_request", "--budget must be an integer >= 1, got " + value);
+        } else if (flag == "--keep-ratio") {
+            o.keep_ratio = to_double(value);
+            if (!(o.keep_ratio > 0.0 && o.keep_ratio <= 1.0))
+                fail("bad_request", "--keep-ratio must be in (0, 1], got " + value);
         } else fail("bad_request", "unknown flag " + flag);
     }
     if (!have_model) fail("bad_request", "--model is required");

@@ -11,17 +11,36 @@
 
 namespace lb {
 
+// The flags only speculative engines use. An engine names those it takes (a bit mask) when it parses its
+// command line; any other of them is refused as "unsupported", so that `ar --budget 22` says it has no
+// budget instead of silently running without one.
+enum SpecFlag : unsigned {
+    kFlagDraft = 1u << 0,      // --draft PATH: the DFlash draft (z-lab safetensors folder or GGUF)
+    kFlagDrafter = 1u << 1,    // --drafter PATH: the PFlash drafter (a Qwen3 checkpoint)
+    kFlagBudget = 1u << 2,     // --budget N: DDTree node budget, N >= 1 (the root is not counted)
+    kFlagKeepRatio = 1u << 3,  // --keep-ratio R: share of the prompt PFlash keeps, 0 < R <= 1
+    kFlagChain = 1u << 4,      // --chain: verify the draft's top-1 chain instead of a tree
+};
+
 struct EngineOptions {
     std::string model;
     std::string backend;  // empty: what the binary was built for
     int device = 0;
     int max_ctx = 4096;
     DType kv_k = DType::BF16, kv_v = DType::BF16;
+    // Speculative engines (set only where the engine accepts the flag; empty / 0 / false when not given).
+    std::string draft;
+    std::string drafter;
+    int budget = 0;
+    double keep_ratio = 0.0;
+    bool chain = false;
 };
 
-// Parses the common flags (--model --backend --device --max-ctx --kv-k --kv-v, also --flag=value).
-// Throws EngineError: "bad_request" for malformed flags, "unsupported" for unknown KV types.
-EngineOptions parse_engine_flags(int argc, char** argv);
+// Parses the common flags (--model --backend --device --max-ctx --kv-k --kv-v, also --flag=value) and the
+// speculative flags in `accepted` (SpecFlag bits; --chain takes no value, or --chain=true|false).
+// Throws EngineError: "bad_request" for malformed flags or values, "unsupported" for unknown KV types and
+// for a speculative flag this engine does not take (the message names the flag).
+EngineOptions parse_engine_flags(int argc, char** argv, unsigned accepted = 0);
 
 struct GenerateRequest {
     std::string id;

@@ -12,6 +12,8 @@
 #include "core/half.h"
 #include "core/json.h"
 #include "core/quant.h"
+#include "core/server.h"
+#include "core/errors.h"
 
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { ++failures; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
@@ -103,12 +105,64 @@ static int dequantize_file(const char* type, const char* in, const char* out) {
     return 0;
 }
 
+// The flag parser: speculative flags stored and validated where the engine takes them, refused by name
+// ("unsupported") where it does not, --flag=value and --flag value alike.
+static bool parse_fails(std::vector<std::string> args, unsigned accepted, const std::string& kind,
+                        const std::string& fragment) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    try {
+        lb::parse_engine_flags(int(argv.size()), argv.data(), accepted);
+    } catch (const lb::EngineError& e) {
+        return e.kind == kind && std::string(e.what()).find(fragment) != std::string::npos;
+    }
+    return false;
+}
+
+static void test_engine_flags() {
+    const unsigned dflash = lb::kFlagDraft | lb::kFlagBudget | lb::kFlagChain;
+    const unsigned pflash = lb::kFlagDrafter | lb::kFlagKeepRatio;
+    std::vector<std::string> args = {"lucebench-dflash", "--model", "t", "--draft=d", "--budget", "22", "--chain",
+                                     "--kv-k=q8_0"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    lb::EngineOptions o = lb::parse_engine_flags(int(argv.size()), argv.data(), dflash);
+    CHECK(o.model == "t" && o.draft == "d" && o.budget == 22 && o.chain && o.kv_k == lb::DType::Q8_0,
+          "dflash flags: draft '%s' budget %d chain %d", o.draft.c_str(), o.budget, int(o.chain));
+    args = {"lucebench-pflash", "--drafter", "q", "--keep-ratio=0.05", "--model=t"};
+    argv.clear();
+    for (auto& a : args) argv.push_back(a.data());
+    o = lb::parse_engine_flags(int(argv.size()), argv.data(), pflash);
+    CHECK(o.drafter == "q" && o.keep_ratio == 0.05 && !o.chain && o.budget == 0, "pflash flags");
+    args = {"e", "--chain=false", "--model", "t"};
+    argv.clear();
+    for (auto& a : args) argv.push_back(a.data());
+    CHECK(!lb::parse_engine_flags(int(argv.size()), argv.data(), dflash).chain, "--chain=false");
+
+    CHECK(parse_fails({"e", "--model", "t", "--budget", "0"}, dflash, "bad_request", "--budget must be"), "budget 0");
+    CHECK(parse_fails({"e", "--model", "t", "--budget=x"}, dflash, "bad_request", "integer"), "budget x");
+    CHECK(parse_fails({"e", "--model", "t", "--keep-ratio", "0"}, pflash, "bad_request", "(0, 1]"), "keep 0");
+    CHECK(parse_fails({"e", "--model", "t", "--keep-ratio=1.5"}, pflash, "bad_request", "(0, 1]"), "keep 1.5");
+    CHECK(parse_fails({"e", "--model", "t", "--keep-ratio=nan"}, pflash, "bad_request", "number"), "keep nan");
+    CHECK(parse_fails({"e", "--model", "t", "--chain=maybe"}, dflash, "bad_request", "--chain"), "chain=maybe");
+    CHECK(parse_fails({"e", "--model", "t", "--draft="}, dflash, "bad_request", "path"), "empty draft");
+    // Each engine refuses the others' flags, naming the flag and the program.
+    CHECK(parse_fails({"lucebench-pflash", "--model", "t", "--budget", "22"}, pflash, "unsupported",
+                      "lucebench-pflash does not take --budget"), "pflash --budget");
+    CHECK(parse_fails({"x", "--model", "t", "--draft", "d"}, pflash, "unsupported", "--draft"), "pflash --draft");
+    CHECK(parse_fails({"x", "--model", "t", "--keep-ratio=0.1"}, dflash, "unsupported", "--keep-ratio"), "dflash keep");
+    CHECK(parse_fails({"x", "--model", "t", "--drafter", "q"}, dflash, "unsupported", "--drafter"), "dflash drafter");
+    CHECK(parse_fails({"x", "--model", "t", "--chain"}, pflash, "unsupported", "--chain"), "pflash chain");
+    CHECK(parse_fails({"x", "--model", "t", "--budget"}, 0, "unsupported", "--budget"), "refused before its value");
+}
+
 int main(int argc, char** argv) {
     if (argc == 5 && std::string(argv[1]) == "dequantize") return dequantize_file(argv[2], argv[3], argv[4]);
     test_json();
     test_half();
     test_blocks();
     test_delta_rule();
+    test_engine_flags();
     if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
     printf("core tests passed\n");
     return 0;

@@ -178,7 +178,7 @@ def _show_without_tokenizer(suite: str, *, sample_size: int | None, prompt_forma
         for i in range(spec.needle.cases_per_length):
             case = make_case(spec.needle, length, i)
             prompts.append({"id": f"{spec.name}/{length}/{i}", "tokens": length,
-                            "text": f"needle at depth {case.depth}: " + spec.needle.needle.format(key=case.key, value=case.value)})
+                            "text": "; ".join(f"needle at depth {d}: {t}" for d, t in zip(case.depths, case.needles))})
     return info, prompts, []
 
 

@@ -43,14 +43,40 @@ def generate(
     n_gen: int = typer.Option(32, "--n-gen", min=1, help="tokens to generate"),
     device: int = typer.Option(0, "--device", help="GPU index"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object (with output_ids) on stdout"),
+    draft: Optional[Path] = typer.Option(None, "--draft", help="dflash: the DFlash draft (folder or GGUF)"),
+    drafter: Optional[Path] = typer.Option(None, "--drafter", help="pflash: the drafter (Qwen3 folder)"),
+    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="dflash: DDTree node budget"),
+    keep_ratio: Optional[float] = typer.Option(None, "--keep-ratio", help="pflash: share of the prompt kept, in (0, 1]"),
+    chain: bool = typer.Option(False, "--chain", help="dflash: verify the top-1 chain instead of a tree"),
 ) -> None:
-    """One greedy generation (ignore EOS, exactly --n-gen tokens)."""
+    """One greedy generation (ignore EOS, exactly --n-gen tokens); speculative engines take a second model."""
     from lucebench.engines.detect import detect_backend
     from lucebench.engines.registry import ENGINE_TYPES, LaunchRequest
     from lucebench.runner.process import EngineProcess
 
     if engine not in ENGINE_TYPES:
         raise UserError(f"unknown engine {engine!r}", hint=f"engines: {', '.join(sorted(ENGINE_TYPES))}")
+    engine_type = ENGINE_TYPES[engine]
+    # The speculative flags, as the engine type's typed options (a flag it does not take is refused here).
+    given = {"draft": draft, "drafter": drafter, "budget": budget, "keep_ratio": keep_ratio,
+             "verify": "chain" if chain else None}
+    for key, value in given.items():
+        if value is not None and key not in engine_type.options:
+            flag = "--chain" if key == "verify" else "--" + key.replace("_", "-")
+            raise UserError(f"engine {engine!r} takes no {flag}", where=flag,
+                            hint=f"{flag} is for {', '.join(sorted(n for n, t in ENGINE_TYPES.items() if key in t.options))}")
+    if keep_ratio is not None and not 0 < keep_ratio <= 1:
+        raise UserError(f"--keep-ratio must be in (0, 1], got {keep_ratio:g}", where="--keep-ratio")
+    second_key = engine_type.second_model_option
+    second = given.get(second_key) if second_key else None
+    if second_key is not None and second is None:
+        raise UserError(f"engine {engine!r} needs --{second_key}", where=f"--{second_key}")
+    if second is not None and not Path(second).exists():
+        raise UserError(f"--{second_key} {second} does not exist", where=f"--{second_key}")
+    reason = engine_type.unavailable()
+    if reason is not None:
+        raise UserError(reason, where="--engine")
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in given.items() if v is not None}
     if not (model / "config.json").exists() and not model.is_file():
         raise UserError("model not found (no config.json)", where=str(model),
                         hint="create one with `lucebench models synth --shape tiny --out DIR`")
@@ -59,8 +85,9 @@ def generate(
         raise UserError("the prompt is empty")
     backend = backend or detect_backend()
     console = Console(stderr=True)
-    launch = ENGINE_TYPES[engine].launch(LaunchRequest(engine=engine, options={}, model_dir=model, backend=backend,  # type: ignore[arg-type]
-                                                       device=device, max_ctx=len(ids) + n_gen + 8, console=console))
+    launch = engine_type.launch(LaunchRequest(engine=engine, options=options, model_dir=model, backend=backend,  # type: ignore[arg-type]
+                                              device=device, max_ctx=len(ids) + n_gen + 8, budget=budget,
+                                              keep_ratio=keep_ratio, second_model_dir=second, console=console))
     # One log per invocation: a shared file's tail would show an earlier call's errors as this one's.
     fd, name = tempfile.mkstemp(prefix=f"lucebench-generate-{engine}-", suffix=".log")
     os.close(fd)

@@ -29,18 +29,28 @@ def synth(
                                help="text (Qwen3_5ForCausalLM keys) or multimodal (model.language_model.* keys)"),
     shard_gb: float = typer.Option(4.0, "--shard-gb", min=0.001, help="largest safetensors shard, in GB"),
     force: bool = typer.Option(False, "--force", help="replace the checkpoint already in --out"),
+    draft_for: Optional[Path] = typer.Option(None, "--draft-for",
+                                             help="a target checkpoint folder: write a random DFlash draft for it "
+                                                  "in the published (z-lab) layout instead"),
 ) -> None:
-    """Write a random-weight checkpoint in Hugging Face layout that transformers loads."""
+    """Write a random-weight checkpoint in Hugging Face layout that transformers loads, or a DFlash draft."""
     from lucebench.models.shapes import get_shape, shape_from_config
     from lucebench.models.synth import synthesize
 
+    if draft_for is not None and (shape is not None or config is not None):
+        raise UserError("--draft-for takes the draft's shape from the target: give no --shape or --config")
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not force):
         what = "a model" if (out / "config.json").is_file() else "files"
         raise UserError(f"already holds {what}; refusing to replace it", where=f"--out {out}",
                         hint="choose an empty or new folder, or pass --force to replace what is there")
 
+    if draft_for is not None:
+        if layout != "text":
+            raise UserError("a DFlash draft has one layout", where="--layout", hint="leave --layout out")
+        _synth_draft(draft_for, out, seed=seed, dtype=dtype)
+        return
     if (shape is None) == (config is None):
-        raise UserError("give exactly one of --shape NAME or --config FILE")
+        raise UserError("give exactly one of --shape NAME, --config FILE or --draft-for TARGET_DIR")
     if shape is not None:
         sh = get_shape(shape)
     else:
@@ -63,6 +73,15 @@ def synth(
                             shard_bytes=int(shard_gb * 1e9), progress=progress)
     console.print(f"wrote {sh.name} ({result.n_params:,} parameters, {result.weight_bytes / 1e9:.2f} GB {dtype}, "
                   f"{layout} layout) to {out} in {result.seconds:.1f} s")
+
+
+def _synth_draft(target: Path, out: Path, *, seed: int, dtype: str) -> None:
+    from lucebench.models.dflash_draft import synthesize_draft
+
+    result = synthesize_draft(target, out, seed=seed, dtype=dtype)
+    layout = f"the sizes of {result.published}" if result.published else "sizes from the target"
+    Console(stderr=True).print(f"wrote a DFlash draft for {target} ({layout}; {result.n_params:,} parameters, "
+                               f"{result.weight_bytes / 1e9:.2f} GB {dtype}) to {out} in {result.seconds:.1f} s")
 
 
 @models_app.command("fetch")

@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 KV_TYPES = ("f16", "bf16", "q8_0", "q4_0")
-AXES = ("engine", "model", "suite", "gpu", "power_limit_w", "budget", "kv", "context")
+AXES = ("engine", "model", "suite", "gpu", "power_limit_w", "budget", "keep_ratio", "kv", "context")
+SECOND_MODEL_OPTIONS = ("draft", "drafter")  # engine options that name a `models:` entry
 MAX_POWER_LIMIT_W = 2000.0  # above any card's maximum; the card's own range is checked when the limit is applied
 MAX_CONTEXT = 1 << 20
 MAX_BUDGET = 4096
@@ -34,6 +35,7 @@ class SynthSpec(_Strict):
 
     shape: str | None = None
     config: str | None = Field(None, description="path of a config.json, instead of a named shape")
+    draft_for: str | None = Field(None, description="a `models:` entry: a random DFlash draft for that target")
     seed: int = Field(0, ge=0)
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
 
@@ -48,8 +50,8 @@ class SynthSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> SynthSpec:
-        if (self.shape is None) == (self.config is None):
-            raise ValueError("give exactly one of 'shape' or 'config'")
+        if sum(x is not None for x in (self.shape, self.config, self.draft_for)) != 1:
+            raise ValueError("give exactly one of 'shape', 'config' or 'draft_for'")
         return self
 
 
@@ -129,7 +131,8 @@ class Matrix(_Strict):
     suite: list[str] = Field(min_length=1)
     gpu: list[int] | None = Field(None, description="device indices; default: gpu.devices")
     power_limit_w: list[float | None] = Field(default_factory=lambda: [None])
-    budget: list[int | None] = Field(default_factory=lambda: [None])
+    budget: list[int | None] = Field(default_factory=lambda: [None], description="DDTree node budget (dflash)")
+    keep_ratio: list[float | None] = Field(default_factory=lambda: [None], description="PFlash keep ratio (pflash)")
     kv: list[str] = Field(default_factory=lambda: ["bf16"], description="'bf16' for K and V, or 'q8_0/q4_0' for K/V")
     context: list[int | None] = Field(default_factory=lambda: [None], description="tokens already in context (depth)")
 
@@ -162,6 +165,13 @@ class Matrix(_Strict):
     def _budgets(cls, values: list[int | None]) -> list[int | None]:
         if any(v is not None and not 1 <= v <= MAX_BUDGET for v in values):
             raise ValueError(f"a budget is a number of draft tokens from 1 to {MAX_BUDGET} (or null)")
+        return values
+
+    @field_validator("keep_ratio")
+    @classmethod
+    def _keep_ratios(cls, values: list[float | None]) -> list[float | None]:
+        if any(v is not None and not 0 < v <= 1 for v in values):
+            raise ValueError("a keep ratio lies in (0, 1] (or null for the engine's own)")
         return values
 
     @field_validator("context")
@@ -221,14 +231,36 @@ class Config(_Strict):
             if unknown:
                 raise LocatedError(("engines", name, "options"), f"unknown option(s) {sorted(unknown)} for "
                                    f"{variant.type}; it takes: {', '.join(sorted(ENGINE_TYPES[variant.type].options))}")
+            try:  # typed: each option's type and range
+                ENGINE_TYPES[variant.type].options_model.model_validate(variant.options)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                raise LocatedError(("engines", name, "options", *first["loc"]),
+                                   f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+            for key in SECOND_MODEL_OPTIONS:
+                named = variant.options.get(key)
+                if named is not None and named not in self.models:
+                    raise LocatedError(("engines", name, "options", key), f"{named!r} is not under 'models' "
+                                       f"(defined: {', '.join(self.models)})")
+        for name, source in self.models.items():
+            target = source.synth.draft_for if source.synth is not None else None
+            if target is not None:
+                other = self.models.get(target)
+                if other is None or target == name:
+                    raise LocatedError(("models", name, "synth", "draft_for"), f"{target!r} is not another entry "
+                                       f"under 'models' (defined: {', '.join(self.models)})")
+                if other.synth is not None and other.synth.draft_for is not None:
+                    raise LocatedError(("models", name, "synth", "draft_for"),
+                                       f"{target!r} is itself a draft: name the target")
         for i, name in enumerate(self.matrix.engine):
             if name not in self.engines and name not in ENGINE_TYPES:
                 raise LocatedError(("matrix", "engine", i), f"unknown engine {name!r}; engines: "
                                    f"{', '.join(sorted(ENGINE_TYPES))}, or a variant defined under 'engines:'")
-        if any(b is not None for b in self.matrix.budget):
-            types = {self.engines[e].type if e in self.engines else e for e in self.matrix.engine}
-            if not any("budget" in ENGINE_TYPES[t].axes for t in types):
-                raise LocatedError(("matrix", "budget"), "no engine of matrix.engine takes a budget, so no cell "
+        types = {self.engines[e].type if e in self.engines else e for e in self.matrix.engine}
+        for axis, what in (("budget", "a budget"), ("keep_ratio", "a keep ratio")):
+            if any(v is not None for v in getattr(self.matrix, axis)) and not any(
+                    axis in ENGINE_TYPES[t].axes for t in types):
+                raise LocatedError(("matrix", axis), f"no engine of matrix.engine takes {what}, so no cell "
                                    "could use these values; leave the axis out")
         for name in self.suites:
             try:

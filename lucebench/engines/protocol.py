@@ -118,6 +118,10 @@ class ResultMessage(TypedDict, total=False):
     decode_steps: int
     bytes_per_token: int
     peak_mem_bytes: int
+    # Speculative decoding and compressed prefill: the typed, checked models are SpecStats and PrefillStats
+    # in lucebench/results/schema.py (the runner validates a reply's objects with them and stores them).
+    spec: dict[str, Any]
+    prefill: dict[str, Any]
 
 
 class ReadyMessage(TypedDict):

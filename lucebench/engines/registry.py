@@ -12,6 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lucebench.engines.options import (
+    SECOND_MODEL_OPTION,
+    BundledOptions,
+    DFlashOptions,
+    ExternalOptions,
+    HfOptions,
+    LlamaCppOptions,
+    OptionsBase,
+    PFlashOptions,
+    validate_options,
+)
 from lucebench.errors import UserError
 
 GPU_BACKENDS = ("cuda", "hip")
@@ -30,6 +41,8 @@ class LaunchRequest:
     kv_k: str | None = None
     kv_v: str | None = None
     budget: int | None = None
+    keep_ratio: float | None = None
+    second_model_dir: Path | None = None  # the dflash draft or the pflash drafter
     console: Any = None
 
 
@@ -44,11 +57,32 @@ class EngineLaunch:
 class EngineType:
     name: str
     kind: Literal["bundled", "baseline", "external"]
-    axes: frozenset[str]  # the per-engine axes that apply: budget, kv, context
+    axes: frozenset[str]  # the per-engine axes that apply: budget, keep_ratio, kv, context
     backends: frozenset[str]
     launch: Callable[[LaunchRequest], EngineLaunch]
-    options: frozenset[str] = frozenset()  # engine options the config may set
+    options_model: type[OptionsBase] = BundledOptions  # the typed options the config may set
     description: str = ""
+    executable: str | None = None  # a bundled engine's CMake executable (engines/), which must exist to run
+
+    @property
+    def options(self) -> frozenset[str]:
+        """Names of the options the config may set."""
+        return frozenset(self.options_model.model_fields)
+
+    @property
+    def second_model_option(self) -> str | None:
+        """The option naming a second `models:` entry (dflash: draft, pflash: drafter), if any."""
+        return SECOND_MODEL_OPTION.get(self.options_model)
+
+    def unavailable(self) -> str | None:
+        """Why this engine cannot run from this checkout (a bundled engine without an executable), or None."""
+        if self.executable is not None:
+            from lucebench.engines.build import BUNDLED_ENGINES
+
+            if self.executable not in BUNDLED_ENGINES.values():
+                return (f"engine type {self.name!r} has no executable in this checkout yet: engines/ builds no "
+                        f"{self.executable} (its config, options and second model are checked, but it cannot run)")
+        return None
 
 
 def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
@@ -56,8 +90,14 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
             "--max-ctx", str(req.max_ctx)]
     if req.kv_k:
         argv += ["--kv-k", req.kv_k, "--kv-v", req.kv_v or req.kv_k]
+    if req.second_model_dir is not None:
+        argv += ["--draft" if "draft" in req.options else "--drafter", str(req.second_model_dir)]
     if req.budget is not None:
         argv += ["--budget", str(req.budget)]
+    if req.keep_ratio is not None:
+        argv += ["--keep-ratio", repr(req.keep_ratio)]
+    if req.options.get("verify") == "chain":
+        argv.append("--chain")
     return argv
 
 
@@ -114,18 +154,28 @@ ENGINE_TYPES: dict[str, EngineType] = {
     t.name: t
     for t in (
         EngineType("ar", "bundled", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
-                   _launch_bundled("ar"), frozenset({"arch"}),
-                   "lucebench's autoregressive engine (engines/): the AR baseline for speculative speedups"),
+                   _launch_bundled("ar"), BundledOptions,
+                   "lucebench's autoregressive engine (engines/): the AR baseline for speculative speedups",
+                   "lucebench-ar"),
         EngineType("megakernel", "bundled", frozenset({"kv", "context"}), frozenset({"cuda"}),
-                   _launch_bundled("megakernel"), frozenset({"arch"}),
-                   "the whole Qwen3.5 decode step in one persistent CUDA kernel; the core's CUDA prefill"),
-        EngineType("hf", "baseline", frozenset({"context"}), frozenset({"cpu", "cuda"}), _launch_hf,
-                   frozenset({"dtype", "compile", "attn", "kernels"}), "PyTorch + transformers' Qwen3.5, greedy"),
+                   _launch_bundled("megakernel"), BundledOptions,
+                   "the whole Qwen3.5 decode step in one persistent CUDA kernel; the core's CUDA prefill",
+                   "lucebench-megakernel"),
+        EngineType("dflash", "bundled", frozenset({"budget", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
+                   _launch_bundled("dflash"), DFlashOptions,
+                   "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft",
+                   "lucebench-dflash"),
+        EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
+                   _launch_bundled("pflash"), PFlashOptions,
+                   "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept",
+                   "lucebench-pflash"),
+        EngineType("hf", "baseline", frozenset({"context"}), frozenset({"cpu", "cuda"}), _launch_hf, HfOptions,
+                   "PyTorch + transformers' Qwen3.5, greedy"),
         EngineType("llama.cpp", "baseline", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
-                   _launch_llamacpp, frozenset({"mode", "gguf", "flash_attn", "n_gpu_layers", "threads", "arch"}),
+                   _launch_llamacpp, LlamaCppOptions,
                    "llama.cpp at a pinned commit, built by lucebench (llama-server or llama-bench)"),
         EngineType("external", "external", frozenset({"context"}), frozenset({"cpu", "cuda", "hip"}),
-                   _launch_external, frozenset({"argv"}),
+                   _launch_external, ExternalOptions,
                    "any program speaking docs/protocol.md, given by its command line"),
     )
 }
@@ -142,8 +192,15 @@ def resolve_engine(name: str, variants: dict[str, Any]) -> tuple[EngineType, dic
         known = ", ".join(sorted(ENGINE_TYPES))
         raise UserError(f"unknown engine {type_name!r}", hint=f"engines: {known}; or define a variant under 'engines:'")
     engine_type = ENGINE_TYPES[type_name]
-    unknown = set(options) - engine_type.options
-    if unknown:
-        raise UserError(f"engine {name!r}: unknown option(s) {sorted(unknown)}",
-                        hint=f"{type_name} takes: {', '.join(sorted(engine_type.options)) or 'no options'}")
-    return engine_type, options
+    return engine_type, validate_options(engine_type.options_model, options, engine=name)
+
+
+def check_runnable(engine_names: list[str], variants: dict[str, Any]) -> None:
+    """Before a run: every engine of the matrix can start here; else one UserError naming the first that cannot."""
+    for name in dict.fromkeys(engine_names):
+        engine_type, _ = resolve_engine(name, variants)
+        reason = engine_type.unavailable()
+        if reason is not None:
+            raise UserError(reason, where=f"config matrix.engine {name!r}",
+                            hint="leave it out of the matrix (or --only other cells) until the engine exists; "
+                                 "`--dry-run` shows its plan")

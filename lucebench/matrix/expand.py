@@ -23,9 +23,11 @@ class CellSpec:
     gpu: int | None = None
     power_limit_w: float | None = None
     budget: int | None = None
+    keep_ratio: float | None = None
     kv_k: str | None = None
     kv_v: str | None = None
     context: int | None = None
+    second_model: str | None = None  # the `models:` entry of a dflash draft or pflash drafter
     show_gpu: bool = False  # the id names the GPU only when the matrix has several
 
     @property
@@ -38,6 +40,8 @@ class CellSpec:
             parts.append(f"kv{self.kv_k}" if self.kv_k == self.kv_v else f"kv{self.kv_k}-{self.kv_v}")
         if self.budget is not None:
             parts.append(f"b{self.budget}")
+        if self.keep_ratio is not None:
+            parts.append(f"k{self.keep_ratio:g}")
         if self.power_limit_w is not None:
             parts.append(f"pl{self.power_limit_w:g}W")
         if self.show_gpu and self.gpu is not None:
@@ -46,7 +50,8 @@ class CellSpec:
 
     def params(self) -> dict[str, Any]:
         """The axis values that define the cell (what results and compare match on)."""
-        out = {k: v for k, v in asdict(self).items() if v is not None and k != "show_gpu"}
+        # The second model is recorded in the cell (its ModelInfo), not as an axis: the engine's name says it.
+        out = {k: v for k, v in asdict(self).items() if v is not None and k not in ("show_gpu", "second_model")}
         return out
 
 
@@ -71,13 +76,19 @@ def _matches(cell: CellSpec, rule: dict[str, Any]) -> bool:
 
 
 def _make_cell(config: Config, backend: str, values: dict[str, Any], show_gpu: bool) -> CellSpec:
-    engine_type, _ = resolve_engine(values["engine"], config.engines)
+    engine_type, options = resolve_engine(values["engine"], config.engines)
     if backend not in engine_type.backends:
         raise UserError(f"engine {values['engine']!r} ({engine_type.name}) does not run on the {backend} backend; "
                         f"it runs on {', '.join(sorted(engine_type.backends))}", where="config matrix.engine",
                         hint="drop it from matrix.engine for this machine, or set 'backend:' to one it runs on")
     on_gpu = backend in GPU_BACKENDS
     kv_k, kv_v = _split_kv(values.get("kv")) if "kv" in engine_type.axes else (None, None)
+
+    def axis(name: str) -> Any:
+        # An engine-specific axis: the matrix value, else the engine variant's own option, else None.
+        if name not in engine_type.axes:
+            return None
+        return values.get(name) if values.get(name) is not None else options.get(name)
     return CellSpec(
         engine=values["engine"],
         engine_type=engine_type.name,
@@ -85,10 +96,12 @@ def _make_cell(config: Config, backend: str, values: dict[str, Any], show_gpu: b
         suite=values["suite"],
         gpu=values.get("gpu") if on_gpu else None,
         power_limit_w=values.get("power_limit_w") if on_gpu else None,
-        budget=values.get("budget") if "budget" in engine_type.axes else None,
+        budget=axis("budget"),
+        keep_ratio=axis("keep_ratio"),
         kv_k=kv_k,
         kv_v=kv_v,
         context=values.get("context") if "context" in engine_type.axes else None,
+        second_model=options.get(engine_type.second_model_option) if engine_type.second_model_option else None,
         show_gpu=show_gpu,
     )
 
@@ -98,7 +111,8 @@ def expand(config: Config, backend: str) -> list[CellSpec]:
     m = config.matrix
     gpus = m.gpu or (config.gpu.devices if config.gpu else [0])
     axes = {"engine": m.engine, "model": m.model, "suite": m.suite, "gpu": gpus,
-            "power_limit_w": m.power_limit_w, "budget": m.budget, "kv": m.kv, "context": m.context}
+            "power_limit_w": m.power_limit_w, "budget": m.budget, "keep_ratio": m.keep_ratio, "kv": m.kv,
+            "context": m.context}
     show_gpu = len(gpus) > 1 and backend in GPU_BACKENDS
     cells: dict[str, CellSpec] = {}
     for combo in itertools.product(*axes.values()):

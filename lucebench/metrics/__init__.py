@@ -3,12 +3,16 @@
 from lucebench.metrics.definitions import (
     METRICS_VERSION,
     MetricDef,
+    acceptance_per_depth,
+    al_histogram,
     all_definitions,
     compute_cell_metrics,
     compute_speedups,
     definition,
+    pool_prefill,
+    pool_spec,
 )
 from lucebench.metrics.stats import summarize
 
-__all__ = ["METRICS_VERSION", "MetricDef", "all_definitions", "compute_cell_metrics", "compute_speedups",
-           "definition", "summarize"]
+__all__ = ["METRICS_VERSION", "MetricDef", "acceptance_per_depth", "al_histogram", "all_definitions",
+           "compute_cell_metrics", "compute_speedups", "definition", "pool_prefill", "pool_spec", "summarize"]

@@ -19,7 +19,16 @@ from lucebench.measure.energy import combine
 from lucebench.measure.energy import gross_j as energy_gross_j
 from lucebench.measure.records import energy_result, phase_energy
 from lucebench.metrics.stats import DEFAULT_NOISY_COV, geometric_mean, summarize
-from lucebench.results.schema import Cell, MetricSummary, PhaseEnergy, Sample
+from lucebench.results.schema import (
+    PREFILL_STAGES,
+    SPEC_STAGES,
+    Cell,
+    MetricSummary,
+    PhaseEnergy,
+    PrefillStats,
+    Sample,
+    SpecStats,
+)
 
 METRICS_VERSION = "1"
 
@@ -42,7 +51,8 @@ def _decode_tokens(s: Sample) -> int:
 
 # Latency-like metrics are averaged over a pass's prompts; everything else is recomputed on the pooled
 # pass (total tokens / total time or energy), which weights prompts by their work.
-_MEAN_OVER_PROMPTS = {"ttft_ms", "tpot_ms", "e2e_ms"}
+_MEAN_OVER_PROMPTS = ({"ttft_ms", "tpot_ms", "e2e_ms", "kept_tokens_target"}
+                      | {f"prefill_{stage}_ms" for stage in PREFILL_STAGES})
 
 
 @dataclass
@@ -59,6 +69,8 @@ class _PooledPass:
     peak_mem_bytes: int | None
     draft_steps: int | None
     accepted_tokens: int | None
+    spec: SpecStats | None
+    prefill: PrefillStats | None
     energy: dict[str, PhaseEnergy]
 
 
@@ -81,7 +93,56 @@ def _pool(group: list[Sample]) -> _PooledPass:
         bytes_per_token=sum(bpt) / len(bpt) if bpt else None,
         peak_mem_bytes=max((s.peak_mem_bytes for s in group if s.peak_mem_bytes is not None), default=None),
         draft_steps=_sum_or_none([s.draft_steps for s in group]),
-        accepted_tokens=_sum_or_none([s.accepted_tokens for s in group]), energy=energy)
+        accepted_tokens=_sum_or_none([s.accepted_tokens for s in group]),
+        spec=pool_spec([s.spec for s in group]), prefill=pool_prefill([s.prefill for s in group]), energy=energy)
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def pool_spec(stats: list[SpecStats | None]) -> SpecStats | None:
+    """Several requests' speculative counts as one: counts, histograms and stage times summed.
+    None unless every request reported them (a partial sum would misstate the rate)."""
+    if not stats or any(s is None for s in stats):
+        return None
+    out = SpecStats(draft_steps=0, accepted_tokens=0)
+    for s in stats:
+        assert s is not None
+        out.draft_steps += s.draft_steps
+        out.accepted_tokens += s.accepted_tokens
+        out.accepted_per_depth = _add_lists(out.accepted_per_depth, s.accepted_per_depth)
+        out.al_histogram = _add_lists(out.al_histogram, s.al_histogram)
+        for k, v in s.time_ms.items():
+            out.time_ms[k] = out.time_ms.get(k, 0.0) + v
+    out.acceptance_length = _ratio(out.accepted_tokens, out.draft_steps)
+    return out
+
+
+def pool_prefill(stats: list[PrefillStats | None]) -> PrefillStats | None:
+    """Several requests' compressed-prefill counts as one (tokens and stage times summed, needle flags
+    concatenated); None unless every request reported them."""
+    if not stats or any(s is None for s in stats):
+        return None
+    parts = [s for s in stats if s is not None]
+
+    def total(values: list[int | None]) -> int | None:
+        return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+    times: dict[str, float] = {}
+    for s in parts:
+        for k, v in s.time_ms.items():
+            times[k] = times.get(k, 0.0) + v
+    needles = [s.needles_kept for s in parts]
+    depths = [s.needle_depths for s in parts]
+    return PrefillStats(
+        prompt_tokens=sum(s.prompt_tokens for s in parts),
+        drafter_prompt_tokens=total([s.drafter_prompt_tokens for s in parts]),
+        kept_tokens_drafter=total([s.kept_tokens_drafter for s in parts]),
+        kept_tokens_target=sum(s.kept_tokens_target for s in parts), time_ms=times,
+        needles_kept=None if any(n is None for n in needles) else [k for n in needles for k in (n or [])],
+        needle_depths=None if any(d is None for d in depths) else [x for d in depths for x in (d or [])])
 
 
 def _values(samples: list[Sample], name: str, fn: Callable) -> list[float | None]:
@@ -159,7 +220,52 @@ def _e2e_ms(s: Sample) -> float | None:
 @_sample_metric("acceptance_length", "tok/step", True,
                 "speculative engines: committed tokens (bonus included) per draft+verify step")
 def _acceptance_length(s: Sample) -> float | None:
+    if s.accepted_tokens is None and s.spec is not None:
+        return _ratio(s.spec.accepted_tokens, s.spec.draft_steps)
     return _ratio(s.accepted_tokens, s.draft_steps)
+
+
+for _stage in SPEC_STAGES:
+    def _spec_stage(s: Sample, stage: str = _stage) -> float | None:
+        if s.spec is None or stage not in s.spec.time_ms:
+            return None
+        return _ratio(s.spec.time_ms[stage], s.spec.draft_steps)
+
+    _sample_metric(f"spec_{_stage}_ms", "ms", False,
+                   f"speculative engines: {_stage} time per draft+verify round")(_spec_stage)
+
+
+@_sample_metric("effective_prefill_tok_s", "tok/s", True,
+                "compressed prefill: prompt tokens (before compression) / time to first token")
+def _effective_prefill(s: Sample) -> float | None:
+    return _ratio(s.prefill.prompt_tokens, s.prefill_s) if s.prefill is not None else None
+
+
+@_sample_metric("kept_tokens_target", "tok", False,
+                "compressed prefill: target tokens the target prefilled (mean over prompts)")
+def _kept_target(s: Sample) -> float | None:
+    return float(s.prefill.kept_tokens_target) if s.prefill is not None else None
+
+
+@_sample_metric("kept_pct", "%", False, "compressed prefill: target tokens kept / prompt tokens x 100")
+def _kept_pct(s: Sample) -> float | None:
+    p = s.prefill
+    return None if p is None else 100.0 * p.kept_tokens_target / p.prompt_tokens
+
+
+@_sample_metric("needle_retention_pct", "%", True,
+                "compressed prefill: needles whose every token lies in the kept prompt / needles x 100")
+def _needle_retention(s: Sample) -> float | None:
+    kept = s.prefill.needles_kept if s.prefill is not None else None
+    return 100.0 * sum(kept) / len(kept) if kept else None
+
+
+for _stage in PREFILL_STAGES:
+    def _prefill_stage(s: Sample, stage: str = _stage) -> float | None:
+        return s.prefill.time_ms.get(stage) if s.prefill is not None else None
+
+    _sample_metric(f"prefill_{_stage}_ms", "ms", False, f"compressed prefill: the {_stage} part of the TTFT")(
+        _prefill_stage)
 
 
 @_sample_metric("peak_mem_bytes", "B", False, "peak device memory of the engine process")
@@ -214,15 +320,43 @@ for _name, _unit, _desc in (
     _CROSS_METRICS[_name] = MetricDef(_name, _unit, True, _desc)
 
 
+# Speculative profiles: vectors over all of a cell's requests (pooled), computed by the functions below.
+_PROFILE_METRICS: dict[str, MetricDef] = {d.name: d for d in (
+    MetricDef("acceptance_per_depth", "fraction", True,
+              "[d-1]: rounds whose draft token at depth d was accepted / rounds (all of the cell's requests)"),
+    MetricDef("conditional_acceptance_per_depth", "fraction", True,
+              "[d-1]: rounds accepting depth d / rounds accepting depth d-1 (depth 0: every round)"),
+    MetricDef("al_histogram", "rounds", True, "[k]: rounds that committed exactly k tokens (bonus included)"),
+)}
+
+
+def acceptance_per_depth(samples: Iterable[Sample], *, conditional: bool = False) -> list[float] | None:
+    """Acceptance at each draft depth, pooled over the samples; None without per-depth counts."""
+    spec = pool_spec([s.spec for s in samples])
+    if spec is None or not spec.draft_steps or not spec.accepted_per_depth:
+        return None
+    counts = spec.accepted_per_depth
+    if not conditional:
+        return [c / spec.draft_steps for c in counts]
+    before = [spec.draft_steps, *counts[:-1]]
+    return [c / b if b else 0.0 for c, b in zip(counts, before)]
+
+
+def al_histogram(samples: Iterable[Sample]) -> list[int] | None:
+    """How many rounds committed k tokens, k = 0.. (pooled); None without a histogram."""
+    spec = pool_spec([s.spec for s in samples])
+    return spec.al_histogram if spec is not None and spec.al_histogram else None
+
+
 def all_definitions() -> list[MetricDef]:
     """Every metric lucebench derives, in report order."""
-    return [d for d, _ in _SAMPLE_METRICS.values()] + list(_CROSS_METRICS.values())
+    return [d for d, _ in _SAMPLE_METRICS.values()] + list(_CROSS_METRICS.values()) + list(_PROFILE_METRICS.values())
 
 
 def definition(name: str) -> MetricDef:
     if name in _SAMPLE_METRICS:
         return _SAMPLE_METRICS[name][0]
-    return _CROSS_METRICS[name]
+    return _CROSS_METRICS.get(name) or _PROFILE_METRICS[name]
 
 
 def compute_cell_metrics(samples: Iterable[Sample], *, phase_totals: dict[str, PhaseEnergy] | None = None,

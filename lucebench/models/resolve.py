@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,38 @@ def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
         synthesize_atomic(shape, out, seed=seed, dtype=dtype, layout=layout)
     return ResolvedModel(path=out, kind="synth", name=f"synth:{shape.name}", synthetic=True,
                          synth={"shape": shape.name, "seed": seed, "dtype": dtype, "layout": layout})
+
+
+def resolve_draft_synth(target: Path, *, seed: int = 0, dtype: str = "bf16", console: Any = None) -> ResolvedModel:
+    """A random DFlash draft for the checkpoint at ``target`` (`lucebench models synth --draft-for`), written on
+    first use into the models cache under a key of the target's config and tokenizer, the seed, dtype and
+    scale rule."""
+    from lucebench.models.dflash_draft import synthesize_draft
+    from lucebench.models.synth import PROVENANCE_FILE
+    from lucebench.models.weights import SCALE_RULE
+
+    target = Path(target)
+    if not (target / "config.json").is_file():
+        raise UserError("a synthetic draft needs a target in Hugging Face layout (config.json)", where=str(target))
+    h = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json"):
+        if (target / name).is_file():
+            h.update((target / name).read_bytes())
+    h.update(json.dumps({"rule": SCALE_RULE, "seed": seed, "dtype": dtype}, sort_keys=True).encode())
+    out = models_cache_dir() / f"draft-{target.name[:40]}-s{seed}-{dtype}-{h.hexdigest()[:12]}"
+    if not _synth_is_current(out / PROVENANCE_FILE):
+        if console is not None:
+            console.print(f"writing a synthetic DFlash draft for {target.name} (seed {seed}, {dtype}) to {out}")
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            synthesize_draft(target, tmp, seed=seed, dtype=dtype)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ResolvedModel(path=out, kind="synth", name=f"synth:draft-for-{target.name}", synthetic=True,
+                         synth={"draft_for": str(target), "seed": seed, "dtype": dtype})
 
 
 # ------------------------------------------------------------------------------------------ file hashes

@@ -196,6 +196,15 @@ def _build() -> dict[str, Shape]:
         source="lucebench test shape", description="3-layer Qwen3 (dense attention), hidden 64",
     ))
     shapes.append(Shape(
+        name="tiny-qwen3-odd",
+        config=_qwen3(n_layers=5, hidden=72, intermediate=200, vocab=odd_vocab, heads=3, kv_heads=1, head_dim=24,
+                      tied=False, max_pos=2048, bos=odd_bpe + SPECIAL_TOKENS.index("<|endoftext|>"),
+                      eos=odd_bpe + SPECIAL_TOKENS.index("<|im_end|>")),
+        special_ids=_small_special_ids(odd_bpe), bpe_vocab=odd_bpe,
+        source="lucebench test shape",
+        description="odd-sized Qwen3 (dense attention): 5 layers, hidden 72, 3 q / 1 kv heads of 24, untied",
+    ))
+    shapes.append(Shape(
         name="small",
         config=_qwen3_5(n_layers=8, hidden=256, intermediate=768, vocab=4160, heads=4, kv_heads=2, head_dim=64,
                         lin_k_heads=4, lin_v_heads=4, lin_k_dim=32, lin_v_dim=32, tied=True, max_pos=32768,

@@ -105,11 +105,12 @@ def _qwen3_5_layer(cfg: dict[str, Any], i: int) -> list[TensorSpec]:
     return out
 
 
-def _qwen3_layer(cfg: dict[str, Any], i: int) -> list[TensorSpec]:
+def qwen3_layer_specs(cfg: dict[str, Any], i: int, prefix: str = "model.layers.") -> list[TensorSpec]:
+    """The parameters of Qwen3 decoder layer ``i`` (also the DFlash draft's layers, under ``layers.``)."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // nh
-    p = f"model.layers.{i}."
+    p = f"{prefix}{i}."
     return [
         TensorSpec(p + "input_layernorm.weight", (h,), "norm_one", 0.1),
         _linear(p + "mlp.down_proj.weight", h, inter),
@@ -135,7 +136,7 @@ def tensor_specs(cfg: dict[str, Any]) -> list[TensorSpec]:
     qwen3 = cfg["model_type"] == "qwen3"
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, h), "normal", 1.0)]
     for i in range(cfg["num_hidden_layers"]):
-        specs += _qwen3_layer(cfg, i) if qwen3 else _qwen3_5_layer(cfg, i)
+        specs += qwen3_layer_specs(cfg, i) if qwen3 else _qwen3_5_layer(cfg, i)
     # Final norm gain N(0, 1): w itself in Qwen3's plain form, 1 + w in Qwen3.5's zero-centred one.
     specs.append(TensorSpec("model.norm.weight", (h,), "normal", 1.0, mean=0.0 if qwen3 else -1.0))
     if not cfg.get("tie_word_embeddings", False):

@@ -90,6 +90,11 @@ def is_speculative(v: CellView) -> bool:
     return "budget" in v.cell.params or v.median("acceptance_length") is not None
 
 
+def is_compressed(v: CellView) -> bool:
+    """A compressed-prefill cell (PFlash): has a keep ratio or measured tokens kept."""
+    return "keep_ratio" in v.cell.params or v.median("kept_pct") is not None
+
+
 def is_context(v: CellView) -> bool:
     """A long-context cell: one with a `context` axis. (A workload depth alone is not enough: tgN suites
     record the one prompt token already in context as their depth.)"""

@@ -12,7 +12,9 @@ from lucebench.metrics.definitions import all_definitions
 # Smaller is better for latencies, energies, power and memory; larger for everything else.
 LOWER_IS_BETTER: frozenset[str] = frozenset({
     "ttft_ms", "tpot_ms", "e2e_ms", "prefill_j", "decode_j", "prefill_j_net", "decode_j_net",
-    "avg_power_w", "peak_mem_bytes",
+    "avg_power_w", "peak_mem_bytes", "kept_tokens_target", "kept_pct",
+    "spec_draft_ms", "spec_tree_ms", "spec_verify_ms", "spec_commit_ms",
+    "prefill_score_ms", "prefill_select_ms", "prefill_bridge_ms", "prefill_target_prefill_ms",
 })
 
 # Metrics shown in comparisons but never gating: drawing more power is not a regression by itself
@@ -61,6 +63,18 @@ _INFO: dict[str, MetricInfo] = {
     "speedup_combined": MetricInfo("combined speedup", "x", 2),
     "accuracy": MetricInfo("accuracy", "%", 1),
     "token_match_pct": MetricInfo("token match", "%", 1),
+    "effective_prefill_tok_s": MetricInfo("effective prefill tok/s", "tok/s", 0),
+    "kept_tokens_target": MetricInfo("tokens kept (target)", "tok", 0),
+    "kept_pct": MetricInfo("kept", "%", 2),
+    "needle_retention_pct": MetricInfo("needle retention", "%", 1),
+    "spec_draft_ms": MetricInfo("draft per round", "ms", 3),
+    "spec_tree_ms": MetricInfo("tree per round", "ms", 3),
+    "spec_verify_ms": MetricInfo("verify per round", "ms", 3),
+    "spec_commit_ms": MetricInfo("commit per round", "ms", 3),
+    "prefill_score_ms": MetricInfo("drafter scoring", "ms", 1),
+    "prefill_select_ms": MetricInfo("selection", "ms", 1),
+    "prefill_bridge_ms": MetricInfo("tokenizer bridge", "ms", 1),
+    "prefill_target_prefill_ms": MetricInfo("target prefill", "ms", 1),
 }
 
 

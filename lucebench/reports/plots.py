@@ -231,6 +231,74 @@ def context_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     return Plot(_save(fig, out_dir, "context_sweep.png"), "Decode vs context length", "one line per KV type")
 
 
+def ttft_vs_length(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Time to first token vs prompt length: compressed prefill against full prefill, one line per method,
+    KV type and keep ratio; the TTFT speedup over full prefill beside it where both exist."""
+    cv = [v for v in _ok(views) if C.is_context(v) and C.context_of(v) is not None and v.median("ttft_ms")]
+    if not any(C.is_compressed(v) for v in cv):
+        return None
+    keys = ["engine", *C.varying_keys(cv, exclude=["engine", "context", "gpu", "suite"])]
+    series: dict[str, list[CellView]] = {}
+    for v in cv:
+        series.setdefault(_series_label(v, keys), []).append(v)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, s in sorted(series.items()):
+        pts = sorted((C.context_of(v), (v.median("ttft_ms") or 0) / 1e3, _err(v, "ttft_ms") / 1e3) for v in s)
+        style = "-" if C.is_compressed(s[0]) else "--"
+        ax1.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                     linestyle=style, label=label)
+        if C.is_compressed(s[0]):
+            ratio = []
+            for v in s:
+                partner = ar_partner(v, views)
+                if partner is not None and partner.median("ttft_ms") and v.median("ttft_ms"):
+                    ratio.append((C.context_of(v), partner.median("ttft_ms") / v.median("ttft_ms")))
+            if ratio:
+                ratio.sort()
+                ax2.plot([r[0] for r in ratio], [r[1] for r in ratio], marker="o", label=label)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set(xlabel="prompt length (tokens)", ylabel="time to first token (s)", title="TTFT vs prompt length")
+    ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax2.set(xlabel="prompt length (tokens)", ylabel="full-prefill TTFT / compressed TTFT",
+            title="TTFT speedup of compressed prefill")
+    ax1.legend(fontsize=7)
+    if ax2.lines[1:]:
+        ax2.legend(fontsize=7)
+    return Plot(_save(fig, out_dir, "ttft_vs_length.png"), "Time to first token vs prompt length",
+                "solid: compressed prefill (scoring, selection, bridge and the target's prefill of the kept prompt); "
+                "dashed: full prefill")
+
+
+def acceptance_by_depth(views: Sequence[CellView], out_dir: Path) -> Plot | None:
+    """Acceptance per draft depth and the AL histogram of each speculative cell at the headline budget."""
+    from lucebench.metrics import acceptance_per_depth, al_histogram
+    from lucebench.reports.tables import headline_budget
+
+    spec = [v for v in _ok(views) if C.is_speculative(v) and acceptance_per_depth(v.cell.samples)]
+    if not spec:
+        return None
+    hb = headline_budget(spec)
+    spec = [v for v in spec if v.cell.params.get("budget", hb) == hb]
+    keys = ["engine", "suite", *C.varying_keys(spec, exclude=["engine", "suite", "budget", "gpu"])]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for v in sorted(spec, key=lambda v: _series_label(v, keys)):
+        label = _series_label(v, keys)
+        per_depth = acceptance_per_depth(v.cell.samples) or []
+        ax1.plot(range(1, len(per_depth) + 1), per_depth, marker="o", label=label)
+        hist = al_histogram(v.cell.samples) or []
+        rounds = sum(hist)
+        if rounds:
+            ax2.plot(range(len(hist)), [n / rounds for n in hist], marker=".", label=label)
+    ax1.set(xlabel="draft depth", ylabel="share of rounds accepting it", ylim=(0, 1.02),
+            title="Acceptance per depth" + (f" (budget {hb})" if hb is not None else ""))
+    ax2.set(xlabel="tokens committed in a round (bonus included)", ylabel="share of rounds", title="AL histogram")
+    ax1.legend(fontsize=7)
+    return Plot(_save(fig, out_dir, "acceptance.png"), "Acceptance per draft depth and AL histogram",
+                "pooled over each cell's requests (docs/metrics.md)")
+
+
 def roofline(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     """% of the memory-bandwidth roofline reached by decode, per engine (best cell of each)."""
     best: dict[str, CellView] = {}
@@ -284,7 +352,8 @@ def power_timelines(views: Sequence[CellView], out_dir: Path, limit: int = MAX_T
 def all_plots(views: Sequence[CellView], out_dir: Path) -> list[Plot]:
     """Every plot the cells support, written under out_dir."""
     out: list[Plot] = []
-    for fn in (throughput_bars, power_sweep, speedup_by_dataset, budget_sweep, context_sweep, roofline):
+    for fn in (throughput_bars, power_sweep, speedup_by_dataset, budget_sweep, acceptance_by_depth, context_sweep,
+               ttft_vs_length, roofline):
         p = fn(views, out_dir)
         if p is not None:
             out.append(p)

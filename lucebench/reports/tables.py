@@ -17,7 +17,8 @@ from lucebench.reports.fmt import NA, NOISY_MARK, fmt_summary, fmt_value
 from lucebench.results.schema import Result
 
 HEADERS = {"engine": "Method", "model": "Model", "card": "Card", "power_limit_w": "Power limit", "suite": "Suite",
-           "kv_k": "KV K", "kv_v": "KV V", "budget": "Budget", "context": "Context", "gpu": "GPU"}
+           "kv_k": "KV K", "kv_v": "KV V", "budget": "Budget", "keep_ratio": "Keep", "context": "Context",
+           "gpu": "GPU"}
 
 
 @dataclass
@@ -140,7 +141,7 @@ def _partner_key(v: CellView) -> tuple[Any, ...]:
 def ar_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
     """The autoregressive cell that a speculative cell is measured against (same params but engine axes)."""
     key = _partner_key(v)
-    cands = [o for o in _ok(views) if not C.is_speculative(o) and _partner_key(o) == key]
+    cands = [o for o in _ok(views) if not C.is_speculative(o) and not C.is_compressed(o) and _partner_key(o) == key]
     cands.sort(key=lambda o: C.kv_label(o) != C.kv_label(v))
     return cands[0] if cands else None
 
@@ -184,14 +185,22 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
     spec_head = f"{'/'.join(spec_names)} (tok/s)"
     headers = ["Benchmark" if k == "suite" else _header(k) for k in label_keys]
     headers += [ar_head, spec_head, "AL", "Speedup"]
+    with_energy = any(v.median("decode_tok_per_j") is not None for v in spec)
+    if with_energy:
+        headers += ["AR tok/J", f"{'/'.join(spec_names)} tok/J"]
     rows = []
     for v in sorted(spec, key=lambda v: C.key_of(v, label_keys).__repr__()):
         p = partners[id(v)]
-        rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))] + [
+        row = [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))] + [
             _metric_cell(p, "decode_tok_s"), _metric_cell(v, "decode_tok_s"), _metric_cell(v, "acceptance_length"),
-            _speedup_text(v, p)])
+            _speedup_text(v, p)]
+        if with_energy:
+            row += [_metric_cell(p, "decode_tok_per_j"), _metric_cell(v, "decode_tok_per_j")]
+        rows.append(row)
     notes = [f"DDTree budget {hb}" if hb is not None else "",
-             "speedup = speculative decode tok/s over AR decode tok/s on the same prompts"]
+             "speedup = speculative decode tok/s over AR decode tok/s on the same prompts",
+             "AL = tokens committed per draft+verify round, bonus token included (docs/metrics.md)",
+             "tok/J = decode tokens per joule of the decode phase, gross" if with_energy else ""]
     return Table("speculative", "Speculative decoding", headers, rows, notes=[n for n in notes if n])
 
 
@@ -239,6 +248,38 @@ def budget_sweep_table(views: Sequence[CellView]) -> Table | None:
     return Table("budget_sweep", "DDTree budget sweep", headers, rows)
 
 
+ACCEPTANCE_DEPTHS = (1, 2, 3, 4, 6, 8, 11, 15)
+
+
+def acceptance_table(views: Sequence[CellView]) -> Table | None:
+    """Acceptance per draft depth and the AL histogram's shape, for speculative cells with per-depth counts."""
+    from lucebench.metrics import acceptance_per_depth, al_histogram
+
+    spec = [v for v in _ok(views) if C.is_speculative(v) and acceptance_per_depth(v.cell.samples)]
+    if not spec:
+        return None
+    label_keys = _label_keys(spec, exclude=["gpu"], always=("engine", "suite"))
+    headers = [_header(k) for k in label_keys] + ["AL", "rounds"] + [f"d{d}" for d in ACCEPTANCE_DEPTHS]
+    headers += ["rounds committing 1 / ≥ 8 / full block"]
+    rows = []
+    for v in sorted(spec, key=lambda v: repr(C.key_of(v, label_keys))):
+        per_depth = acceptance_per_depth(v.cell.samples) or []
+        hist = al_histogram(v.cell.samples) or []
+        rounds = sum(hist) or None
+        row = [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))]
+        row += [_metric_cell(v, "acceptance_length"), str(rounds) if rounds else NA]
+        row += [f"{per_depth[d - 1]:.2f}" if d <= len(per_depth) else NA for d in ACCEPTANCE_DEPTHS]
+        if rounds:
+            full = hist[-1] if len(hist) >= 17 else 0
+            row.append(f"{hist[1] / rounds:.0%} / {sum(hist[8:]) / rounds:.0%} / {full / rounds:.0%}")
+        else:
+            row.append(NA)
+        rows.append(row)
+    return Table("acceptance", "Acceptance per draft depth", headers, rows, notes=[
+        "d<k>: share of rounds whose draft token at depth k was accepted (pooled over the cell's requests)",
+        "a full block commits 16 tokens (15 drafted + the bonus)"])
+
+
 # ---------------------------------------------------------------------------------------------- context
 def context_table(views: Sequence[CellView]) -> Table | None:
     """Context | KV | TTFT | decode (+ TTFT speedup where measured)."""
@@ -259,6 +300,77 @@ def context_table(views: Sequence[CellView]) -> Table | None:
             row.append(_metric_cell(v, "speedup_ttft"))
         rows.append(row)
     return Table("context", "Long context", headers, rows)
+
+
+def _full_prefill_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
+    """The uncompressed cell a compressed prefill is measured against: same params but the engine axes, the
+    same KV type preferred."""
+    return ar_partner(v, views)
+
+
+def compressed_prefill_table(views: Sequence[CellView]) -> Table | None:
+    """Context | method | KV | keep | TTFT and its split | tokens kept | effective prefill | vs full prefill."""
+    cv = [v for v in _ok(views) if C.is_compressed(v)]
+    if not cv:
+        return None
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", "keep_ratio", "gpu", "suite"])
+    headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "TTFT (ms)",
+               "scoring / select / bridge / target (ms)", "Kept (target tok)", "Effective prefill (tok/s)",
+               "Full prefill TTFT (ms)", "TTFT speedup"]
+    rows = []
+    for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, repr(C.key_of(v, label_keys)), C.kv_label(v),
+                                       float(v.cell.params.get("keep_ratio") or 0))):
+        ctx = C.context_of(v)
+        partner = _full_prefill_partner(v, views)
+        split = " / ".join(fmt_value(v.median(f"prefill_{s}_ms"), f"prefill_{s}_ms")
+                           for s in ("score", "select", "bridge", "target_prefill"))
+        a, b = v.median("ttft_ms"), partner.median("ttft_ms") if partner is not None else None
+        speedup = v.cell.metrics.get("speedup_ttft")
+        speed_text = (fmt_summary(speedup, "speedup_ttft") if speedup is not None and speedup.median is not None
+                      else f"{b / a:.2f}x (ratio of medians, vs {partner.engine})" if a and b and partner else NA)
+        rows.append([f"{ctx:,}" if ctx is not None else NA,
+                     *[C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))],
+                     C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
+                     _metric_cell(v, "ttft_ms"), split, _metric_cell(v, "kept_tokens_target"),
+                     _metric_cell(v, "effective_prefill_tok_s"), _metric_cell(partner, "ttft_ms"), speed_text])
+    return Table("compressed_prefill", "Compressed prefill: time to first token by context", headers, rows, notes=[
+        "TTFT includes the drafter's scoring, the selection, the tokenizer bridge and the target's prefill of "
+        "the kept prompt; effective prefill = prompt tokens before compression / TTFT",
+        "full prefill: the cell of the same model, suite and context without compression"])
+
+
+def retention_table(views: Sequence[CellView]) -> Table | None:
+    """Needle retention per context and needle depth: whether the compressed prompt kept each needle."""
+    cv = [v for v in _ok(views) if C.is_compressed(v) and v.median("needle_retention_pct") is not None]
+    if not cv:
+        return None
+    depths = sorted({d for v in cv for s in v.cell.samples if s.prefill and s.prefill.needle_depths
+                     for d in s.prefill.needle_depths})
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", "keep_ratio", "gpu"])
+    headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "Retention"]
+    headers += [f"depth {d:g}" for d in depths] + (["Accuracy"] if any(v.median("accuracy") is not None
+                                                                         for v in cv) else [])
+    rows = []
+    for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, repr(C.key_of(v, label_keys)), C.kv_label(v))):
+        ctx = C.context_of(v)
+        first_rep = [s for s in v.cell.samples if s.rep == min(x.rep for x in v.cell.samples)]
+        kept_at: dict[float, list[bool]] = {}
+        for s in first_rep:
+            if s.prefill and s.prefill.needles_kept and s.prefill.needle_depths:
+                for d, k in zip(s.prefill.needle_depths, s.prefill.needles_kept):
+                    kept_at.setdefault(d, []).append(k)
+        row = [f"{ctx:,}" if ctx is not None else NA,
+               *[C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))],
+               C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
+               _metric_cell(v, "needle_retention_pct")]
+        row += [f"{sum(kept_at[d])}/{len(kept_at[d])}" if d in kept_at else NA for d in depths]
+        if len(headers) > len(row):
+            row.append(_metric_cell(v, "accuracy"))
+        rows.append(row)
+    return Table("retention", "Needle retention in the compressed prompt", headers, rows, notes=[
+        "a needle is retained when every one of its tokens lies in the prompt ranges the engine kept; checked "
+        "from the engine's kept ranges, independent of the answer",
+        "depth columns: needles kept / needles in the first repetition's prompts"])
 
 
 # ---------------------------------------------------------------------------------------------- problems
@@ -402,7 +514,7 @@ def all_tables(views: Sequence[CellView]) -> list[Table]:
 def result_tables(views: Sequence[CellView]) -> list[Table]:
     """The measured results, what a report leads with."""
     builders = (throughput_table, power_sweep_table, speculative_table, dataset_table, budget_sweep_table,
-                context_table)
+                acceptance_table, context_table, compressed_prefill_table, retention_table)
     return [t for b in builders if (t := b(views)) is not None]
 
 

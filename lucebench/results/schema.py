@@ -148,6 +148,95 @@ class PhaseEnergy(_Strict):
     note: str | None = None
 
 
+SPEC_STAGES = ("draft", "tree", "verify", "commit")
+PREFILL_STAGES = ("score", "select", "bridge", "target_prefill")
+
+
+class SpecStats(_Strict):
+    """A speculative engine's counts for one request: the reply's ``spec`` object (docs/protocol.md).
+
+    A round is one draft + verify. Counts are of tokens committed to the output (after the cut at n_gen or
+    at a stop token), the bonus token included; the first generated token comes from prefill and is in none.
+    """
+
+    draft_steps: int = Field(ge=0, description="draft+verify rounds")
+    accepted_tokens: int = Field(ge=0, description="tokens the rounds committed, bonus tokens included")
+    acceptance_length: float | None = Field(None, description="the engine's accepted_tokens / draft_steps")
+    accepted_per_depth: list[int] = Field(
+        default_factory=list, description="[d-1]: rounds in which the draft token at depth d was accepted (d = 1..)")
+    al_histogram: list[int] = Field(
+        default_factory=list, description="[k]: rounds that committed exactly k tokens (entry 0 is always 0)")
+    time_ms: dict[str, float] = Field(
+        default_factory=dict, description="summed over the request's rounds: draft, tree, verify, commit")
+
+    def problems(self) -> list[str]:
+        """Inconsistencies between the counts (each round commits at least its bonus token; the histogram,
+        the per-depth counts and the totals describe the same rounds)."""
+        out: list[str] = []
+        if self.draft_steps and self.accepted_tokens < self.draft_steps:
+            out.append(f"accepted_tokens {self.accepted_tokens} < draft_steps {self.draft_steps}: each round "
+                       f"commits at least one token")
+        if self.draft_steps == 0 and self.accepted_tokens:
+            out.append("tokens accepted without a draft step")
+        if any(v < 0 for v in self.accepted_per_depth + self.al_histogram):
+            out.append("negative counts")
+        h = self.al_histogram
+        if h:
+            if h[0]:
+                out.append("al_histogram[0] must be 0: a round commits at least its bonus token")
+            if sum(h) != self.draft_steps:
+                out.append(f"al_histogram counts {sum(h)} rounds, draft_steps is {self.draft_steps}")
+            if sum(k * n for k, n in enumerate(h)) != self.accepted_tokens:
+                out.append(f"al_histogram commits {sum(k * n for k, n in enumerate(h))} tokens, "
+                           f"accepted_tokens is {self.accepted_tokens}")
+            if self.accepted_per_depth:
+                want = [sum(h[d + 1:]) for d in range(1, len(self.accepted_per_depth) + 1)]
+                if list(self.accepted_per_depth) != want:
+                    out.append(f"accepted_per_depth {self.accepted_per_depth} disagrees with al_histogram ({want})")
+        d = self.accepted_per_depth
+        if any(b > a for a, b in zip(d, d[1:])) or (d and d[0] > self.draft_steps):
+            out.append("accepted_per_depth must not grow with depth nor exceed draft_steps")
+        unknown = sorted(set(self.time_ms) - set(SPEC_STAGES))
+        if unknown:
+            out.append(f"unknown time_ms stages {unknown} (known: {', '.join(SPEC_STAGES)})")
+        return out
+
+
+class PrefillStats(_Strict):
+    """A compressed prefill's counts for one request: the reply's ``prefill`` object (docs/protocol.md)."""
+
+    prompt_tokens: int = Field(ge=1, description="the request's prompt, in target tokens")
+    drafter_prompt_tokens: int | None = Field(None, ge=1, description="the same prompt in the drafter's tokens")
+    kept_tokens_drafter: int | None = Field(None, ge=0, description="drafter tokens kept")
+    kept_tokens_target: int = Field(ge=0, description="target tokens the target prefilled (after the bridge)")
+    kept_ranges: list[tuple[int, int]] = Field(
+        default_factory=list, description="half-open [start, end) ranges of the request's prompt positions whose "
+                                          "text was kept, ascending and disjoint")
+    time_ms: dict[str, float] = Field(
+        default_factory=dict, description="TTFT split: score (drafter forward + scores), select, bridge, "
+                                          "target_prefill")
+    needles_kept: list[bool] | None = Field(
+        None, description="harness: per needle of the prompt, whether all of its tokens lie in kept_ranges")
+    needle_depths: list[float] | None = Field(None, description="harness: the depth of each needle, as needles_kept")
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        if self.kept_tokens_drafter is not None and self.drafter_prompt_tokens is not None and (
+                self.kept_tokens_drafter > self.drafter_prompt_tokens):
+            out.append("kept_tokens_drafter exceeds drafter_prompt_tokens")
+        prev = 0
+        for a, b in self.kept_ranges:
+            if not prev <= a < b <= self.prompt_tokens:
+                out.append(f"kept range [{a}, {b}) is empty, out of order or outside the prompt "
+                           f"({self.prompt_tokens} tokens)")
+                break
+            prev = b
+        unknown = sorted(set(self.time_ms) - set(PREFILL_STAGES))
+        if unknown:
+            out.append(f"unknown time_ms stages {unknown} (known: {', '.join(PREFILL_STAGES)})")
+        return out
+
+
 class Sample(_Strict):
     """One measured request (after warm-up). Raw values; metrics are derived from these."""
 
@@ -168,6 +257,8 @@ class Sample(_Strict):
     peak_mem_bytes: int | None = None
     draft_steps: int | None = None
     accepted_tokens: int | None = None
+    spec: SpecStats | None = Field(None, description="speculative decoding: the reply's spec object")
+    prefill: PrefillStats | None = Field(None, description="compressed prefill: the reply's prefill object")
     output_ids: list[int] | None = None
     energy: dict[str, PhaseEnergy] = Field(default_factory=dict, description="phase name -> energy")
 
@@ -203,6 +294,8 @@ class Cell(_Strict):
     finished: str | None = None
     engine: EngineInfo | None = None
     model: ModelInfo | None = None
+    draft_model: ModelInfo | None = Field(None, description="the second model of a speculative cell: the dflash "
+                                                            "draft or the pflash drafter, resolved and hashed")
     workload: Workload | None = None
     power: PowerState | None = None
     cpu_load: CpuLoad | None = Field(None, description="CPU cells: other processes' CPU use while it measured")

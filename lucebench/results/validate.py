@@ -222,6 +222,15 @@ def _check_sample(result: Result, cell: Cell, loc: tuple[int | str, ...], s: Sam
     if s.draft_steps is not None and s.accepted_tokens is not None and (
             s.draft_steps <= 0 or s.accepted_tokens < s.draft_steps):
         out.append(Problem(_p(*loc, "accepted_tokens"), "each draft step commits at least one token"))
+    for key, stats in (("spec", s.spec), ("prefill", s.prefill)):
+        if stats is not None:
+            out += [Problem(_p(*loc, key), msg) for msg in stats.problems()]
+    if s.spec is not None and s.draft_steps is not None and (s.spec.draft_steps, s.spec.accepted_tokens) != (
+            s.draft_steps, s.accepted_tokens):
+        out.append(Problem(_p(*loc, "spec"), "spec's counts differ from the sample's draft_steps / accepted_tokens"))
+    if s.prefill is not None and s.prefill.prompt_tokens != s.n_prompt:
+        out.append(Problem(_p(*loc, "prefill", "prompt_tokens"),
+                           f"prefill.prompt_tokens {s.prefill.prompt_tokens} differs from n_prompt {s.n_prompt}"))
     for phase, e in s.energy.items():
         out += _check_energy((*loc, "energy", phase), e, s, phase, gpu, idle)
     return out

@@ -14,12 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from lucebench.config.schema import Measure
 from lucebench.errors import EngineError
-from lucebench.results.schema import PhaseEnergy, Sample
+from lucebench.results.schema import PhaseEnergy, PrefillStats, Sample, SpecStats
 from lucebench.runner.power import RunPower
 from lucebench.runner.process import EngineProcess
 from lucebench.suites.base import PreparedWorkload, Prompt
+from lucebench.suites.needle import needles_kept
 
 
 @dataclass
@@ -61,8 +64,31 @@ def _output_ids(reply: dict[str, Any], n_gen: int) -> list[int] | None:
     return [int(i) for i in ids]
 
 
+def _typed(model: type[SpecStats] | type[PrefillStats], reply: dict[str, Any], key: str) -> Any:
+    """The reply's optional `spec` / `prefill` object, typed and checked; a malformed one is a protocol error."""
+    raw = reply.get(key)
+    if raw is None:
+        return None
+    try:
+        obj = model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise EngineError("protocol", f"reply field {key}.{where}: {err['msg']}") from None
+    problems = obj.problems()
+    if problems:
+        raise EngineError("protocol", f"reply field {key}: {problems[0]}")
+    return obj
+
+
 def _sample(reply: dict[str, Any], rep: int, prompt: Prompt, e2e_s: float, keep_ids: bool) -> Sample:
     t = reply["timing"]
+    spec_stats: SpecStats | None = _typed(SpecStats, reply, "spec")
+    prefill_stats: PrefillStats | None = _typed(PrefillStats, reply, "prefill")
+    if prefill_stats is not None and prefill_stats.kept_ranges:
+        prefill_stats.needles_kept = needles_kept(prompt.reference, prefill_stats.kept_ranges)
+        if prefill_stats.needles_kept is not None:
+            prefill_stats.needle_depths = [float(n["depth"]) for n in prompt.reference["needles"]]
     spec = reply.get("spec") or {}
     n_gen = int(reply.get("n_gen", len(reply.get("output_ids", []))))
     return Sample(
@@ -73,6 +99,7 @@ def _sample(reply: dict[str, Any], rep: int, prompt: Prompt, e2e_s: float, keep_
         t_decode_start_ns=int(t["t_decode_start_ns"]), t_decode_end_ns=int(t["t_decode_end_ns"]),
         bytes_per_token=reply.get("bytes_per_token"), peak_mem_bytes=reply.get("peak_mem_bytes"),
         draft_steps=spec.get("draft_steps"), accepted_tokens=spec.get("accepted_tokens"),
+        spec=spec_stats, prefill=prefill_stats,
         output_ids=_output_ids(reply, n_gen) if keep_ids else None,
     )
 

@@ -88,11 +88,21 @@ def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Con
     builds = sorted({c.engine_type for c in cells
                      if ENGINE_TYPES[c.engine_type].kind == "bundled" or c.engine_type == "llama.cpp"})
     console.print(f"builds ({backend}): {', '.join(builds) or 'none'}")
-    for name in sorted({c.model for c in cells}):
+    roles = {c.model: "model" for c in cells}
+    for c in cells:
+        if c.second_model is not None:
+            roles.setdefault(c.second_model, "draft" if c.engine_type == "dflash" else "drafter")
+    for name in sorted(roles):
         src = config.models[name]
-        how = (f"path {src.path}" if src.path else f"hub {src.hub}" if src.hub else
-               f"synthetic {src.synth.shape or src.synth.config} seed {src.synth.seed} {src.synth.dtype}")
-        console.print(f"model {name}: {how}")
+        if src.path:
+            how = f"path {src.path}"
+        elif src.hub:
+            how = f"hub {src.hub}" + (f" revision {src.revision}" if src.revision else "")
+        else:
+            assert src.synth is not None
+            what = src.synth.shape or src.synth.config or f"DFlash draft for {src.synth.draft_for}"
+            how = f"synthetic {what} seed {src.synth.seed} {src.synth.dtype}"
+        console.print(f"{roles[name]} {name}: {how}")
     pp, tg, load = _ROUGH[backend]
     note = f" (+{unknown} dataset cells not estimated: their model is not available yet)" if unknown else ""
     minutes = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"

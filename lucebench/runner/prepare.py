@@ -39,7 +39,14 @@ class ModelCache:
 
             source = self.config.models[name]
             try:
-                resolved = resolve_model(source.model_dump(exclude_none=True), console=self.console)
+                if source.synth is not None and source.synth.draft_for is not None:
+                    from lucebench.models.resolve import resolve_draft_synth
+
+                    target = self.get(source.synth.draft_for).path
+                    resolved = resolve_draft_synth(target, seed=source.synth.seed, dtype=source.synth.dtype,
+                                                   console=self.console)
+                else:
+                    resolved = resolve_model(source.model_dump(exclude_none=True), console=self.console)
             except UserError as exc:
                 exc.where = exc.where or f"config models.{name}"
                 raise
@@ -164,3 +171,24 @@ def prepare_engines(config: Config, backend: str, cells: list[CellSpec], models:
             if console is not None:
                 console.print(f"  prepared {what} in {time.monotonic() - t0:.0f} s")
     return failures
+
+
+def check_second_model(spec: CellSpec, target_dir: Path, second_dir: Path) -> None:
+    """Before a run: a DFlash draft in the z-lab layout must fit its target (hidden size, depth, vocabulary),
+    a PFlash drafter must have its own tokenizer; a mismatch is a config error naming the model."""
+    where = f"config models.{spec.second_model}"
+    if spec.engine_type == "dflash" and second_dir.is_dir():
+        from lucebench.models.dflash_draft import check_draft
+
+        try:
+            target = json.loads((target_dir / "config.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return  # a GGUF target: the engine checks the fit when it loads both
+        try:
+            check_draft(second_dir, target)
+        except UserError as exc:
+            raise UserError(f"draft {spec.second_model!r} does not fit target {spec.model!r}: {exc.message}",
+                            where=where, hint=exc.hint) from None
+    if spec.engine_type == "pflash" and second_dir.is_dir() and not (second_dir / "tokenizer.json").is_file():
+        raise UserError(f"drafter {spec.second_model!r} has no tokenizer.json: the prompt is bridged through text",
+                        where=where)

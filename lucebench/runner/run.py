@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lucebench import __version__
 from lucebench.config.load import LoadedConfig
-from lucebench.engines.registry import GPU_BACKENDS, LaunchRequest, resolve_engine
+from lucebench.engines.registry import GPU_BACKENDS, LaunchRequest, check_runnable, resolve_engine
 from lucebench.errors import EngineError, UserError
 from lucebench.matrix import CellSpec, expand, select
 from lucebench.measure.cpu_load import CpuLoadProbe
@@ -40,7 +40,7 @@ from lucebench.runner.cell import CellFailed, CellInterrupted, measure_cell
 from lucebench.runner.checks import token_match
 from lucebench.runner.hardware import add_memory_bandwidth, check_hardware, resolve_backend
 from lucebench.runner.power import RunPower, earlier_idle_power
-from lucebench.runner.prepare import ModelCache, WorkloadCache, prepare_engines
+from lucebench.runner.prepare import ModelCache, WorkloadCache, check_second_model, prepare_engines
 from lucebench.runner.process import EngineProcess
 from lucebench.suites import workload_identity
 
@@ -104,10 +104,15 @@ class Runner:
                 self.console.print(f"[yellow]warning:[/] this machine cannot run it: {exc}")
             from lucebench.runner.plan import print_plan
 
+            try:
+                check_runnable([c.engine for c in cells], self.config.engines)
+            except UserError as exc:
+                self.console.print(f"[yellow]warning:[/] {exc}")
             print_plan(self.config, backend, cells, console=self.console,
                        allow_power_limit=self.options.allow_power_limit)
             return RunSummary(result_path=self.result_path)
         check_hardware(self.config, backend, env)
+        check_runnable([c.engine for c in cells], self.config.engines)
 
         devices = sorted({c.gpu for c in cells if c.gpu is not None}) if backend in GPU_BACKENDS else []
         ensure_writable_dir(self.options.out_dir)
@@ -124,6 +129,8 @@ class Runner:
             # (exit 2) found before anything is measured, not a failure in cell 17.
             for spec in cells:
                 workloads.get(spec, models.get(spec.model).path)
+                if spec.second_model is not None:
+                    check_second_model(spec, models.get(spec.model).path, models.get(spec.second_model).path)
             # Saved before the preparation, so that a Ctrl-C during a build leaves a run that --resume continues.
             save_atomic(result, self.result_path)
             unprepared = prepare_engines(self.config, backend, todo, models, limit_s=self.config.measure.prepare_timeout_s,
@@ -263,7 +270,9 @@ class Runner:
         workload = workloads.get(spec, model.path)
         engine_type, options = resolve_engine(spec.engine, self.config.engines)
         log_file = self.options.out_dir / "logs" / (spec.id.replace("/", "__") + ".log")
-        known: dict[str, Any] = {"started": started, "model": model.info, "workload": self._workload_info(workload)}
+        second = models.get(spec.second_model) if spec.second_model is not None else None
+        known: dict[str, Any] = {"started": started, "model": model.info, "workload": self._workload_info(workload),
+                                 "draft_model": second.info if second is not None else None}
 
         power_state = None
         if spec.gpu is not None:
@@ -292,6 +301,7 @@ class Runner:
             launch = engine_type.launch(LaunchRequest(
                 engine=spec.engine, options=options, model_dir=model.path, backend=backend,  # type: ignore[arg-type]
                 device=spec.gpu or 0, max_ctx=max_ctx, kv_k=spec.kv_k, kv_v=spec.kv_v, budget=spec.budget,
+                keep_ratio=spec.keep_ratio, second_model_dir=second.path if second is not None else None,
                 console=self.console))
         except UserError as exc:
             return self._failed(spec, "build", str(exc), **known)
@@ -377,7 +387,7 @@ class Runner:
         if not self.config.baseline:
             return
         by_key: dict[tuple, Cell] = {}
-        ignore = {"engine", "engine_type", "budget", "kv_k", "kv_v"}
+        ignore = {"engine", "engine_type", "budget", "keep_ratio", "kv_k", "kv_v"}
 
         def key(c: Cell) -> tuple:
             return tuple(sorted((k, v) for k, v in c.params.items() if k not in ignore))

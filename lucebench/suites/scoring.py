@@ -43,10 +43,14 @@ def score_math500(prompt: Prompt, output: str, opts: dict[str, Any]) -> dict[str
 
 
 def score_needle(prompt: Prompt, output: str, opts: dict[str, Any]) -> dict[str, Any]:
-    """Needle: the passcode appears in the output (as a whole number, not inside a longer one)."""
-    gold = str(prompt.reference["needle_value"])
-    found = re.search(rf"(?<!\d){re.escape(gold)}(?!\d)", output.replace(",", "")) is not None
-    return {"correct": found, "predicted": output.strip()[:200], "gold": gold}
+    """Needles: every answer appears in the output, a number as a whole number (not inside a longer one),
+    a name as a whole word."""
+    golds = [str(a) for a in prompt.reference.get("answers") or [prompt.reference["needle_value"]]]
+    text = output.replace(",", "")
+    found = [re.search(rf"(?<!{b}){re.escape(g)}(?!{b})", text) is not None
+             for g in golds for b in [r"\d" if g.isdigit() else r"\w"]]
+    return {"correct": all(found), "predicted": output.strip()[:200],
+            "gold": golds[0] if len(golds) == 1 else golds, "found": found}
 
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)

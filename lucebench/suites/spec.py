@@ -73,17 +73,48 @@ class Synthetic(_Strict):
 
 
 class Needle(_Strict):
-    """Needle in a haystack: a key/value sentence hidden in filler text, asked for at the end."""
+    """Needles in a haystack: key/value sentences hidden in filler text (prose or code), asked for at the end.
 
+    Modes: `single` (one needle, asked for), `multi` (`needles_per_case` needles with distinct keys at
+    distinct depths, all asked for), `variable_tracking` (a chain: the first needle assigns a value to a
+    variable, each `hop` assigns the previous variable to a new one; the question asks for every variable
+    holding the value). A case passes when every answer appears in the output.
+    """
+
+    mode: Literal["single", "multi", "variable_tracking"] = "single"
     lengths: list[Annotated[int, Field(ge=256)]] = Field(min_length=1, description="prompt lengths in tokens")
-    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(min_length=1)
+    depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        min_length=1, description="needle depths; case i uses depths[i], multi/variable_tracking the next ones too")
     cases_per_length: int = Field(5, ge=1)
     seed: int = 42
-    needle: str = Field(description="with {key} and {value}")
-    question: str = Field(description="with {key}; ends the prompt")
-    keys: list[str] = Field(min_length=1, description="the needle's subjects, e.g. city names")
+    needle: str = Field(description="with {key} and {value} (variable_tracking: {var} and {value})")
+    hop: str | None = Field(None, description="variable_tracking: with {var} and {prev}")
+    question: str = Field(description="single: with {key}; multi: with {keys}; variable_tracking: with {value}")
+    question_prefix: str = Field("", description="raw format: text before the question, e.g. 'Question: '")
+    answer_cue: str = Field("\nAnswer:", description="raw format: text after the question")
+    preamble: str = Field("", description="text before the haystack, e.g. an instruction")
+    needles_per_case: int = Field(1, ge=1, le=16)
+    keys: list[str] | None = Field(None, min_length=1, description="the needles' subjects; null: random letters")
+    key_letters: int = Field(8, ge=3, le=32, description="length of random keys / variable names")
     value_digits: int = Field(7, ge=3, le=18)
-    filler: list[str] = Field(min_length=4, description="filler sentences, cycled")
+    filler: list[str] = Field(min_length=4, description="filler pieces (sentences or code blocks), cycled")
+    filler_separator: str = Field(" ", description="put before each filler piece and needle: ' ' for prose, "
+                                                   "'\\n' for code (pieces are then kept verbatim)")
+    random_start: bool = Field(True, description="start the filler at a random piece (else at the first)")
+
+    @model_validator(mode="after")
+    def _mode(self) -> Needle:
+        if self.mode == "single" and self.needles_per_case != 1:
+            raise ValueError("mode single has one needle per case")
+        if self.mode != "single" and self.needles_per_case < 2:
+            raise ValueError(f"mode {self.mode} needs needles_per_case >= 2")
+        if self.mode == "multi" and self.needles_per_case > len(self.depths):
+            raise ValueError("mode multi puts each needle at its own depth: list at least needles_per_case depths")
+        if self.mode == "variable_tracking" and not self.hop:
+            raise ValueError("mode variable_tracking needs a `hop` sentence")
+        if self.keys is not None and self.mode == "multi" and len(set(self.keys)) < self.needles_per_case:
+            raise ValueError("mode multi needs at least needles_per_case distinct keys")
+        return self
 
 
 class Scoring(_Strict):

@@ -37,3 +37,41 @@ def test_each_call_gets_its_own_log(cli, tmp_path, monkeypatch):
     assert "second-call-error" in errs[1] and "first-call-traceback" not in errs[1]
     logs = sorted(tmp_path.glob("lucebench-generate-external-*.log"))
     assert len(logs) == 2 and "whole log of this call" in errs[1]
+
+
+def test_speculative_flags(cli, tmp_path, monkeypatch):
+    """--draft/--budget/--chain reach a dflash engine as flags and `spec` comes back; other engines refuse
+    them by name; dflash without an executable says so."""
+    import json
+
+    from lucebench.engines import build
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    draft = tmp_path / "d"
+    draft.mkdir()
+    args = ["generate", "--model", str(model), "--prompt-ids", "1,2,3", "--n-gen", "8", "--backend", "cpu"]
+    code, _, err = cli([*args, "--engine", "ar", "--budget", "22"])
+    assert code == 2 and "engine 'ar' takes no --budget" in " ".join(err.split()) and "dflash" in err
+    code, _, err = cli([*args, "--engine", "dflash", "--budget", "22"])
+    assert code == 2 and "needs --draft" in err
+    code, _, err = cli([*args, "--engine", "dflash", "--draft", str(draft)])
+    assert code == 2 and "no executable" in " ".join(err.split())
+
+    seen = []
+
+    def launch(req: registry.LaunchRequest) -> registry.EngineLaunch:
+        flags = registry._bundled_argv(Path(FAKE), req)[1:]
+        seen.append(flags)
+        return registry.EngineLaunch(argv=[sys.executable, FAKE, *flags])
+
+    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")  # as once engines/ builds it
+    monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(registry.ENGINE_TYPES["dflash"],
+                                                                             launch=launch))
+    code, out, err = cli([*args, "--engine", "dflash", "--draft", str(draft), "--budget", "22", "--chain", "--json"])
+    assert code == 0, err
+    flags = seen[-1]
+    assert flags[flags.index("--draft") + 1] == str(draft) and flags[flags.index("--budget") + 1] == "22"
+    assert "--chain" in flags
+    assert json.loads(out)["spec"]["accepted_tokens"] == 7

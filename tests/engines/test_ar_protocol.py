@@ -87,6 +87,26 @@ def test_bad_kv_type(ar_exe, model_dir):
     expect_load_error(ar_exe, model_dir, "q5_1", "unsupported", "--kv-k", "q5_1")
 
 
+@pytest.mark.parametrize("flags", [("--budget", "22"), ("--budget=22",), ("--draft", "/some/draft"),
+                                   ("--drafter=/some/drafter",), ("--keep-ratio", "0.05"), ("--chain",),
+                                   ("--chain=false",), ("--budget", "0")])
+def test_speculative_flags_are_refused_by_name(ar_exe, model_dir, flags):
+    """`ar` takes none of the speculative engines' flags: one `unsupported` line naming the flag, exit 2,
+    whatever the value (docs/protocol.md)."""
+    code, lines, _ = run_once(ar_exe, "--model", str(model_dir), *flags)
+    name = flags[0].split("=")[0]
+    assert code == 2
+    assert len(lines) == 1 and lines[0]["type"] == "error" and lines[0]["kind"] == "unsupported", lines
+    assert f"lucebench-ar does not take {name}" in lines[0]["message"], lines[0]["message"]
+
+
+def test_unknown_and_malformed_flags(ar_exe, model_dir):
+    code, lines, _ = run_once(ar_exe, "--model", str(model_dir), "--budgets", "3")
+    assert code == 2 and lines[0]["kind"] == "load" and "unknown flag --budgets" in lines[0]["message"]
+    code, lines, _ = run_once(ar_exe, "--model", str(model_dir), "--max-ctx=99999999999")
+    assert code == 2 and "needs an integer" in lines[0]["message"]
+
+
 # ---------------------------------------------------------------------------------------------- protocol
 
 def test_ready_and_result_fields(engine, model_dir):

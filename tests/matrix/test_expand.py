@@ -82,3 +82,67 @@ def test_the_default_gpu_config_is_the_products_table():
     assert sorted({c.engine_type for c in cells}) == ["ar", "hf", "llama.cpp", "megakernel"]
     assert {c.suite for c in cells} == {"pp520", "tg128"} and len(cells) == 8
     assert load_config(find_config("quick-gpu")).config.baseline == "hf"
+
+
+def _spec_config(matrix: dict | None = None, engines: dict | None = None, models: dict | None = None) -> Config:
+    return Config.model_validate({
+        "name": "t",
+        "models": models or {"t": {"path": "/t"}, "d": {"synth": {"draft_for": "t"}}, "q": {"path": "/q"}},
+        "engines": engines if engines is not None else {
+            "dflash-22": {"type": "dflash", "options": {"draft": "d", "budget": 22}},
+            "dflash-chain": {"type": "dflash", "options": {"draft": "d", "verify": "chain"}},
+            "pf": {"type": "pflash", "options": {"drafter": "q", "keep_ratio": 0.05}}},
+        "matrix": {"engine": ["ar", "dflash-22", "dflash-chain", "pf"], "model": ["t"], "suite": ["tg32"],
+                   "budget": [None, 8, 40], "keep_ratio": [None, 0.02], **(matrix or {})}})
+
+
+def test_speculative_axes_and_second_models():
+    cells = expand(_spec_config(), "cpu")
+    ids = [c.id for c in cells]
+    # budget applies to dflash only (its variant's own 22 where the axis is null), keep_ratio to pflash only.
+    assert ids == ["ar/t/tg32/kvbf16",
+                   "dflash-22/t/tg32/kvbf16/b22", "dflash-22/t/tg32/kvbf16/b8", "dflash-22/t/tg32/kvbf16/b40",
+                   "dflash-chain/t/tg32/kvbf16", "dflash-chain/t/tg32/kvbf16/b8", "dflash-chain/t/tg32/kvbf16/b40",
+                   "pf/t/tg32/kvbf16/k0.05", "pf/t/tg32/kvbf16/k0.02"]
+    by_id = {c.id: c for c in cells}
+    assert by_id["dflash-22/t/tg32/kvbf16/b8"].second_model == "d" and by_id["pf/t/tg32/kvbf16/k0.02"].second_model == "q"
+    assert by_id["ar/t/tg32/kvbf16"].second_model is None
+    assert by_id["pf/t/tg32/kvbf16/k0.02"].params() == {"engine": "pf", "engine_type": "pflash", "model": "t",
+                                                         "suite": "tg32", "keep_ratio": 0.02, "kv_k": "bf16",
+                                                         "kv_v": "bf16"}
+
+
+@pytest.mark.parametrize(("engines", "message"), [
+    ({"x": {"type": "dflash", "options": {"budget": 22}}}, "draft"),
+    ({"x": {"type": "dflash", "options": {"draft": "d", "budget": 0}}}, "budget"),
+    ({"x": {"type": "dflash", "options": {"draft": "d", "verify": "dag"}}}, "verify"),
+    ({"x": {"type": "pflash", "options": {"drafter": "q", "keep_ratio": 1.5}}}, "keep_ratio"),
+    ({"x": {"type": "pflash", "options": {"drafter": "q", "budget": 3}}}, "unknown option"),
+    ({"x": {"type": "hf", "options": {"dtype": "int4"}}}, "dtype"),
+    ({"x": {"type": "llama.cpp", "options": {"n_gpu_layers": -1}}}, "n_gpu_layers"),
+])
+def test_typed_engine_options_are_validated(engines, message):
+    from pydantic import ValidationError
+
+    # The config's own validation finds it (at its line, through load_config), and so does resolving the engine.
+    with pytest.raises(ValidationError, match=message):
+        _spec_config(matrix={"engine": ["x"]}, engines=engines)
+    from lucebench.config.schema import EngineVariant
+    from lucebench.engines.registry import resolve_engine
+
+    with pytest.raises(UserError, match=message):
+        resolve_engine("x", {k: EngineVariant.model_validate(v) for k, v in engines.items()})
+
+
+def test_config_references_of_second_models():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="'nope' is not under 'models'"):
+        _spec_config(engines={"x": {"type": "dflash", "options": {"draft": "nope"}}}, matrix={"engine": ["x"]})
+    with pytest.raises(ValidationError, match="'zz' is not another entry"):
+        _spec_config(models={"t": {"path": "/t"}, "d": {"synth": {"draft_for": "zz"}}}, engines={},
+                     matrix={"engine": ["ar"]})
+    with pytest.raises(ValidationError, match="keep ratio"):
+        _spec_config(matrix={"keep_ratio": [0.0]})
+    with pytest.raises(ValidationError, match="budget"):
+        _spec_config(matrix={"budget": [0]})

@@ -13,11 +13,13 @@ def test_gpu_report_files(fab, tmp_path):
     files = build_report([fab.gpu_result()], tmp_path / "rep")
     md = files.markdown.read_text()
     for title in ("Throughput and energy", "Power-limit sweep", "Speculative decoding", "DDTree budget sweep",
-                  "Long context", "Failed and skipped cells", "Environment: NVIDIA GeForce RTX 3090"):
+                  "Acceptance per draft depth", "Long context", "Compressed prefill: time to first token by context",
+                  "Needle retention in the compressed prompt", "Failed and skipped cells",
+                  "Environment: NVIDIA GeForce RTX 3090"):
         assert f"## {title}" in md
     names = {p.name for p in files.plots}
-    assert {"throughput.png", "power_sweep.png", "speedup_by_dataset.png", "budget_sweep.png",
-            "context_sweep.png", "roofline.png"} <= names
+    assert {"throughput.png", "power_sweep.png", "speedup_by_dataset.png", "budget_sweep.png", "acceptance.png",
+            "context_sweep.png", "ttft_vs_length.png", "roofline.png"} <= names
     assert any(n.startswith("power_") and n != "power_sweep.png" for n in names)
     for p in files.plots:
         with Image.open(p) as im:
@@ -67,3 +69,14 @@ def test_write_report_for_the_runner(fab, write_result, tmp_path):
     path = write_result(fab.cpu_result(), "run/results.json")
     files = write_report([path], path.parent)
     assert files.html == path.parent / "report" / "index.html" and files.html.is_file()
+
+
+def test_speculative_plots_only_where_their_cells_exist(fab, tmp_path):
+    from lucebench.reports import cells as C
+    from lucebench.reports.plots import acceptance_by_depth, ttft_vs_length
+
+    views = C.collect([fab.gpu_result()])
+    assert ttft_vs_length(views, tmp_path).file == "ttft_vs_length.png"
+    assert acceptance_by_depth(views, tmp_path).file == "acceptance.png"
+    without = [v for v in views if "keep_ratio" not in v.cell.params and "budget" not in v.cell.params]
+    assert ttft_vs_length(without, tmp_path / "x") is None and acceptance_by_depth(without, tmp_path / "x") is None

@@ -12,7 +12,8 @@ def _table(tables, key):
 
 def test_full_gpu_matrix_has_every_table(fab):
     tables = T.all_tables(C.collect([fab.gpu_result()]))
-    assert [t.key for t in tables] == ["throughput", "power_sweep", "speculative", "budget_sweep", "context", "failed"]
+    assert [t.key for t in tables] == ["throughput", "power_sweep", "speculative", "budget_sweep", "acceptance",
+                                       "context", "compressed_prefill", "retention", "failed"]
 
 
 def test_throughput_table_upstream_columns(fab):
@@ -28,10 +29,13 @@ def test_throughput_table_upstream_columns(fab):
 def test_speculative_table_at_headline_budget(fab):
     t = T.speculative_table(C.collect([fab.gpu_result()]))
     assert t is not None
-    assert t.headers == ["Benchmark", "AR ar (tok/s)", "dflash (tok/s)", "AL", "Speedup"]
+    assert t.headers == ["Benchmark", "AR ar (tok/s)", "dflash (tok/s)", "AL", "Speedup", "AR tok/J", "dflash tok/J"]
     assert [r[0] for r in t.rows] == ["gsm8k", "humaneval", "math500"]
     humaneval = t.rows[1]
     assert humaneval[4].startswith("3.4")  # 129.5 / 37.8
+    assert humaneval[3].startswith("8.23")  # what the samples' spec counts give: 255 tokens in 31 rounds
+    # tok/J of the decode phase at 340 W: 37.8 / 340 for AR, 129.5 / 340 for DFlash
+    assert humaneval[5].startswith("0.11") and humaneval[6].startswith("0.38")
     assert "DDTree budget 22" in t.notes
 
 
@@ -152,3 +156,32 @@ def test_failure_reasons_are_whole_not_cut_mid_sentence(fab):
     long = T.reason_text("First sentence is here. " + "word " * 200)
     assert long.startswith("First sentence is here.") and long.endswith("(the full message is in results.json)")
     assert "wor …" not in long
+
+
+def test_acceptance_table_from_the_samples_spec_counts(fab):
+    t = T.acceptance_table(C.collect([fab.gpu_result()]))
+    assert t is not None and t.headers[:4] == ["Method", "Suite", "Budget", "AL"]
+    assert t.headers[5:13] == ["d1", "d2", "d3", "d4", "d6", "d8", "d11", "d15"]
+    row = next(r for r in t.rows if r[1] == "humaneval" and r[2] == "22")
+    # 255 decode tokens in 31 rounds: 24 of 8 tokens and 7 of 9, so depths 1..7 always accepted, depth 8 in
+    # the 9-token rounds only, and none deeper.
+    assert row[5:10] == ["1.00", "1.00", "1.00", "1.00", "1.00"] and 0 < float(row[10]) < 1 and row[11] == "0.00"
+    assert row[-1].startswith("0% / 100% / 0%")
+
+
+def test_compressed_prefill_and_retention_tables(fab):
+    views = C.collect([fab.gpu_result()])
+    t = T.compressed_prefill_table(views)
+    assert t is not None and [r[0] for r in t.rows] == ["16,384", "16,384", "65,536", "65,536"]
+    assert t.headers[:4] == ["Context", "Method", "KV", "Keep"]
+    row = next(r for r in t.rows if r[0] == "65,536" and r[2] == "f16")
+    assert row[3] == "0.05" and row[6].startswith("3,264")  # kept target tokens: 5% of 65,536 in 32-token chunks
+    # The full prefill (llama.cpp, 135 s at 64K) against pflash's 13.5 s: a tenfold TTFT.
+    assert row[8].startswith("135,") and row[9].startswith("10.0")
+    ret = T.retention_table(views)
+    assert ret is not None and ret.headers[4:10] == ["Retention", "depth 0.1", "depth 0.3", "depth 0.5", "depth 0.7",
+                                                      "depth 0.9"]
+    lost = next(r for r in ret.rows if r[0] == "65,536" and r[2] == "q8_0")
+    assert lost[4].startswith("80.0") and lost[5:10] == ["1/1", "1/1", "1/1", "1/1", "0/1"]
+    kept = next(r for r in ret.rows if r[0] == "16,384" and r[2] == "f16")
+    assert kept[4].startswith("100.0")

@@ -27,8 +27,10 @@ from lucebench.results.schema import (
     ModelInfo,
     PhaseEnergy,
     PowerState,
+    PrefillStats,
     Result,
     Sample,
+    SpecStats,
     Workload,
 )
 
@@ -44,8 +46,12 @@ def make_cell(rng: np.random.Generator, params: dict[str, Any], *, n_prompt: int
               decode_tok_s: float, power_w: float | None, reps: int = 5, cov: float = 0.01, prompts: int = 1,
               dataset: str | None = None, al: float | None = None, bytes_per_token: float | None = None,
               bandwidth: float = 936e9, depth: int | None = None, synthetic: bool = True,
-              backend: str = "cuda") -> Cell:
-    """One ok cell with `reps` x `prompts` samples around the given speeds (gaussian noise of `cov`)."""
+              backend: str = "cuda", keep_ratio: float | None = None, lost_needles: tuple[int, ...] = ()) -> Cell:
+    """One ok cell with `reps` x `prompts` samples around the given speeds (gaussian noise of `cov`).
+
+    `al`: a speculative cell (its `spec` counts: rounds committing floor or ceil of the AL, a stage split of
+    the decode time). `keep_ratio`: a compressed prefill (its `prefill` counts: that share of the prompt kept,
+    a TTFT split, and the needle of the prompts listed in `lost_needles` lost)."""
     samples: list[Sample] = []
     t = 1_000_000_000
     prompt_ids = [f"{params.get('suite')}/{i}" for i in range(prompts)]
@@ -63,10 +69,15 @@ def make_cell(rng: np.random.Generator, params: dict[str, Any], *, n_prompt: int
                                                 avg_power_w=p, peak_power_w=p * 1.03, method="counter")
             steps = n_gen - 1
             draft = accepted = None
+            spec = prefill = None
             if al is not None:
                 draft = max(1, round((n_gen - 1) / (al * bias)))
                 accepted = n_gen - 1
                 steps = draft
+                spec = _spec_stats(draft, accepted, dec * 1e3)
+            if keep_ratio is not None:
+                prefill = _prefill_stats(n_prompt, keep_ratio, pf * 1e3, kept=pi not in lost_needles,
+                                         depth=(0.1, 0.3, 0.5, 0.7, 0.9)[pi % 5])
             t0 = t
             t1 = t0 + int(pf * 1e9)
             t2 = t1
@@ -77,7 +88,8 @@ def make_cell(rng: np.random.Generator, params: dict[str, Any], *, n_prompt: int
                                   t_prefill_start_ns=t0, t_prefill_end_ns=t1, t_decode_start_ns=t2,
                                   t_decode_end_ns=t3, bytes_per_token=bytes_per_token,
                                   peak_mem_bytes=int(2.1e9) if backend != "cpu" else None,
-                                  draft_steps=draft, accepted_tokens=accepted, energy=energy))
+                                  draft_steps=draft, accepted_tokens=accepted, spec=spec, prefill=prefill,
+                                  energy=energy))
     metrics = derive_metrics(samples, bandwidth=bandwidth)
     trace = []
     if power_w is not None:
@@ -95,6 +107,29 @@ def make_cell(rng: np.random.Generator, params: dict[str, Any], *, n_prompt: int
                          limit_w=params.get("power_limit_w") or (350.0 if power_w else None),
                          idle_power_w=IDLE_W if power_w else None),
         warmups=2, samples=samples, power_trace=trace, metrics=metrics)
+
+
+def _spec_stats(rounds: int, tokens: int, decode_ms: float) -> SpecStats:
+    """Rounds committing floor(AL) or floor(AL) + 1 tokens, with the per-depth counts they imply."""
+    base, extra = divmod(tokens, rounds)
+    hist = [0] * (base + 2)
+    hist[base] += rounds - extra
+    hist[base + 1] += extra
+    hist = hist[:max(k for k, n in enumerate(hist) if n) + 1]
+    return SpecStats(draft_steps=rounds, accepted_tokens=tokens, acceptance_length=tokens / rounds,
+                     accepted_per_depth=[sum(hist[d + 1:]) for d in range(1, 16)], al_histogram=hist,
+                     time_ms={"draft": 0.25 * decode_ms, "tree": 0.05 * decode_ms, "verify": 0.65 * decode_ms,
+                              "commit": 0.05 * decode_ms})
+
+
+def _prefill_stats(n_prompt: int, keep_ratio: float, ttft_ms: float, *, kept: bool, depth: float) -> PrefillStats:
+    """A prompt compressed to `keep_ratio` (in 32-token chunks); its one needle kept or lost."""
+    kept_target = max(32, int(n_prompt * keep_ratio) // 32 * 32)
+    return PrefillStats(prompt_tokens=n_prompt, drafter_prompt_tokens=int(n_prompt * 1.08),
+                        kept_tokens_drafter=int(kept_target * 1.08), kept_tokens_target=kept_target,
+                        kept_ranges=[(0, kept_target // 2), (n_prompt - kept_target // 2, n_prompt)],
+                        time_ms={"score": 0.7 * ttft_ms, "select": 0.02 * ttft_ms, "bridge": 0.03 * ttft_ms,
+                                 "target_prefill": 0.25 * ttft_ms}, needles_kept=[kept], needle_depths=[depth])
 
 
 def derive_metrics(samples: list[Sample], bandwidth: float = 936e9) -> dict[str, MetricSummary]:
@@ -154,11 +189,15 @@ def gpu_result(*, seed: int = 0, gpu: str = "NVIDIA GeForce RTX 3090", driver: s
     for ctx, ttft_llama in ((16384, 33000.0), (65536, 135000.0)):
         for engine, kv, ttft in (("pflash", "f16", ttft_llama / 10), ("pflash", "q8_0", ttft_llama / 9.5),
                                  ("llamacpp", "f16", ttft_llama)):
-            cells.append(make_cell(rng, {"engine": engine, "model": big, "suite": "niah", "context": ctx,
-                                         "kv_k": kv, "kv_v": kv},
-                                   n_prompt=ctx, n_gen=32, prefill_tok_s=ctx / (ttft / 1e3),
+            params: dict[str, Any] = {"engine": engine, "model": big, "suite": "niah", "context": ctx,
+                                      "kv_k": kv, "kv_v": kv}
+            keep = 0.05 if engine == "pflash" else None
+            if keep is not None:
+                params["keep_ratio"] = keep
+            cells.append(make_cell(rng, params, n_prompt=ctx, n_gen=32, prefill_tok_s=ctx / (ttft / 1e3),
                                    decode_tok_s=(30.0 if kv == "f16" else 33.0) * decode_scale * (16384 / ctx) ** 0.1,
-                                   power_w=345.0, reps=max(3, reps - 2), cov=cov, synthetic=False))
+                                   power_w=345.0, reps=max(3, reps - 2), cov=cov, synthetic=False, prompts=5,
+                                   keep_ratio=keep, lost_needles=(4,) if ctx == 65536 and kv == "q8_0" else ()))
     if failures:
         p = {"engine": "hf", "model": big, "suite": "niah", "context": 65536, "kv_k": "f16", "kv_v": "f16"}
         cells.append(Cell(id=_cell_id(p), params=p, status="failed",

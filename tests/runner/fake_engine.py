@@ -7,6 +7,7 @@
 --mode garbage     prints a non-protocol line instead of the first result
 --mode load-error  reports a load error and exits 1
 --mode error-reply answers every request with a context_overflow error
+--draft PATH       speculative: every reply carries `spec` counts (rounds of up to 3 committed tokens)
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ def main() -> None:
     p.add_argument("--after", type=int, default=0)
     p.add_argument("--model", default="")
     p.add_argument("--decode-s-per-token", type=float, default=0.0005)
+    p.add_argument("--draft")
+    p.add_argument("--budget", type=int)
+    p.add_argument("--chain", action="store_true")
+    p.add_argument("--max-ctx", type=int)
+    p.add_argument("--backend")
+    p.add_argument("--device")
+    p.add_argument("--kv-k")
+    p.add_argument("--kv-v")
     args = p.parse_args()
     print("fake engine starting", file=sys.stderr, flush=True)
     if args.mode == "load-error":
@@ -58,12 +67,21 @@ def main() -> None:
         time.sleep((n_gen - 1) * args.decode_s_per_token)
         t2 = time.monotonic_ns()
         out = [(sum(prompt) * 31 + i * 7) % 1000 for i in range(n_gen)]
-        print(json.dumps({"type": "result", "id": msg["id"], "output_ids": out, "n_prompt": len(prompt),
-                          "n_gen": n_gen, "stop": "length", "decode_steps": n_gen - 1,
-                          "timing": {"prefill_ms": (t1 - t0) / 1e6, "decode_ms": (t2 - t1) / 1e6,
-                                     "t_prefill_start_ns": t0, "t_prefill_end_ns": t1,
-                                     "t_decode_start_ns": t1, "t_decode_end_ns": t2},
-                          "bytes_per_token": 1000.0}), flush=True)
+        reply = {"type": "result", "id": msg["id"], "output_ids": out, "n_prompt": len(prompt),
+                 "n_gen": n_gen, "stop": "length", "decode_steps": n_gen - 1,
+                 "timing": {"prefill_ms": (t1 - t0) / 1e6, "decode_ms": (t2 - t1) / 1e6,
+                            "t_prefill_start_ns": t0, "t_prefill_end_ns": t1,
+                            "t_decode_start_ns": t1, "t_decode_end_ns": t2},
+                 "bytes_per_token": 1000.0}
+        if args.draft:
+            full, rest = divmod(n_gen - 1, 3)  # rounds committing 3 tokens, and one shorter last round
+            hist = [0, 0, 0, full]
+            if rest:
+                hist[rest] += 1
+            reply["decode_steps"] = sum(hist)
+            reply["spec"] = {"draft_steps": sum(hist), "accepted_tokens": n_gen - 1, "al_histogram": hist,
+                             "accepted_per_depth": [sum(hist[2:]), sum(hist[3:])]}
+        print(json.dumps(reply), flush=True)
         served += 1
 
 

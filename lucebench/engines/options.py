@@ -1,0 +1,79 @@
+"""Typed engine options: what the config's `engines:` variants may set, per engine type, validated.
+
+Every option that changes what an engine computes is typed here, documented in docs/config.md and
+recorded in the result (the cell's `engine.build` and params). The speculative engines name their second
+model by a `models:` entry (`draft` for dflash, `drafter` for pflash); their DDTree `budget` and PFlash
+`keep_ratio` are defaults that the matrix axes of the same name override per cell.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lucebench.errors import UserError
+
+
+class OptionsBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BundledOptions(OptionsBase):
+    arch: str | None = Field(None, description="CUDA compute capability or HIP gfx target; default: detected")
+
+
+class HfOptions(OptionsBase):
+    dtype: Literal["fp32", "bf16", "fp16"] | None = Field(None, description="default: fp32 on cpu, bf16 on GPUs")
+    compile: bool = False
+    attn: str | None = Field(None, description="transformers attn_implementation")
+    kernels: Literal["auto", "torch"] = "auto"
+
+
+class LlamaCppOptions(OptionsBase):
+    mode: Literal["server", "bench"] = "server"
+    gguf: str | None = Field(None, description="f32, f16, bf16, q8_0, q4_k_m, ... (default f16 on cpu, bf16 on GPUs)")
+    flash_attn: bool | None = None
+    n_gpu_layers: int | None = Field(None, ge=0)
+    threads: int | None = Field(None, ge=1)
+    arch: str | None = None
+
+
+class ExternalOptions(OptionsBase):
+    argv: list[str] = Field(min_length=1, description="command line; {model} {max_ctx} {device} {backend} substituted")
+
+
+class DFlashOptions(BundledOptions):
+    draft: str = Field(description="the `models:` entry of the DFlash draft (z-lab layout or GGUF)")
+    budget: int | None = Field(None, ge=1, description="DDTree node budget; the matrix axis `budget` overrides it")
+    verify: Literal["tree", "chain"] = Field("tree", description="DDTree verification, or the top-1 chain only")
+
+
+class PFlashOptions(BundledOptions):
+    drafter: str = Field(description="the `models:` entry of the drafter (a Qwen3 checkpoint with its tokenizer)")
+    keep_ratio: float | None = Field(None, gt=0.0, le=1.0,
+                                     description="share of the prompt kept; the matrix axis `keep_ratio` overrides it")
+
+
+# The option naming a second model, per option class.
+SECOND_MODEL_OPTION: dict[type[OptionsBase], str] = {DFlashOptions: "draft", PFlashOptions: "drafter"}
+
+
+def validate_options(model: type[OptionsBase], options: dict[str, Any], *, engine: str) -> dict[str, Any]:
+    """The options as typed values (only those the config set); the first problem is a UserError naming it."""
+    try:
+        typed = model.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(options)"
+        allowed = ", ".join(model.model_fields)
+        if err["type"] == "extra_forbidden":
+            raise UserError(f"engine {engine!r}: unknown option(s) {[key]}",
+                            where=f"config engines.{engine}.options", hint=f"it takes: {allowed}") from None
+        if err["type"] == "missing":
+            raise UserError(f"engine {engine!r} needs option `{key}`", where=f"config engines.{engine}.options",
+                            hint=model.model_fields[key].description) from None
+        raise UserError(f"engine {engine!r}: option `{key}`: {err['msg']}",
+                        where=f"config engines.{engine}.options") from None
+    return typed.model_dump(exclude_unset=True) | {
+        k: getattr(typed, k) for k in model.model_fields if model.model_fields[k].is_required()}

@@ -1,0 +1,114 @@
+"""A speculative cell's second model (draft or drafter) is resolved, hashed and recorded like the first; an
+engine type without an executable fails the run with one clear message; typed engine options."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lucebench.results.schema import Result
+
+FAKE = str(Path(__file__).with_name("fake_engine.py"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from lucebench.models.shapes import get_shape
+    from lucebench.models.synth import synthesize
+
+    out = tmp_path_factory.mktemp("models") / "tiny-odd"
+    synthesize(get_shape("tiny-odd"), out, seed=0, dtype="fp32")
+    return out
+
+
+def _config(tmp_path: Path, model: Path) -> Path:
+    text = textwrap.dedent(f"""\
+        name: spec
+        backend: cpu
+        models:
+          target: {{path: {model}}}
+          draft: {{synth: {{draft_for: target, seed: 1, dtype: fp32}}}}
+        engines:
+          dflash-tree: {{type: dflash, options: {{draft: draft, budget: 22}}}}
+          dflash-chain: {{type: dflash, options: {{draft: draft, verify: chain}}}}
+        matrix:
+          engine: [dflash-tree, dflash-chain]
+          model: [target]
+          suite: [tg8]
+          budget: [null, 8]
+        measure: {{repetitions: 2, warmups: 0, timeout_s: 60, request_timeout_s: 10}}
+        """)
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lucebench", "run", *args, "--no-report"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "COLUMNS": "200",
+                                                       "LUCEBENCH_CACHE": os.environ.get("LUCEBENCH_CACHE", "")
+                                                       or str(Path.cwd() / ".cache" / "lucebench")})
+
+
+def test_an_engine_without_executable_fails_the_run_with_one_message(tmp_path, tiny_model):
+    cfg = _config(tmp_path, tiny_model)
+    proc = _cli(str(cfg), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "engine type 'dflash' has no executable" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+    plan = _cli(str(cfg), "--dry-run", "--out", str(tmp_path / "out"))
+    assert plan.returncode == 0, plan.stderr
+    text = " ".join(plan.stderr.split())
+    assert "no executable" in text and "draft draft: synthetic DFlash draft for target seed 1 fp32" in text
+    for cell in ("dflash-tree/target/tg8/kvbf16/b22", "dflash-tree/target/tg8/kvbf16/b8",
+                 "dflash-chain/target/tg8/kvbf16", "dflash-chain/target/tg8/kvbf16/b8"):
+        assert cell in text
+
+
+def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_model, monkeypatch):
+    """With an executable standing in for dflash (the protocol fake), the whole path runs in process."""
+    from typer.testing import CliRunner
+
+    from lucebench.cli import app
+    from lucebench.engines import build, registry
+    from lucebench.engines.registry import EngineLaunch, _bundled_argv
+
+    seen: list[list[str]] = []
+
+    def launch(req):
+        flags = _bundled_argv(Path(FAKE), req)[1:]
+        seen.append(flags)
+        return EngineLaunch(argv=[sys.executable, FAKE, *flags], build={"fake": True})
+
+    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")  # as once engines/ builds it
+    monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(registry.ENGINE_TYPES["dflash"],
+                                                                             launch=launch))
+    monkeypatch.setenv("LUCEBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(_config(tmp_path, tiny_model)), "--out", str(out), "--no-report"])
+    assert res.exit_code == 0, res.output
+    result = Result.model_validate_json((out / "results.json").read_text())
+    cells = {c.id: c for c in result.cells}
+    assert set(cells) == {"dflash-tree/target/tg8/kvbf16/b22", "dflash-tree/target/tg8/kvbf16/b8",
+                          "dflash-chain/target/tg8/kvbf16", "dflash-chain/target/tg8/kvbf16/b8"}
+    cell = cells["dflash-tree/target/tg8/kvbf16/b22"]
+    draft = cell.draft_model
+    assert draft is not None and draft.name == "draft" and draft.synthetic
+    assert set(draft.files) == {"config.json", "model.safetensors", "lucebench_synth.json"}
+    assert all(len(h) == 64 for h in draft.files.values())
+    assert json.loads((Path(draft.path) / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    assert cell.model.name == "target" and cell.params["budget"] == 22
+    # The engine got the draft's folder and the cell's budget; the chain variant --chain and no budget.
+    tree = next(f for f in seen if "--budget" in f and f[f.index("--budget") + 1] == "22")
+    assert tree[tree.index("--draft") + 1] == draft.path and "--chain" not in tree
+    chain = [f for f in seen if "--chain" in f]
+    assert len(chain) == 2 and any("--budget" not in f for f in chain)
+    # The reply's spec counts became typed samples and metrics: 8 decode tokens in rounds of 3, 3 and 2.
+    assert cell.samples[0].spec.al_histogram == [0, 0, 1, 2] and cell.metrics["acceptance_length"].median == 8 / 3
