@@ -22,7 +22,7 @@ import math
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -415,8 +415,3 @@ def synthesize_draft(target_dir: Path, out_dir: Path, *, seed: int = 0, dtype: s
     return DraftSynthResult(out_dir=out_dir, files=["model.safetensors", "config.json", PROVENANCE_FILE],
                             n_params=n_params, weight_bytes=n_params * esize, seconds=time.perf_counter() - t0,
                             published=published.name if published else None)
-
-
-def describe(cfg: DraftConfig) -> dict[str, Any]:
-    """The config as a plain dict (for --json output and results)."""
-    return asdict(cfg)

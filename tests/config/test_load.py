@@ -80,3 +80,38 @@ def test_model_source_needs_exactly_one(tmp_path):
     text = GOOD.replace("    synth: {shape: tiny, seed: 0}", "    path: /x\n    hub: a/b")
     with pytest.raises(UserError, match="exactly one"):
         load_config(_write(tmp_path, text))
+
+
+SPEC = """\
+name: t
+models:
+  tiny:
+    synth: {shape: tiny, seed: 0}
+  draft:
+    synth: {draft_for: tiny}
+engines:
+  dflash-22:
+    type: dflash
+    options: {draft: draft, budget: 22}
+matrix:
+  engine: [ar, dflash-22]
+  model: [tiny]
+  suite: [pp64]
+  budget: [null, 8]
+"""
+
+
+def test_speculative_engine_options_checked_at_their_line(tmp_path):
+    loaded = load_config(_write(tmp_path, SPEC))
+    assert loaded.config.engines["dflash-22"].options == {"draft": "draft", "budget": 22}
+    for bad, fragment in (("budget: 22}", "budget: 0}"), ("draft: draft,", "draft: nowhere,")):
+        with pytest.raises(UserError) as info:
+            load_config(_write(tmp_path, SPEC.replace(bad, fragment)))
+        msg = str(info.value)
+        assert "c.yaml:10" in msg and "engines.dflash-22.options" in msg, msg
+    with pytest.raises(UserError) as info:
+        load_config(_write(tmp_path, SPEC.replace("{draft_for: tiny}", "{draft_for: huge}")))
+    assert "c.yaml:6" in str(info.value) and "'huge'" in str(info.value)
+    with pytest.raises(UserError) as info:
+        load_config(_write(tmp_path, SPEC.replace("  budget: [null, 8]\n", "  keep_ratio: [0.05]\n")))
+    assert "no engine of matrix.engine takes a keep ratio" in str(info.value)

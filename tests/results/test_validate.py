@@ -226,3 +226,17 @@ def test_a_cell_measured_on_a_busy_machine_is_a_warning(fab):
     r.cells[0].cpu_load = CpuLoad(cpu_count=2, window_s=1.0, other_cores=1.2, other_fraction=0.6, contaminated=True)
     [p] = [p for p in _validate_result(r) if p.path.endswith("cpu_load")]
     assert p.severity == "warning" and "busy machine" in p.message
+
+
+def test_speculative_and_compressed_prefill_counts_are_checked(fab):
+    r = fab.gpu_result(failures=False)
+    dflash = _idx(r, "dflash", "humaneval", budget=22)
+    pflash = next(i for i, c in enumerate(r.cells) if c.params.get("engine") == "pflash")
+    assert errors(validate_result(r)) == []
+    s = r.cells[dflash].samples[0]
+    s.spec.al_histogram = [*s.spec.al_histogram[:-1], s.spec.al_histogram[-1] + 1]
+    p = r.cells[pflash].samples[0]
+    p.prefill.prompt_tokens += 1
+    paths = _paths(validate_result(r))
+    assert f"$.cells[{dflash}].samples[0].spec" in paths
+    assert f"$.cells[{pflash}].samples[0].prefill.prompt_tokens" in paths
