@@ -41,7 +41,7 @@ void AcceptanceStats::add(int accepted, int committed_) {
                              std::to_string(committed_) + " with max depth " + std::to_string(max_depth));
     ++rounds;
     committed += committed_;
-    for (int d = 1; d <= accepted; ++d) ++accepted_at_depth[size_t(d)];
+    for (int d = 1; d < committed_; ++d) ++accepted_at_depth[size_t(d)];
     ++al_histogram[size_t(committed_)];
 }
 
@@ -52,9 +52,15 @@ Json AcceptanceStats::to_json() const {
     j["acceptance_length"] = Json(acceptance_length());
     Json per_depth = Json::array(), hist = Json::array();
     for (int d = 1; d <= max_depth; ++d) per_depth.push_back(Json(accepted_at_depth[size_t(d)]));
-    for (int a = 1; a <= max_depth + 1; ++a) hist.push_back(Json(al_histogram[size_t(a)]));
+    for (int k = 0; k <= max_depth + 1; ++k) hist.push_back(Json(al_histogram[size_t(k)]));
     j["accepted_per_depth"] = per_depth;
     j["al_histogram"] = hist;
+    Json t = Json::object();
+    t["draft"] = Json(draft_ms);
+    t["tree"] = Json(tree_ms);
+    t["verify"] = Json(verify_ms);
+    t["commit"] = Json(commit_ms);
+    j["time_ms"] = t;
     return j;
 }
 

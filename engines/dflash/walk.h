@@ -25,22 +25,26 @@ struct WalkResult {
 // `target_argmax[s]` is the target's argmax at slot s, for every slot of `tree`.
 WalkResult walk_tree(const DDTree& tree, const int* target_argmax);
 
-// Acceptance over the rounds of one generation (or of many).
+// Acceptance over the rounds of one generation (or of many), counted as docs/protocol.md's `spec` object
+// defines it: tokens committed to the output (after a cut at n_gen or a stop token), bonus included, so
+// that sum(al_histogram) = rounds, sum(k * al_histogram[k]) = committed and accepted_at_depth[d] =
+// sum over k >= d + 1 of al_histogram[k].
 struct AcceptanceStats {
     explicit AcceptanceStats(int max_depth = 15);
     int max_depth;                          // D = block_size - 1
     int64_t rounds = 0;                     // draft + verify iterations
     int64_t committed = 0;                  // tokens committed by them (bonus included)
-    std::vector<int64_t> accepted_at_depth; // [d]: rounds whose accepted path reached depth d (d = 1..D)
-    std::vector<int64_t> al_histogram;      // [a]: rounds that committed a tokens (a = 1..D + 1)
+    std::vector<int64_t> accepted_at_depth; // [d]: rounds that committed the draft token at depth d (d = 1..D)
+    std::vector<int64_t> al_histogram;      // [k]: rounds that committed k tokens (k = 0..D + 1; [0] stays 0)
+    double draft_ms = 0, tree_ms = 0, verify_ms = 0, commit_ms = 0;  // summed over the rounds
 
-    // One round that accepted `accepted` draft tokens and committed `committed` tokens (accepted + 1,
-    // fewer when a stop token or n_gen cut the round short).
+    // One round that accepted `accepted` draft tokens and committed `committed` of the accepted + 1
+    // (fewer when a stop token or n_gen cut the round short; the draft tokens past the cut do not count).
     void add(int accepted, int committed);
     void add(int accepted) { add(accepted, accepted + 1); }
     double acceptance_length() const { return rounds ? double(committed) / double(rounds) : 0.0; }
     // {"draft_steps", "accepted_tokens", "acceptance_length", "accepted_per_depth": [d = 1..D],
-    //  "al_histogram": [a = 1..D + 1]}: the protocol's `spec` object.
+    //  "al_histogram": [k = 0..D + 1], "time_ms": {"draft", "tree", "verify", "commit"}}.
     Json to_json() const;
 };
 

@@ -286,11 +286,19 @@ static void test_stats() {
     s.add(2);
     s.add(4, 3);  // cut short by a stop token
     CHECK(s.rounds == 4 && s.committed == 1 + 5 + 3 + 3, "rounds %lld committed %lld", (long long)s.rounds, (long long)s.committed);
-    CHECK((s.accepted_at_depth == std::vector<int64_t>{0, 3, 3, 2, 2}), "per depth");
+    // The cut round counts depths 1 and 2 only: the three views agree as protocol.md requires.
+    CHECK((s.accepted_at_depth == std::vector<int64_t>{0, 3, 3, 1, 1}), "per depth");
     CHECK((s.al_histogram == std::vector<int64_t>{0, 1, 0, 2, 0, 1}), "histogram");
+    for (int d = 1; d <= 4; ++d) {
+        int64_t tail = 0;
+        for (int k = d + 1; k <= 5; ++k) tail += s.al_histogram[size_t(k)];
+        CHECK(s.accepted_at_depth[size_t(d)] == tail, "depth %d: %lld vs histogram tail %lld", d,
+              (long long)s.accepted_at_depth[size_t(d)], (long long)tail);
+    }
     lb::Json j = s.to_json();
     CHECK(j.get("acceptance_length")->as_number() == 3.0, "AL %g", j.get("acceptance_length")->as_number());
-    CHECK(j.get("accepted_per_depth")->size() == 4 && j.get("al_histogram")->size() == 5, "json arrays");
+    CHECK(j.get("accepted_per_depth")->size() == 4 && j.get("al_histogram")->size() == 6, "json arrays");
+    CHECK(j.get("al_histogram")->items()[0].as_int() == 0 && j.get("time_ms")->get("verify"), "histogram entry 0, time_ms");
     bool threw = false;
     try { s.add(5); } catch (const lb::EngineError&) { threw = true; }
     CHECK(threw, "accepted beyond max depth must throw");
