@@ -22,7 +22,7 @@ def dflash_tests_exe(ar_exe) -> Path:
     build = ar_exe.parent
     subprocess.run(["cmake", "--build", str(build), "--target", "lucebench-dflash-tests", "-j", "2"], check=True,
                    capture_output=True)
-    return build / "dflash" / "lucebench-dflash-tests"
+    return build / "lucebench-dflash-tests"
 
 
 def test_dflash_unit_tests(dflash_tests_exe):
