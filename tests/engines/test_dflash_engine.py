@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dflash_synth
 import pytest
+import qwen3_synth
 import qwen35_synth as synth
 import torch
 from conftest import Engine
@@ -195,3 +196,21 @@ def test_generate_cli_dflash_equals_ar(cli, pair):
         assert reply["output_ids"] == want, extra
         assert reply["spec"]["accepted_tokens"] == len(want) - 1
 
+
+
+@pytest.mark.parametrize("flags", [["--chain"], ["--budget", "22"]])
+def test_lossless_on_a_qwen3_target(ar_exe, dflash_exe, tmp_path, flags):
+    """A dense Qwen3 target (the Qwen3-8B draft's kind): attention-only verify and commit."""
+    target = synth.save(qwen3_synth.make_model(seed=8, vocab_size=VOCAB), tmp_path / "target")
+    dflash_synth.make_draft(tmp_path / "draft", seed=9, shape={**DRAFT_SHAPE, "target_layers": 3},
+                            target_layer_ids=[0, 2], mask_token_id=VOCAB - 1)
+    ar = Engine(ar_exe, target)
+    want = [ar.generate(p, N_GEN)["output_ids"] for p in PROMPTS]
+    ar.close()
+    e = Engine(dflash_exe, target, "--draft", str(tmp_path / "draft"), *flags)
+    assert e.ready["model"]["arch"] == "qwen3"
+    for prompt, w in zip(PROMPTS, want):
+        r = e.generate(prompt, N_GEN)
+        assert r["output_ids"] == w, f"{flags}: first divergence at token {first_divergence(r['output_ids'], w)}"
+        check_spec(r["spec"], len(w), DRAFT_SHAPE["block"])
+    assert e.close() == 0
