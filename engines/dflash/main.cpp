@@ -89,23 +89,32 @@ public:
         be_.reset();
         draft_.reset();
 
-        // Prefill: the prompt as a chain, features of every position for the draft's context.
+        // Prefill: the prompt as a chain, features of every position for the draft's context. The logits
+        // asked for by return_logits come from a second, one-row verify of the last token, so the first
+        // never holds [n_prompt, vocab] logits.
         g.t_prefill_start = monotonic_ns();
         be_.timer_start();
-        VerifyRequest pre;
-        pre.tokens = req.prompt_ids;
-        for (int i = 0; i < n_prompt; ++i) pre.positions.push_back(i);
-        pre.feature_layers = dc.target_layer_ids;
-        pre.want_logits = req.return_logits;
-        VerifyResult pr;
-        be_.verify(pre, &pr);
-        std::vector<int> path(static_cast<size_t>(n_prompt));
-        for (int i = 0; i < n_prompt; ++i) path[size_t(i)] = i;
-        be_.commit(path);
-        draft_.add_context(pr.features.data(), n_prompt);
-        g.out.push_back(pr.argmax.back());
-        if (req.return_logits)
-            g.logits.assign(pr.logits.end() - cfg_.vocab, pr.logits.end());
+        const int n_first = req.return_logits && n_prompt > 1 ? n_prompt - 1 : n_prompt;
+        int next = -1;
+        for (int begin = 0; begin < n_prompt;) {
+            const int n = begin == 0 ? n_first : n_prompt - begin;
+            VerifyRequest pre;
+            pre.tokens.assign(req.prompt_ids.begin() + begin, req.prompt_ids.begin() + begin + n);
+            for (int i = 0; i < n; ++i) pre.positions.push_back(begin + i);
+            pre.feature_layers = dc.target_layer_ids;
+            pre.want_logits = req.return_logits && begin + n == n_prompt;
+            if (pre.want_logits) pre.out_rows = {n - 1};
+            VerifyResult pr;
+            be_.verify(pre, &pr);
+            std::vector<int> path(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i) path[size_t(i)] = i;
+            be_.commit(path);
+            if (pre.want_logits) g.logits = std::move(pr.logits);  // out_rows {n - 1} = the whole of n = 1
+            draft_.add_context(pr.features.data(), n);
+            next = pr.argmax.back();
+            begin += n;
+        }
+        g.out.push_back(next);
         g.prefill_ms = be_.timer_stop_ms();
         g.t_prefill_end = g.t_decode_end = monotonic_ns();
 
