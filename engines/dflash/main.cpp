@@ -17,6 +17,8 @@
 // compare it with a reference loop round by round.
 #include <chrono>
 #include <cstdlib>
+#include <string>
+#include <vector>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -213,10 +215,40 @@ private:
 #define LB_DEFAULT_BACKEND "cpu"
 #endif
 
+// This engine's own tree flags, taken out of argv before the common parser sees it:
+//   --top-k N            candidates per depth, N >= 1 (default 8; the tree uses min(budget, N))
+//   --chain-seed on|off  insert the top-1 chain before growing best-first (default on)
+std::vector<char*> take_tree_flags(int argc, char** argv, DDTreeOptions* tree) {
+    std::vector<char*> rest;
+    for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i], value;
+        const bool top_k = a == "--top-k" || a.rfind("--top-k=", 0) == 0;
+        const bool seed = a == "--chain-seed" || a.rfind("--chain-seed=", 0) == 0;
+        if (i == 0 || (!top_k && !seed)) { rest.push_back(argv[i]); continue; }
+        const std::string flag = top_k ? "--top-k" : "--chain-seed";
+        if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
+        else if (i + 1 < argc) value = argv[++i];
+        else fail("bad_request", flag + " needs a value");
+        if (top_k) {
+            char* end = nullptr;
+            const long k = std::strtol(value.c_str(), &end, 10);
+            if (value.empty() || *end || k < 1 || k > 1 << 20)
+                fail("bad_request", "--top-k must be an integer >= 1, got '" + value + "'");
+            tree->top_k = int(k);
+        } else {
+            if (value != "on" && value != "off") fail("bad_request", "--chain-seed must be on or off, got '" + value + "'");
+            tree->chain_seed = value == "on";
+        }
+    }
+    return rest;
+}
+
 int run(int argc, char** argv) {
     EngineOptions opt;
+    DDTreeOptions tree_opt;
     try {
-        opt = parse_engine_flags(argc, argv, kFlagDraft | kFlagBudget | kFlagChain);
+        std::vector<char*> rest = take_tree_flags(argc, argv, &tree_opt);
+        opt = parse_engine_flags(int(rest.size()), rest.data(), kFlagDraft | kFlagBudget | kFlagChain);
         if (opt.draft.empty()) fail("bad_request", "lucebench-dflash needs --draft PATH (a DFlash draft checkpoint)");
     } catch (const EngineError& e) {
         emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
@@ -228,7 +260,6 @@ int run(int argc, char** argv) {
     LoadStats stats;
     DraftModelCpu draft;
     TargetHead head;
-    DDTreeOptions tree_opt;
     const bool loaded = load_or_report([&] {
         if (backend != "cpu")
             fail("unsupported", "lucebench-dflash runs on the cpu backend so far (the GPU draft is not written yet)");

@@ -70,13 +70,23 @@ def check_spec(spec: dict, n_out: int, block: int) -> None:
     assert set(spec["time_ms"]) == {"draft", "tree", "verify", "commit"}
 
 
+# mode -> (flags, expected ready options)
+MODES = {
+    "chain": (["--chain"], {"chain": True, "budget": 15, "top_k": 1}),
+    "tree8": (["--budget", "8"], {"chain": False, "budget": 8, "top_k": 8, "chain_seed": True}),
+    "tree22": (["--budget", "22"], {"chain": False, "budget": 22, "top_k": 8, "chain_seed": True}),
+    "tree40": (["--budget", "40"], {"chain": False, "budget": 40, "top_k": 8, "chain_seed": True}),
+    "tree22-unseeded-k3": (["--budget", "22", "--chain-seed", "off", "--top-k", "3"],
+                           {"chain": False, "budget": 22, "top_k": 3, "chain_seed": False}),
+}
+
+
 @pytest.mark.parametrize("kv", ["bf16", "q8_0"])
-@pytest.mark.parametrize("mode", ["chain", "tree8", "tree22", "tree40"])
+@pytest.mark.parametrize("mode", list(MODES))
 def test_lossless_against_ar(dflash_exe, pair, ar_tokens, kv, mode):
-    flags = ["--chain"] if mode == "chain" else ["--budget", mode[4:]]
+    flags, options = MODES[mode]
     e = Engine(dflash_exe, pair[0], "--draft", str(pair[1]), "--kv-k", kv, "--kv-v", kv, *flags)
-    opts = e.ready["engine"]["options"]
-    assert opts["chain"] == (mode == "chain") and opts["budget"] == (15 if mode == "chain" else int(mode[4:]))
+    assert options.items() <= e.ready["engine"]["options"].items()
     hist = [0] * (DRAFT_SHAPE["block"] + 1)
     for prompt, want in zip(PROMPTS, ar_tokens[kv]):
         r = e.generate(prompt, N_GEN)
@@ -92,6 +102,15 @@ def test_lossless_against_ar(dflash_exe, pair, ar_tokens, kv, mode):
     if mode == "tree40":
         assert sum(hist[3:]) > 0, hist
     assert e.close() == 0
+
+
+@pytest.mark.parametrize("flag,value", [("--top-k", "0"), ("--top-k", "x"), ("--chain-seed", "maybe"),
+                                        ("--chain-seed", None)])
+def test_bad_tree_flags(dflash_exe, pair, flag, value):
+    proc = subprocess.run([str(dflash_exe), "--model", str(pair[0]), "--draft", str(pair[1]), flag,
+                           *([value] if value is not None else [])], capture_output=True, text=True, timeout=60)
+    [line] = [json.loads(s) for s in proc.stdout.splitlines()]
+    assert proc.returncode == 2 and line["kind"] == "load" and flag in line["message"]
 
 
 def test_stop_token_cuts_the_round(dflash_exe, pair, ar_tokens):
