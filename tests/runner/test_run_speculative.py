@@ -115,7 +115,7 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
     from typer.testing import CliRunner
 
     from lucebench.cli import app
-    from lucebench.engines import build, registry
+    from lucebench.engines import registry
     from lucebench.engines.registry import EngineLaunch, _bundled_argv
 
     seen: list[list[str]] = []
@@ -125,7 +125,6 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
         seen.append(flags)
         return EngineLaunch(argv=[sys.executable, FAKE, *flags], build={"fake": True})
 
-    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")  # as once engines/ builds it
     monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(registry.ENGINE_TYPES["dflash"],
                                                                              launch=launch))
     monkeypatch.setenv("LUCEBENCH_CACHE", str(tmp_path / "cache"))
