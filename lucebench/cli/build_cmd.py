@@ -22,11 +22,13 @@ def _build_llamacpp(backend: str, arch: str | None, console: Console) -> object:
 
 
 def default_engines(backend: str) -> list[str]:
-    """What `lucebench build` builds without names: every engine the default `lucebench run` uses on `backend`."""
+    """What `lucebench build` builds without names: every engine the default `lucebench run` uses on `backend`
+    (not the speculative ones, which need a second model the default run does not have)."""
     from lucebench.engines.build import BUNDLED_ENGINES
     from lucebench.engines.registry import ENGINE_TYPES
 
-    return [n for n in BUNDLED_ENGINES if backend in ENGINE_TYPES[n].backends] + ["llama.cpp"]
+    return [n for n in BUNDLED_ENGINES
+            if backend in ENGINE_TYPES[n].backends and ENGINE_TYPES[n].second_model_option is None] + ["llama.cpp"]
 
 
 @app.command("build")

@@ -41,10 +41,8 @@ def test_each_call_gets_its_own_log(cli, tmp_path, monkeypatch):
 
 def test_speculative_flags(cli, tmp_path, monkeypatch):
     """--draft/--budget/--chain reach a dflash engine as flags and `spec` comes back; other engines refuse
-    them by name; dflash without an executable says so."""
+    them by name; an engine without an executable (pflash) says so."""
     import json
-
-    from lucebench.engines import build
 
     model = tmp_path / "m"
     model.mkdir()
@@ -56,7 +54,7 @@ def test_speculative_flags(cli, tmp_path, monkeypatch):
     assert code == 2 and "engine 'ar' takes no --budget" in " ".join(err.split()) and "dflash" in err
     code, _, err = cli([*args, "--engine", "dflash", "--budget", "22"])
     assert code == 2 and "needs --draft" in err
-    code, _, err = cli([*args, "--engine", "dflash", "--draft", str(draft)])
+    code, _, err = cli([*args, "--engine", "pflash", "--drafter", str(draft), "--keep-ratio", "0.5"])
     assert code == 2 and "no executable" in " ".join(err.split())
 
     seen = []
@@ -66,7 +64,6 @@ def test_speculative_flags(cli, tmp_path, monkeypatch):
         seen.append(flags)
         return registry.EngineLaunch(argv=[sys.executable, FAKE, *flags])
 
-    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")  # as once engines/ builds it
     monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(registry.ENGINE_TYPES["dflash"],
                                                                              launch=launch))
     code, out, err = cli([*args, "--engine", "dflash", "--draft", str(draft), "--budget", "22", "--chain", "--json"])

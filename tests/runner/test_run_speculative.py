@@ -1,5 +1,6 @@
 """A speculative cell's second model (draft or drafter) is resolved, hashed and recorded like the first; an
-engine type without an executable fails the run with one clear message; typed engine options."""
+engine type without an executable fails the run with one clear message; dflash runs for real; typed engine
+options."""
 
 from __future__ import annotations
 
@@ -50,6 +51,27 @@ def _config(tmp_path: Path, model: Path) -> Path:
     return path
 
 
+def _pflash_config(tmp_path: Path, model: Path) -> Path:
+    """pflash: an engine type whose executable engines/ does not build yet."""
+    text = textwrap.dedent(f"""\
+        name: spec
+        backend: cpu
+        models:
+          target: {{path: {model}}}
+          drafter: {{synth: {{shape: tiny-qwen3-odd, seed: 1, dtype: fp32}}}}
+        engines:
+          pf: {{type: pflash, options: {{drafter: drafter, keep_ratio: 0.5}}}}
+        matrix:
+          engine: [pf]
+          model: [target]
+          suite: [tg8]
+        measure: {{repetitions: 2, warmups: 0, timeout_s: 60, request_timeout_s: 10}}
+        """)
+    path = tmp_path / "pflash.yaml"
+    path.write_text(text)
+    return path
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lucebench", "run", *args, "--no-report"], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "COLUMNS": "200",
@@ -58,18 +80,34 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_an_engine_without_executable_fails_the_run_with_one_message(tmp_path, tiny_model):
-    cfg = _config(tmp_path, tiny_model)
+    cfg = _pflash_config(tmp_path, tiny_model)
     proc = _cli(str(cfg), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
-    assert "engine type 'dflash' has no executable" in proc.stderr and "Traceback" not in proc.stderr
+    assert "engine type 'pflash' has no executable" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "results.json").exists()
     plan = _cli(str(cfg), "--dry-run", "--out", str(tmp_path / "out"))
     assert plan.returncode == 0, plan.stderr
     text = " ".join(plan.stderr.split())
-    assert "no executable" in text and "draft draft: synthetic DFlash draft for target seed 1 fp32" in text
-    for cell in ("dflash-tree/target/tg8/kvbf16/b22", "dflash-tree/target/tg8/kvbf16/b8",
-                 "dflash-chain/target/tg8/kvbf16", "dflash-chain/target/tg8/kvbf16/b8"):
-        assert cell in text
+    assert "no executable" in text and "drafter drafter: synthetic tiny-qwen3-odd seed 1 fp32" in text
+    assert "pf/target/tg8/kvbf16/k0.5" in text
+
+
+def test_dflash_runs_with_a_synthetic_draft(tmp_path, tiny_model):
+    """The real lucebench-dflash on the CPU: a target and its synthetic draft, tree and chain cells."""
+    cfg = _config(tmp_path, tiny_model)
+    plan = _cli(str(cfg), "--dry-run", "--out", str(tmp_path / "out"))
+    assert plan.returncode == 0, plan.stderr
+    text = " ".join(plan.stderr.split())
+    assert "draft draft: synthetic DFlash draft for target seed 1 fp32" in text
+    proc = _cli(str(cfg), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    result = Result.model_validate_json((tmp_path / "out" / "results.json").read_text())
+    cells = {c.id: c for c in result.cells}
+    assert set(cells) == {"dflash-tree/target/tg8/kvbf16/b22", "dflash-tree/target/tg8/kvbf16/b8",
+                          "dflash-chain/target/tg8/kvbf16", "dflash-chain/target/tg8/kvbf16/b8"}
+    for cell in cells.values():
+        spec = cell.samples[0].spec
+        assert spec is not None and sum(spec.al_histogram) == spec.draft_steps >= 1
 
 
 def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_model, monkeypatch):
@@ -77,7 +115,7 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
     from typer.testing import CliRunner
 
     from lucebench.cli import app
-    from lucebench.engines import build, registry
+    from lucebench.engines import registry
     from lucebench.engines.registry import EngineLaunch, _bundled_argv
 
     seen: list[list[str]] = []
@@ -87,7 +125,6 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
         seen.append(flags)
         return EngineLaunch(argv=[sys.executable, FAKE, *flags], build={"fake": True})
 
-    monkeypatch.setitem(build.BUNDLED_ENGINES, "dflash", "lucebench-dflash")  # as once engines/ builds it
     monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(registry.ENGINE_TYPES["dflash"],
                                                                              launch=launch))
     monkeypatch.setenv("LUCEBENCH_CACHE", str(tmp_path / "cache"))
