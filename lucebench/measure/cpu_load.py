@@ -27,6 +27,7 @@ class ProcTimes:
     comm: str
     session: int
     ticks: int  # user + system CPU time, in clock ticks
+    start: int = 0  # start time after boot, in clock ticks: tells a reused pid from the same process
 
 
 def read_stat(text: str) -> ProcTimes | None:
@@ -34,8 +35,9 @@ def read_stat(text: str) -> ProcTimes | None:
     try:
         comm = text[text.index("(") + 1:text.rindex(")")]
         fields = text[text.rindex(")") + 2:].split()
-        # fields[0] is field 3 (state): session is field 6, utime 14, stime 15
-        return ProcTimes(comm=comm, session=int(fields[3]), ticks=int(fields[11]) + int(fields[12]))
+        # fields[0] is field 3 (state): session is field 6, utime 14, stime 15, starttime 22
+        return ProcTimes(comm=comm, session=int(fields[3]), ticks=int(fields[11]) + int(fields[12]),
+                         start=int(fields[19]))
     except (ValueError, IndexError):
         return None
 
@@ -70,7 +72,8 @@ def other_usage(before: dict[int, ProcTimes], after: dict[int, ProcTimes], *, ex
         if pid in exclude_pids or now.session in exclude_sessions:
             continue
         then = before.get(pid)
-        delta = now.ticks - then.ticks if then is not None and then.comm == now.comm else now.ticks
+        # the same process (kernel threads rename themselves, so the start time decides, not the name)
+        delta = now.ticks - then.ticks if then is not None and then.start == now.start else now.ticks
         if delta > 0:
             used[pid] = (now.comm, delta)
     return used

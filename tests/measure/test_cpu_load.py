@@ -12,7 +12,7 @@ from lucebench.measure.cpu_load import CONTAMINATED_FRACTION, CpuLoadProbe, Proc
 
 def test_read_stat_handles_spaces_and_parentheses_in_the_command():
     line = "4242 (my (odd) proc) R 1 4242 4240 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 1 0 1000 0 0"
-    assert read_stat(line) == ProcTimes(comm="my (odd) proc", session=4240, ticks=300)
+    assert read_stat(line) == ProcTimes(comm="my (odd) proc", session=4240, ticks=300, start=1000)
     assert read_stat("garbage") is None
 
 
@@ -23,6 +23,15 @@ def test_other_usage_leaves_out_the_engine_session_and_the_harness():
              4: ProcTimes("harness", 7, 40), 5: ProcTimes("cc1plus", 9, 30)}
     used = other_usage(before, after, exclude_pids={4}, exclude_sessions={1})
     assert used == {3: ("make", 200), 5: ("cc1plus", 30)}  # a process born in the window counts all its time
+
+
+def test_a_kernel_thread_that_renames_itself_is_the_same_process():
+    before = {32: ProcTimes("kworker/u8:1-writeback", 0, 50_000, start=7)}
+    after = {32: ProcTimes("kworker/u8:1-iou_exit", 0, 50_010, start=7),
+             33: ProcTimes("reused", 0, 40, start=900)}
+    before[33] = ProcTimes("old", 0, 30_000, start=8)  # pid 33 ended and was reused: count the new one's time
+    assert other_usage(before, after, exclude_pids=set(), exclude_sessions=set()) == {
+        32: ("kworker/u8:1-iou_exit", 10), 33: ("reused", 40)}
 
 
 def test_summarize_flags_a_busy_machine():
