@@ -16,6 +16,7 @@ from lucebench.results.schema import Cell, Environment, MetricSummary, Result
 # Params that describe the hardware a cell ran on; in multi-result reports "card" is added from the
 # environment so that rows of different cards never merge.
 CARD_KEY = "card"
+KV_KEY = "kv"  # the KV-cache type as one setting: "bf16", or "q8_0/q4_0" for K/V (see kv_label)
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class CellView:
     @property
     def params(self) -> dict[str, Any]:
         """The cell's params plus the card name (from the environment)."""
-        return {**self.cell.params, CARD_KEY: self.card}
+        kv = {KV_KEY: kv_label(self)} if "kv_k" in self.cell.params or "kv_v" in self.cell.params else {}
+        return {**self.cell.params, **kv, CARD_KEY: self.card}
 
     @property
     def engine(self) -> str:

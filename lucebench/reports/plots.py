@@ -51,10 +51,12 @@ def _series_label(v: CellView, keys: Sequence[str]) -> str:
     """A bar or line label in words: the engine, then "KV <type>" and the other varying settings that apply to
     this cell (an axis that does not apply to it is left out, never shown as "-")."""
     parts: list[str] = []
+    kv_said = False
     for k in keys:
-        if k in ("kv_k", "kv_v"):
-            if k == "kv_k" and (v.params.get("kv_k") is not None or v.params.get("kv_v") is not None):
+        if k in ("kv_k", "kv_v", C.KV_KEY):
+            if not kv_said and (v.params.get("kv_k") is not None or v.params.get("kv_v") is not None):
                 parts.append(f"KV {C.kv_label(v)}")
+                kv_said = True
             continue
         value = v.params.get(k)
         if value is None:

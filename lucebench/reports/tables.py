@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lucebench.reports import cells as C
-from lucebench.reports.cells import CellView
+from lucebench.reports.cells import KV_KEY, CellView
 from lucebench.reports.fmt import NA, NOISY_MARK, fmt_summary, fmt_value
 from lucebench.results.schema import Result
 
 HEADERS = {"engine": "Method", "model": "Model", "card": "Card", "power_limit_w": "Power limit", "suite": "Suite",
-           "kv_k": "KV K", "kv_v": "KV V", "budget": "Budget", "keep_ratio": "Keep", "context": "Context",
-           "gpu": "GPU"}
+           "kv_k": "KV K", "kv_v": "KV V", KV_KEY: "KV cache", "budget": "Budget", "keep_ratio": "Keep",
+           "context": "Context", "gpu": "GPU"}
 
 
 @dataclass
@@ -39,6 +39,11 @@ def _header(key: str) -> str:
 def _label_keys(views: Sequence[CellView], exclude: Sequence[str], always: Sequence[str] = ("engine",)) -> list[str]:
     keys = [k for k in always if k not in exclude]
     keys += [k for k in C.varying_keys(views, exclude=[*exclude, *always])]
+    # K and V types read as one setting ("q8_0/q4_0"), not two columns that are "-" for engines without one
+    if "kv_k" in keys or "kv_v" in keys:
+        at = min(keys.index(k) for k in ("kv_k", "kv_v") if k in keys)
+        keys = [k for k in keys if k not in ("kv_k", "kv_v")]
+        keys.insert(at, KV_KEY)
     return keys
 
 
@@ -286,7 +291,7 @@ def context_table(views: Sequence[CellView]) -> Table | None:
     cv = [v for v in _ok(views) if C.is_context(v)]
     if not cv:
         return None
-    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", "gpu"])
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "gpu"])
     has_speedup = any(v.median("speedup_ttft") is not None for v in cv)
     headers = ["Context", "KV"] + [_header(k) for k in label_keys] + ["TTFT (ms)", "Decode (tok/s)"]
     headers += ["TTFT speedup"] if has_speedup else []

@@ -63,6 +63,8 @@ def test_speedup_baseline_named_and_token_agreement_shown(fab):
     table = T.throughput_table(C.collect([_run(fab)]))
     assert any(h.startswith("Decode speedup vs hf") for h in table.headers)
     assert any(h.startswith("Token agreement vs hf") for h in table.headers)
+    assert table.headers[:2] == ["Method", "KV cache"]  # one setting in words, not "KV K | KV V"
+    assert [row[1] for row in table.rows] == ["bf16", "-", "f16"]
     ar = next(row for row in table.rows if row[0] == "ar")
     assert any(cell.startswith("100") for cell in ar)
     assert any("baseline engine's (hf)" in n for n in table.notes)
