@@ -170,6 +170,17 @@ def parse_reply(line: str) -> dict[str, Any] | None:
     return msg
 
 
+def why_not_a_reply(line: str) -> str:
+    """Why parse_reply refused `line`, in words (for the protocol error that quotes it)."""
+    try:
+        msg = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc.msg} at column {exc.colno}"
+    if isinstance(msg, dict):
+        return f"a JSON object of unknown type {msg.get('type')!r}"
+    return f"a JSON {type(msg).__name__}, not an object"
+
+
 # ---------------------------------------------------------------------------------------------- stdout
 class ProtocolWriter:
     """Writes protocol lines (one JSON object each, flushed) to the stream it was given."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from lucebench.engines.protocol import PROTOCOL, parse_reply
+from lucebench.engines.protocol import PROTOCOL, parse_reply, why_not_a_reply
 from lucebench.errors import EngineError
 
 _EOF = object()
@@ -49,6 +49,9 @@ def describe_exit(returncode: int) -> tuple[int | None, str | None, str]:
             text += " (often the out-of-memory killer)"
         return None, name, text
     return returncode, None, f"exited with status {returncode}"
+
+
+_SHOWN_LINE = 300  # characters of an offending stdout line quoted in the error; the log keeps it whole
 
 
 class EngineProcess:
@@ -112,9 +115,25 @@ class EngineProcess:
                 continue
             msg = parse_reply(line)
             if msg is None:
+                why = why_not_a_reply(line)
+                self._log_stdout_line(line)
                 self.kill()
-                raise self._failure("protocol", f"engine printed a line that is not protocol JSON: {line[:200]!r}")
+                text = line.rstrip("\n")
+                shown = (repr(text) if len(text) <= _SHOWN_LINE else
+                         f"{text[:_SHOWN_LINE]!r}... ({len(text) - _SHOWN_LINE} more characters; the whole line is in "
+                         f"{self.log_path})")
+                raise self._failure("protocol", f"engine printed a line that is not a protocol message ({why}): "
+                                                f"{shown}")
             return msg
+
+    def _log_stdout_line(self, line: str) -> None:
+        """Keep an offending stdout line whole in the engine log (the error message shows its start)."""
+        try:
+            self._log.write(b"[lucebench] the engine's stdout line that is not a protocol message:\n"
+                            + line.rstrip("\n").encode(errors="replace") + b"\n")
+            self._log.flush()
+        except (OSError, ValueError):
+            pass
 
     # -- protocol -------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:

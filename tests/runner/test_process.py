@@ -83,3 +83,18 @@ def test_missing_executable(tmp_path):
     with pytest.raises(EngineError) as info:
         EngineProcess(["/nonexistent/engine"], log_path=tmp_path / "x.log")
     assert info.value.kind == "crash"
+
+
+def test_a_long_non_protocol_line_is_never_cut_silently(tmp_path):
+    code = ("import json, sys\n"
+            "print(json.dumps({'type': 'ready', 'protocol': 'lucebench.engine/v1', 'engine': {'name': 'x'}}), flush=True)\n"
+            "sys.stdin.readline()\n"
+            "print('{\"type\": \"result\", \"id\": \"r0\", \"note\": \"' + 'x' * 1000 + ' END-OF-LINE', flush=True)\n")
+    with EngineProcess([sys.executable, "-c", code], log_path=tmp_path / "engine.log") as p:
+        p.wait_ready(30)
+        with pytest.raises(EngineError) as info:
+            p.request(_req(0), 30)
+    message = info.value.message
+    assert info.value.kind == "protocol" and "not JSON: Unterminated string" in message
+    assert "more characters; the whole line is in" in message and str(tmp_path / "engine.log") in message
+    assert "END-OF-LINE" in (tmp_path / "engine.log").read_text()
