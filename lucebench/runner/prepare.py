@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -119,6 +120,34 @@ def _time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _descendants(root: int) -> list[int]:
+    """Pids of every process below `root`, from /proc (empty where /proc is not there)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            text = (entry / "stat").read_text()
+            ppid = int(text[text.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _stop_build_processes() -> None:
+    """After the time limit: a build's subprocess.run kills only its direct child (cmake), whose compilers would
+    go on; during the preparation every process below this one belongs to it."""
+    for pid in _descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def prepare_engines(config: Config, backend: str, cells: list[CellSpec], models: ModelCache, *,
                     limit_s: float, console: Any = None) -> dict[tuple[str, str], str]:
     """Build the engines and convert the models the cells need, before any cell starts its clock.
@@ -160,6 +189,7 @@ def prepare_engines(config: Config, backend: str, cells: list[CellSpec], models:
                     engine=engine, options=options, model_dir=models.get(model_name).path,
                     backend=backend, device=spec.gpu or 0, max_ctx=4096, console=console))  # type: ignore[arg-type]
         except PreparationTimeout:
+            _stop_build_processes()
             failures[(engine, model_name)] = (f"preparing {what} ran past the preparation time limit ({limit_s:g} s, "
                                               "measure.prepare_timeout_s); what was built is cached, so --resume "
                                               "continues it")

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 import time
@@ -59,15 +60,21 @@ def _config(tmp_path: Path, model: Path, *, timeout_s: float = 60, prepare_timeo
 class _Build:
     """An engine type whose first launch takes `seconds` (a build) or raises (Ctrl-C), later ones are cached."""
 
-    def __init__(self, seconds: float = 0.0, interrupt_first: bool = False):
+    def __init__(self, seconds: float = 0.0, interrupt_first: bool = False, compile_in_child: bool = False):
         self.seconds, self.interrupt_first, self.calls, self.built = seconds, interrupt_first, 0, False
+        self.compile_in_child = compile_in_child  # a shell whose own child sleeps, as cmake runs the compilers
+        self.child: subprocess.Popen | None = None
 
     def launch(self, req: registry.LaunchRequest) -> registry.EngineLaunch:
         self.calls += 1
         if not self.built:
             if self.interrupt_first and self.calls == 1:
                 raise KeyboardInterrupt
-            time.sleep(self.seconds)
+            if self.compile_in_child:
+                self.child = subprocess.Popen(["sh", "-c", f"sleep {self.seconds}; true"])
+                self.child.wait()
+            else:
+                time.sleep(self.seconds)
             self.built = True
         return registry._launch_external(req)
 
@@ -93,10 +100,11 @@ def test_a_build_longer_than_the_cell_timeout_is_not_the_cells_time(tmp_path, ti
 
 
 def test_preparation_has_its_own_time_limit(tmp_path, tiny_model, slow_build):
-    slow_build(_Build(seconds=30.0))
+    build = slow_build(_Build(seconds=30.0, compile_in_child=True))
     t0 = time.monotonic()
     summary = _runner(_config(tmp_path, tiny_model, prepare_timeout_s=1), tmp_path / "out").run()
     assert time.monotonic() - t0 < 20
+    assert build.child is not None and build.child.poll() is not None  # the "compiler" was stopped too
     assert summary.failed == 1
     [line] = summary.failures
     assert "build:" in line and "preparation time limit (1 s" in line and "timeout (" not in line
