@@ -318,7 +318,7 @@ def compressed_prefill_table(views: Sequence[CellView]) -> Table | None:
     cv = [v for v in _ok(views) if C.is_compressed(v)]
     if not cv:
         return None
-    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", "keep_ratio", "gpu", "suite"])
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu", "suite"])
     headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "TTFT (ms)",
                "scoring / select / bridge / target (ms)", "Kept (target tok)", "Effective prefill (tok/s)",
                "Full prefill TTFT (ms)", "TTFT speedup"]
@@ -351,7 +351,7 @@ def retention_table(views: Sequence[CellView]) -> Table | None:
         return None
     depths = sorted({d for v in cv for s in v.cell.samples if s.prefill and s.prefill.needle_depths
                      for d in s.prefill.needle_depths})
-    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", "keep_ratio", "gpu"])
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu"])
     headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "Retention"]
     headers += [f"depth {d:g}" for d in depths] + (["Accuracy"] if any(v.median("accuracy") is not None
                                                                          for v in cv) else [])
