@@ -12,6 +12,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 
 import pytest
 import qwen3_synth
@@ -78,9 +79,8 @@ def test_qwen3_06b_shape(engine, tmp_path):
     from transformers import Qwen3ForCausalLM
 
     out = tmp_path / "q06"
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    subprocess.run(["lucebench", "models", "synth", "--shape", "qwen3-0.6b", "--out", str(out)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "lucebench", "models", "synth", "--shape", "qwen3-0.6b", "--out", str(out)],
+                   check=True, capture_output=True)
     model = Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     e = engine(out, "--kv-k", "f32", "--kv-v", "f32", "--max-ctx", "64")
     assert e.ready["model"]["n_layers"] == 28 and e.ready["model"]["arch"] == "qwen3"
@@ -95,7 +95,7 @@ def test_generate_cli_runs_qwen3(ar_exe, tmp_path):
     model = qwen3_synth.make_model(seed=9)
     path = qwen35_synth.save(model, tmp_path / "g")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(["lucebench", "generate", "--engine", "ar", "--backend", "cpu", "--model", str(path),
+    proc = subprocess.run([sys.executable, "-m", "lucebench", "generate", "--engine", "ar", "--backend", "cpu", "--model", str(path),
                            "--prompt-ids", "3,1,4,1,5", "--n-gen", "6", "--json"], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
