@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -192,6 +193,40 @@ public:
         GPU_CHECK(gpuMemcpyAsync(fws_.tokens, tokens.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
         gpu::forward_layers(cfg_, w_, fws_, caches(), fws_.tokens, n, d_next_, s_);
     }
+    // Medians (ms) of the verify's largest per-layer pieces over the rows of the last verify_only: one
+    // attention layer's tree_attention, one DeltaNet layer's delta_tree, and the LM head + argmax of every row.
+    void time_parts(int n, double* attn_ms, double* delta_ms, double* head_ms) {
+        auto med = [&](const std::function<void()>& f) {
+            std::vector<double> v;
+            for (int r = 0; r < 13; ++r) {
+                timer_start();
+                f();
+                const double ms = timer_stop_ms();
+                if (r >= 3) v.push_back(ms);
+            }
+            std::sort(v.begin(), v.end());
+            return v[v.size() / 2];
+        };
+        int la = 0, ld = 0;
+        while (!cfg_.is_attention(la)) ++la;
+        while (cfg_.is_attention(ld)) ++ld;
+        const LayerWeights& A = w_.layers[size_t(la)];
+        *attn_ms = med([&] {
+            gpu::tree_attention(vws_.big, cfg_.attn_qkv_rows(la), n, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
+                                A.kind == LayerKind::GatedAttention, len_, k_[size_t(la)], kt_, v_[size_t(la)], vt_,
+                                vws_.visible, vws_.o, s_);
+        });
+        *delta_ms = med([&] {
+            gpu::delta_tree(vws_.conv, cfg_.conv_dim(), n, cfg_.lin_k_heads, cfg_.lin_v_heads, cfg_.lin_k_dim, cfg_.lin_v_dim,
+                            vws_.g, vws_.beta, vws_.parent, vws_.visible, ssm_[size_t(ld)], vws_.o, vws_.keep_u[size_t(ld)],
+                            vws_.keep_gamma[size_t(ld)], vws_.keep_k[size_t(ld)], vws_.scratch, s_);
+        });
+        *head_ms = med([&] {
+            gpu::matmul(vws_.h, n, cfg_.hidden, (const gpu::wtype*)w_.lm_head.ptr, cfg_.vocab, vws_.logits, false, s_);
+            gpu::argmax_rows(vws_.logits, n, cfg_.vocab, vws_.argmax, s_);
+        });
+        GPU_CHECK(gpuGetLastError());
+    }
     void set_length(int len) { len_ = len; set_pos(); GPU_CHECK(gpuStreamSynchronize(s_)); }
 
 private:
@@ -351,6 +386,15 @@ void timing() {
         }
         be.set_length(ctx);
         printf("| %d | %d | %.3f | %.2f | %.2f | %.3f |\n", B, n, v, v / ar_step_ms, v / step_ms, median(fs));
+    }
+    printf("per piece, ms (medians of 10): | B | tree_attention, one layer | delta_tree, one layer | LM head + argmax, all rows |\n");
+    for (int B : {1, 22, 64}) {
+        const VerifyRequest req = ddtree_like(B, ctx, cfg.vocab);
+        const int n = be.upload_rows(req);
+        be.verify_only(n);
+        double a = 0, d = 0, h = 0;
+        be.time_parts(n, &a, &d, &h);
+        printf("| %d | %.3f | %.3f | %.3f |\n", B, a, d, h);
     }
     printf("commit state kept per verify row: %zu bytes\n", gpu::VerifyWorkspace::commit_bytes_per_row(cfg));
 }
