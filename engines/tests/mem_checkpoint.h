@@ -36,7 +36,8 @@ public:
             add(p + "input_layernorm.weight", {H}, 0.1f, gain0);
             add(p + "post_attention_layernorm.weight", {H}, 0.1f, gain0);
             bool full = true;
-            if (!qwen3) full = c.get("layer_types")->items()[size_t(l)].as_string() == "full_attention";
+            if (!qwen3 && c.get("layer_types")) full = c.get("layer_types")->items()[size_t(l)].as_string() == "full_attention";
+            else if (!qwen3) full = (l + 1) % I("full_attention_interval") == 0;
             if (full) {
                 const std::string a = p + "self_attn.";
                 add(a + "q_proj.weight", {(qwen3 ? 1 : 2) * nh * hd, H}, 1.f / std::sqrt(float(H)));

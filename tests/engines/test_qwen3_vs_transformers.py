@@ -79,9 +79,8 @@ def test_qwen3_06b_shape(engine, tmp_path):
     from transformers import Qwen3ForCausalLM
 
     out = tmp_path / "q06"
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    subprocess.run([sys.executable, "-m", "lucebench", "models", "synth", "--shape", "qwen3-0.6b", "--out", str(out)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "lucebench", "models", "synth", "--shape", "qwen3-0.6b", "--out", str(out)],
+                   check=True, capture_output=True)
     model = Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     e = engine(out, "--kv-k", "f32", "--kv-v", "f32", "--max-ctx", "64")
     assert e.ready["model"]["n_layers"] == 28 and e.ready["model"]["arch"] == "qwen3"

@@ -1,0 +1,107 @@
+#include "verify_forward.h"
+
+#include <algorithm>
+
+namespace lb::gpu {
+namespace {
+const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
+const float* F(const Mat& m) { return (const float*)m.ptr; }
+}  // namespace
+
+size_t VerifyWorkspace::commit_bytes_per_row(const ModelConfig& cfg) {
+    size_t per_layer = size_t(cfg.lin_key_dim() + cfg.lin_value_dim() + cfg.lin_v_heads + cfg.conv_dim()) * 4;
+    size_t n = 0;
+    for (auto k : cfg.kinds) n += k == LayerKind::DeltaNet;
+    return n * per_layer;
+}
+
+bool VerifyWorkspace::ensure(const ModelConfig& cfg, int n, const std::function<void*(size_t)>& alloc) {
+    if (n <= cap) return false;
+    const size_t H = size_t(cfg.hidden), N = size_t(n);
+    size_t qkv_rows = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) if (cfg.is_attention(l)) qkv_rows = std::max(qkv_rows, size_t(cfg.attn_qkv_rows(l)));
+    const size_t wide = std::max({size_t(cfg.lin_in_rows()), qkv_rows, 2 * size_t(cfg.intermediate)});
+    cap = n;
+    tokens = (int*)alloc(sizeof(int) * N);
+    positions = (int*)alloc(sizeof(int) * N);
+    parent = (int*)alloc(sizeof(int) * N);
+    path = (int*)alloc(sizeof(int) * N);
+    argmax = (int*)alloc(sizeof(int) * N);
+    visible = (unsigned char*)alloc(N * N);
+    x = (float*)alloc(4 * N * H);
+    h = (float*)alloc(4 * N * H);
+    big = (float*)alloc(4 * N * wide);
+    conv = (float*)alloc(4 * N * size_t(std::max(1, cfg.conv_dim())));
+    g = (float*)alloc(4 * N * size_t(std::max(1, cfg.lin_v_heads)));
+    beta = (float*)alloc(4 * N * size_t(std::max(1, cfg.lin_v_heads)));
+    o = (float*)alloc(4 * N * std::max(size_t(cfg.lin_value_dim()), size_t(cfg.n_heads) * cfg.head_dim));
+    normed = (float*)alloc(4 * N * size_t(std::max(1, cfg.lin_value_dim())));
+    act = (float*)alloc(4 * N * size_t(cfg.intermediate));
+    logits = (float*)alloc(4 * N * size_t(cfg.vocab));
+    scratch = (float*)alloc(4 * delta_tree_scratch(n, std::max(1, cfg.lin_v_heads)));
+    keep_k.assign(size_t(cfg.n_layers), nullptr);
+    keep_u.assign(size_t(cfg.n_layers), nullptr);
+    keep_gamma.assign(size_t(cfg.n_layers), nullptr);
+    keep_conv.assign(size_t(cfg.n_layers), nullptr);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        if (cfg.is_attention(l)) continue;
+        keep_k[size_t(l)] = (float*)alloc(4 * N * size_t(cfg.lin_key_dim()));
+        keep_u[size_t(l)] = (float*)alloc(4 * N * size_t(cfg.lin_value_dim()));
+        keep_gamma[size_t(l)] = (float*)alloc(4 * N * size_t(cfg.lin_v_heads));
+        keep_conv[size_t(l)] = (float*)alloc(4 * N * size_t(cfg.conv_dim()));
+    }
+    return true;
+}
+
+void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspace& ws, const VerifyCaches& c, int len,
+                   int n, gpuStream_t s) {
+    const int H = cfg.hidden, I = cfg.intermediate;
+    embed(ws.tokens, n, W(w.embed), H, ws.x, s);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        const LayerWeights& L = w.layers[size_t(l)];
+        const size_t li = size_t(l);
+        rmsnorm(ws.x, F(L.input_norm), ws.h, n, H, cfg.eps, s);
+        if (L.full) {
+            const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows(l);
+            const bool gated = L.kind == LayerKind::GatedAttention;
+            matmul(ws.h, n, H, W(L.attn_qkv), rows, ws.big, false, s);
+            attn_prep_tree(ws.big, rows, n, nh, nkv, hd, gated, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm),
+                           cfg.eps, ws.positions, len, c.k[li], c.kt, c.v[li], c.vt, s);
+            tree_attention(ws.big, rows, n, nh, nkv, hd, gated, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible, ws.o, s);
+            matmul(ws.o, n, nh * hd, W(L.o_proj), H, ws.x, true, s);
+        } else {
+            const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
+            const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
+            matmul(ws.h, n, H, W(L.lin_in), rows, ws.big, false, s);
+            conv_tree(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.parent, ws.conv, ws.keep_conv[li], s);
+            deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g, ws.beta, s);
+            delta_tree(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, ws.parent, ws.visible, c.ssm[li], ws.o, ws.keep_u[li],
+                       ws.keep_gamma[li], ws.keep_k[li], ws.scratch, s);
+            gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
+            matmul(ws.normed, n, vd, W(L.out_proj), H, ws.x, true, s);
+        }
+        rmsnorm(ws.x, F(L.post_norm), ws.h, n, H, cfg.eps, s);
+        matmul(ws.h, n, H, W(L.gate_up), 2 * I, ws.big, false, s);
+        silu_mul(ws.big, n, I, ws.act, s);
+        matmul(ws.act, n, I, W(L.down), H, ws.x, true, s);
+    }
+    rmsnorm(ws.x, F(w.final_norm), ws.h, n, H, cfg.eps, s);
+    matmul(ws.h, n, H, W(w.lm_head), cfg.vocab, ws.logits, false, s);
+    argmax_rows(ws.logits, n, cfg.vocab, ws.argmax, s);
+}
+
+void commit_path(const ModelConfig& cfg, VerifyWorkspace& ws, const VerifyCaches& c, int len, int m, gpuStream_t s) {
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        const size_t li = size_t(l);
+        if (cfg.is_attention(l)) {
+            kv_compact(c.k[li], size_t(cfg.n_kv_heads) * dtype_row_bytes(c.kt, size_t(cfg.head_dim)), len, ws.path, m, s);
+            kv_compact(c.v[li], size_t(cfg.n_kv_heads) * dtype_row_bytes(c.vt, size_t(cfg.head_dim)), len, ws.path, m, s);
+        } else {
+            delta_tree_commit(ws.keep_k[li], ws.keep_u[li], ws.keep_gamma[li], cfg.lin_k_heads, cfg.lin_v_heads,
+                              cfg.lin_k_dim, cfg.lin_v_dim, ws.path, m, c.ssm[li], s);
+            conv_commit(ws.keep_conv[li], cfg.conv_dim(), cfg.conv_kernel, ws.path, m, c.conv[li], s);
+        }
+    }
+}
+
+}  // namespace lb::gpu

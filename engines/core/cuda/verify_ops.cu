@@ -1,0 +1,360 @@
+// The verify operations (verify_ops.h): one kernel each, mirroring ../cpu/attention.cpp (tree form),
+// ../cpu/conv1d.cpp (tree form and commit), ../cpu/delta_rule_tree.cpp, and the KV compaction of
+// ../cpu/cpu_backend.cpp's commit. engines/tests/verify_kernels_check.cu checks each against its CPU
+// reference on random inputs.
+#include "verify_ops.h"
+
+#include <cmath>
+
+namespace lb::gpu {
+namespace {
+
+__device__ __forceinline__ float kv_load(const void* row, DType t, int e) {
+    switch (t) {
+        case DType::F16: return __half2float(((const __half*)row)[e]);
+        case DType::BF16: return __uint_as_float(uint32_t(((const unsigned short*)row)[e]) << 16);
+        default: return ((const float*)row)[e];
+    }
+}
+
+__device__ __forceinline__ void kv_store(void* row, DType t, int e, float v) {
+    switch (t) {
+        case DType::F16: ((__half*)row)[e] = __float2half_rn(v); return;
+        case DType::BF16: {  // round to nearest even, as half.h's f32_to_bf16
+            uint32_t u = __float_as_uint(v);
+            if ((u & 0x7fffffffu) > 0x7f800000u) { ((unsigned short*)row)[e] = (unsigned short)((u >> 16) | 0x40); return; }
+            u += 0x7fffu + ((u >> 16) & 1u);
+            ((unsigned short*)row)[e] = (unsigned short)(u >> 16);
+            return;
+        }
+        default: ((float*)row)[e] = v;
+    }
+}
+
+__device__ __forceinline__ size_t kv_row_bytes(DType t, int hd) { return size_t(hd) * (t == DType::F32 ? 4 : 2); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = LB_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim a multiple of the warp size, at most 1024 threads).
+__device__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP, nw = blockDim.x / LB_WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0;
+    for (int i = 0; i < nw; ++i) t += red[i];
+    return t;
+}
+
+// grid (n, nh + nkv): block (t, head) normalises and rotates one q or k head of row t; k blocks also store
+// the row's K and V head in the caches.
+__global__ void attn_prep_tree_kernel(float* qkv, int ld, int nh, int nkv, int hd, int gated, int rot, float theta,
+                                      const float* q_gain, const float* k_gain, float eps, const int* positions,
+                                      int len, void* kcache, DType kt, void* vcache, DType vt) {
+    extern __shared__ float sh[];  // [hd] head, then reduction scratch
+    float* red = sh + hd;
+    const int t = blockIdx.x, head = blockIdx.y;
+    const bool is_q = head < nh;
+    const int q_rows = (gated ? 2 : 1) * nh * hd;
+    float* row = qkv + size_t(t) * ld;
+    float* x = is_q ? row + head * (gated ? 2 : 1) * hd : row + q_rows + (head - nh) * hd;
+    const float* gain = is_q ? q_gain : k_gain;
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) { sh[i] = x[i]; ss += x[i] * x[i]; }
+    ss = block_sum(ss, red);
+    const float inv = 1.f / sqrtf(ss / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) sh[i] = (sh[i] * inv) * gain[i];
+    __syncthreads();
+    const int half = rot / 2;
+    const float pos = float(positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float inv_freq = 1.0f / powf(theta, float(2 * i) / float(rot));
+        const float angle = pos * inv_freq;
+        const float c = cosf(angle), s = sinf(angle);
+        const float a = sh[i], b = sh[i + half];
+        sh[i] = a * c - b * s;
+        sh[i + half] = b * c + a * s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = sh[i];
+    if (!is_q) {
+        const int j = head - nh;
+        const size_t slot = size_t(len + t) * nkv + j;
+        const float* v = row + q_rows + nkv * hd + j * hd;
+        void* krow = (char*)kcache + slot * kv_row_bytes(kt, hd);
+        void* vrow = (char*)vcache + slot * kv_row_bytes(vt, hd);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            kv_store(krow, kt, i, sh[i]);
+            kv_store(vrow, vt, i, v[i]);
+        }
+    }
+}
+
+// 16 warps a block: a row's keys are walked one per warp at a time, so more warps hide more load latency.
+constexpr int kAttnWarps = 16;
+constexpr int kMaxPerLane = 16;  // head_dim up to 16 * warp size
+
+// grid (n, nh), kAttnWarps warps: warp w takes the visible keys w, w + kAttnWarps, ... with an online
+// softmax; the warps' partial results are merged at the end.
+__global__ void tree_attention_kernel(const float* qkv, int ld, int n, int nh, int nkv, int hd, int gated, int len,
+                                      const void* kcache, DType kt, const void* vcache, DType vt,
+                                      const unsigned char* visible, float* out) {
+    __shared__ float m_s[kAttnWarps], l_s[kAttnWarps];
+    extern __shared__ float acc_s[];  // [kAttnWarps, hd]
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP;
+    const int kvh = h / (nh / nkv);
+    const float* q = qkv + size_t(t) * ld + h * (gated ? 2 : 1) * hd;
+    const int per = (hd + LB_WARP - 1) / LB_WARP;
+    float qr[kMaxPerLane], acc[kMaxPerLane];
+    for (int e = 0; e < per; ++e) {
+        const int i = lane + e * LB_WARP;
+        qr[e] = i < hd ? q[i] : 0.f;
+        acc[e] = 0.f;
+    }
+    const float scale = 1.0f / sqrtf(float(hd));
+    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
+    float m = -INFINITY, l = 0.f;
+    for (int key = warp; key < len + n; key += kAttnWarps) {
+        if (key >= len && !visible[size_t(t) * n + (key - len)]) continue;
+        const void* kr = (const char*)kcache + (size_t(key) * nkv + kvh) * krow;
+        float d = 0;
+        for (int e = 0; e < per; ++e) {
+            const int i = lane + e * LB_WARP;
+            if (i < hd) d += qr[e] * kv_load(kr, kt, i);
+        }
+        const float sc = warp_sum(d) * scale;
+        const float m_new = fmaxf(m, sc);
+        const float corr = expf(m - m_new), p = expf(sc - m_new);
+        l = l * corr + p;
+        const void* vr = (const char*)vcache + (size_t(key) * nkv + kvh) * vrow;
+        for (int e = 0; e < per; ++e) {
+            const int i = lane + e * LB_WARP;
+            acc[e] = acc[e] * corr + (i < hd ? p * kv_load(vr, vt, i) : 0.f);
+        }
+        m = m_new;
+    }
+    if (lane == 0) { m_s[warp] = m; l_s[warp] = l; }
+    for (int e = 0; e < per; ++e) {
+        const int i = lane + e * LB_WARP;
+        if (i < hd) acc_s[warp * hd + i] = acc[e];
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, m_s[w]);
+    float denom = 0;
+    for (int w = 0; w < kAttnWarps; ++w) if (l_s[w] > 0) denom += l_s[w] * expf(m_s[w] - mx);
+    const float* gate = qkv + size_t(t) * ld + h * 2 * hd + hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0;
+        for (int w = 0; w < kAttnWarps; ++w) if (l_s[w] > 0) o += acc_s[w * hd + i] * expf(m_s[w] - mx);
+        o /= denom;
+        if (gated) o *= 1.f / (1.f + expf(-gate[i]));
+        out[size_t(t) * nh * hd + size_t(h) * hd + i] = o;
+    }
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+
+__global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, const float* w, const float* state,
+                                 const int* parent, float* y, float* keep) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c >= C) return;
+    // window, oldest first: ancestors' inputs (nearest last), then the state's newest slots before them
+    float win[16];
+    int r = t, j = K - 1;
+    for (; j >= 0 && r >= 0; --j, r = parent[r]) win[j] = x[size_t(r) * ldx + c];
+    for (int slot = K - 2; j >= 0; --j, --slot) win[j] = state[size_t(c) * (K - 1) + slot];
+    float acc = 0;
+    for (int i = 0; i < K; ++i) acc += w[size_t(c) * K + i] * win[i];
+    y[size_t(t) * C + c] = silu_f(acc);
+    keep[size_t(t) * C + c] = x[size_t(t) * ldx + c];
+}
+
+// One block per value head; thread j owns column j of the head's state and of every row's u and output.
+__global__ void delta_tree_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g,
+                                  const float* beta, const int* parent, const unsigned char* visible,
+                                  const float* state, float* out, float* u, float* gamma, float* k_keep,
+                                  float* scratch) {
+    const int h = blockIdx.x, kh = h / (hv / hk), kd = hk * dk;
+    const float* S = state + size_t(h) * dk * dv;
+    // [n, n] each: A[t][s] = beta_t (k_t . k_s) e^{gamma_t - gamma_s} (s < t), B[t][s] = (q_t . k_s) e^{gamma_t - gamma_s}
+    // (s <= t), for ancestor pairs, formed in parallel so that the per-column solve below is FMAs only
+    float* A = scratch + size_t(h) * 2 * n * n;
+    float* B = A + size_t(n) * n;
+    auto Q = [&](int t) { return qkv + size_t(t) * ld + kh * dk; };
+    auto Kr = [&](int t) { return qkv + size_t(t) * ld + kd + kh * dk; };
+    auto G = [&](int t) { return gamma[size_t(t) * hv + h]; };
+    if (threadIdx.x == 0)
+        for (int t = 0; t < n; ++t)
+            gamma[size_t(t) * hv + h] = (parent[t] >= 0 ? gamma[size_t(parent[t]) * hv + h] : 0.f) + g[size_t(t) * hv + h];
+    if (h % (hv / hk) == 0)  // one value head per key head keeps the k copy
+        for (int e = threadIdx.x; e < n * dk; e += blockDim.x) k_keep[size_t(e / dk) * kd + kh * dk + e % dk] = Kr(e / dk)[e % dk];
+    __syncthreads();
+    for (int p = threadIdx.x; p < n * n; p += blockDim.x) {
+        const int t = p / n, s = p % n;
+        if (s > t || !visible[size_t(t) * n + s]) continue;
+        float a = 0, b = 0;
+        for (int i = 0; i < dk; ++i) { a += Kr(t)[i] * Kr(s)[i]; b += Q(t)[i] * Kr(s)[i]; }
+        const float decay = expf(G(t) - G(s));
+        A[p] = beta[size_t(t) * hv + h] * a * decay;
+        B[p] = b * decay;
+    }
+    __syncthreads();
+    constexpr int T = 8;  // rows per pass over the state column
+    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+        for (int t0 = 0; t0 < n; t0 += T) {
+            const int L = min(T, n - t0);
+            float sk[T], sq[T];
+            for (int r = 0; r < T; ++r) sk[r] = sq[r] = 0.f;
+            for (int i = 0; i < dk; ++i) {
+                const float sij = S[size_t(i) * dv + j];
+                for (int r = 0; r < L; ++r) { sk[r] += sij * Kr(t0 + r)[i]; sq[r] += sij * Q(t0 + r)[i]; }
+            }
+            for (int r = 0; r < L; ++r) {
+                const int t = t0 + r;
+                const float bt = beta[size_t(t) * hv + h], eg = expf(G(t));
+                u[(size_t(t) * hv + h) * dv + j] = bt * qkv[size_t(t) * ld + 2 * kd + h * dv + j] - bt * eg * sk[r];
+                out[(size_t(t) * hv + h) * dv + j] = eg * sq[r];
+            }
+        }
+        // forward substitution over each row's ancestors, then the outputs (column j only: no block sync)
+        for (int t = 0; t < n; ++t) {
+            float ut = u[(size_t(t) * hv + h) * dv + j];
+            for (int s = 0; s < t; ++s)
+                if (visible[size_t(t) * n + s]) ut -= A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+            u[(size_t(t) * hv + h) * dv + j] = ut;
+        }
+        for (int t = 0; t < n; ++t) {
+            float o = out[(size_t(t) * hv + h) * dv + j];
+            for (int s = 0; s <= t; ++s)
+                if (visible[size_t(t) * n + s]) o += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+            out[(size_t(t) * hv + h) * dv + j] = o;
+        }
+    }
+}
+
+// grid (hv, dk): block (h, i) updates row i of head h's state.
+__global__ void delta_tree_commit_kernel(const float* k, const float* u, const float* gamma, int hk, int hv, int dk,
+                                         int dv, const int* path, int m, float* state) {
+    const int h = blockIdx.x, i = blockIdx.y, kh = h / (hv / hk);
+    const int a = path[m - 1];
+    const float ga = gamma[size_t(a) * hv + h], el = expf(ga);
+    float* S = state + (size_t(h) * dk + i) * dv;
+    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+        float sv = S[j] * el;
+        for (int p = 0; p < m; ++p) {
+            const int s = path[p];
+            const float d = expf(ga - gamma[size_t(s) * hv + h]);
+            sv += (k[size_t(s) * hk * dk + kh * dk + i] * d) * u[(size_t(s) * hv + h) * dv + j];
+        }
+        S[j] = sv;
+    }
+}
+
+__global__ void conv_commit_kernel(const float* keep, int C, int K, const int* path, int m, float* state) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float win[32];  // K - 1 old inputs + at most K - 1 of the path
+    for (int j = 0; j < K - 1; ++j) win[j] = state[size_t(c) * (K - 1) + j];
+    const int first = max(0, m - (K - 1));  // only the path's last K-1 inputs can survive
+    int len = K - 1;
+    for (int p = first; p < m; ++p) win[len++] = keep[size_t(path[p]) * C + c];
+    for (int j = 0; j < K - 1; ++j) state[size_t(c) * (K - 1) + j] = win[len - (K - 1) + j];
+}
+
+__global__ void argmax_rows_kernel(const float* logits, int vocab, int* out) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const float* x = logits + size_t(blockIdx.x) * vocab;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (x[i] > bv) { bv = x[i]; bi = i; }  // a thread's indices ascend: strict > keeps the lowest
+    for (int o = LB_WARP / 2; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffff, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffff, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP;
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < int(blockDim.x / LB_WARP); ++w)
+            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+        out[blockIdx.x] = bi;
+    }
+}
+
+// One block: rows in order, so that a row is read before a later row's move overwrites it.
+__global__ void kv_compact_kernel(unsigned char* cache, size_t row_bytes, int len, const int* path, int m) {
+    for (int i = 0; i < m; ++i) {
+        const int from = len + path[i], to = len + i;
+        if (from != to)
+            for (size_t b = threadIdx.x; b < row_bytes; b += blockDim.x)
+                cache[size_t(to) * row_bytes + b] = cache[size_t(from) * row_bytes + b];
+        __syncthreads();
+    }
+}
+
+// Threads for a block that loops over n columns: n rounded up to whole warps, at most 256.
+int threads_for(int n) { return n >= 256 ? 256 : ((n + LB_WARP - 1) / LB_WARP) * LB_WARP; }
+
+}  // namespace
+
+void attn_prep_tree(float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int rot, float theta,
+                    const float* q_gain, const float* k_gain, float eps, const int* positions, int len, void* kcache,
+                    DType kt, void* vcache, DType vt, gpuStream_t s) {
+    const int threads = hd >= 128 ? 128 : 64;
+    attn_prep_tree_kernel<<<dim3(n, nh + nkv), threads, sizeof(float) * (hd + 32), s>>>(
+        qkv, ld, nh, nkv, hd, gated, rot, theta, q_gain, k_gain, eps, positions, len, kcache, kt, vcache, vt);
+}
+
+void tree_attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int len,
+                    const void* kcache, DType kt, const void* vcache, DType vt, const unsigned char* visible,
+                    float* out, gpuStream_t s) {
+    if (hd > kMaxPerLane * LB_WARP) lb::fail("unsupported", "tree attention: head_dim above 16 x the warp size");
+    tree_attention_kernel<<<dim3(n, nh), kAttnWarps * LB_WARP, sizeof(float) * kAttnWarps * hd, s>>>(
+        qkv, ld, n, nh, nkv, hd, gated, len, kcache, kt, vcache, vt, visible, out);
+}
+
+void conv_tree(const float* x, int ldx, int n, int C, int K, const float* w, const float* state, const int* parent,
+               float* y, float* keep, gpuStream_t s) {
+    if (K > 16) lb::fail("unsupported", "conv kernel wider than 16");
+    conv_tree_kernel<<<dim3((C + 127) / 128, n), 128, 0, s>>>(x, ldx, n, C, K, w, state, parent, y, keep);
+}
+
+size_t delta_tree_scratch(int n, int hv) { return size_t(hv) * 2 * n * n; }
+
+void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
+                const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s) {
+    delta_tree_kernel<<<hv, threads_for(dv), 0, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, parent, visible, state, out,
+                                                      u, gamma, k_keep, scratch);
+}
+
+void delta_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
+                       const int* path, int m, float* state, gpuStream_t s) {
+    if (m == 0) return;
+    delta_tree_commit_kernel<<<dim3(hv, dk), threads_for(dv), 0, s>>>(k, u, gamma, hk, hv, dk, dv, path, m, state);
+}
+
+void conv_commit(const float* keep, int C, int K, const int* path, int m, float* state, gpuStream_t s) {
+    if (m == 0) return;
+    if (K > 16) lb::fail("unsupported", "conv kernel wider than 16");
+    conv_commit_kernel<<<(C + 127) / 128, 128, 0, s>>>(keep, C, K, path, m, state);
+}
+
+void argmax_rows(const float* logits, int n, int vocab, int* out, gpuStream_t s) {
+    argmax_rows_kernel<<<n, 256, 0, s>>>(logits, vocab, out);
+}
+
+void kv_compact(void* cache, size_t row_bytes, int len, const int* path, int m, gpuStream_t s) {
+    if (m == 0) return;
+    kv_compact_kernel<<<1, 256, 0, s>>>((unsigned char*)cache, row_bytes, len, path, m);
+}
+
+}  // namespace lb::gpu

@@ -1,0 +1,45 @@
+// GPU versions of the verify operations of ../cpu/ops.h (the *_tree forms and the commit of an accepted
+// path): same math and layouts, fp32 activations and state. Rows are those of one verify forward; a
+// row's parent is an earlier row or -1 (the committed sequence); `visible` is the [n, n] ancestor-or-self
+// byte mask. Every launcher enqueues on `s` and returns. KV caches here are f32, f16 or bf16 rows
+// ([slot, n_kv_heads, head_dim]); a quantised cache is refused by the caller.
+#pragma once
+#include "../quant.h"
+#include "gpu_compat.h"
+
+namespace lb::gpu {
+
+// In place on qkv rows [n, ld]: per-head RMSNorm of q (query part) and k, rotary at positions[t] on the
+// first `rot` dims, then K and V stored at cache slot len + t. gated: q_proj rows per head are [query,
+// gate] (Qwen3.5), else [query] (Qwen3).
+void attn_prep_tree(float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int rot, float theta,
+                    const float* q_gain, const float* k_gain, float eps, const int* positions, int len, void* kcache,
+                    DType kt, void* vcache, DType vt, gpuStream_t s);
+// Row t's query heads over cache slots [0, len) and the slots len + j with visible[t * n + j]; times
+// sigmoid(gate) when gated. out [n, nh * hd].
+void tree_attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int len,
+                    const void* kcache, DType kt, const void* vcache, DType vt, const unsigned char* visible,
+                    float* out, gpuStream_t s);
+// Causal depthwise conv + SiLU along each row's ancestors: x rows [n, ldx] (channels [0, C)), state
+// [C, K-1] read only, y [n, C]. The inputs are also copied to keep [n, C] for conv_commit.
+void conv_tree(const float* x, int ldx, int n, int C, int K, const float* w, const float* state, const int* parent,
+               float* y, float* keep, gpuStream_t s);
+// The tree-masked chunked delta rule (see ../cpu/delta_rule_tree.cpp). qkv rows [n, ld]: q at 0, k at
+// hk*dk, v at 2*hk*dk (q, k normalised, q scaled); g, beta [n, hv]; state S0 [hv, dk, dv] read only.
+// out [n, hv*dv]; u [n, hv, dv] and gamma [n, hv] for delta_tree_commit; k_keep [n, hk*dk] a copy of k;
+// scratch: delta_tree_scratch(n, hv) floats.
+size_t delta_tree_scratch(int n, int hv);
+void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
+                const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s);
+// S = e^{gamma_a} S + sum_{p in path} e^{gamma_a - gamma_p} k_p u_p^T, a = path[m - 1].
+void delta_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
+                       const int* path, int m, float* state, gpuStream_t s);
+// state [C, K-1] <- the last K-1 of [state, keep[path[0]], ..., keep[path[m-1]]].
+void conv_commit(const float* keep, int C, int K, const int* path, int m, float* state, gpuStream_t s);
+// out[r] = argmax of logits row r (lowest index on ties), rows [n, vocab].
+void argmax_rows(const float* logits, int n, int vocab, int* out, gpuStream_t s);
+// Cache rows: slot len + path[i] -> slot len + i, in order (row_bytes = n_kv_heads * bytes of a head row).
+void kv_compact(void* cache, size_t row_bytes, int len, const int* path, int m, gpuStream_t s);
+
+}  // namespace lb::gpu
