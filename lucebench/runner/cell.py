@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lucebench.config.schema import Measure
-from lucebench.errors import EngineError
+from lucebench.errors import EngineError, UserError
 from lucebench.results.schema import PhaseEnergy, PrefillStats, Sample, SpecStats
 from lucebench.runner.power import RunPower
 from lucebench.runner.process import EngineProcess
@@ -139,7 +139,10 @@ def measure_cell(proc: EngineProcess, workload: PreparedWorkload, measure: Measu
     `request_fields(prompt)`: extra request fields an engine needs (PFlash: the drafter's tokenisation),
     computed once per prompt, before the first request, so that no repetition times it."""
     prompts = workload.prompts
-    extra: dict[str, dict[str, Any]] = {p.id: request_fields(p) for p in prompts} if request_fields else {}
+    try:
+        extra: dict[str, dict[str, Any]] = {p.id: request_fields(p) for p in prompts} if request_fields else {}
+    except UserError as exc:  # e.g. a prompt of no text for the drafter: this cell fails, the run goes on
+        raise CellFailed(EngineError("config", str(exc)), []) from None
     samples: list[Sample] = []
     t_start_ns = time.monotonic_ns()
     planned = measure.repetitions * len(prompts)
