@@ -53,8 +53,8 @@ struct VerifyResult {
 // PFlash importance (docs/engines.md, "PFlash"): a forward that also returns, for every attention layer,
 // the attention probabilities of its last `n_tail` rows over every position of the sequence,
 // softmax(q k^T / sqrt(head_dim)) causally masked (a row sees positions up to its own), reduced by the
-// max over query heads. `pre_rope`: q and k as they are before RoPE (the keys of earlier forwards are
-// un-rotated from the cache, so they carry the KV cache's rounding); otherwise the rotated ones.
+// max over query heads, with q and k as they are before RoPE (after the per-head norms). The keys of
+// earlier forwards are un-rotated from the cache, so they carry the KV cache type's rounding.
 struct TailScores {
     int n_tail = 0, ctx = 0;   // rows scored; positions scored (the sequence length after the forward)
     std::vector<int> layers;   // the attention layers, in order
@@ -111,7 +111,7 @@ public:
     }
 
     // forward() that also fills *scores (see TailScores) for its last n_tail rows (1 <= n_tail <= n).
-    virtual int forward_scored(const int* tokens, int n, int n_tail, bool pre_rope, TailScores* scores) {
+    virtual int forward_scored(const int* tokens, int n, int n_tail, TailScores* scores) {
         fail("unsupported", "the " + name() + " backend has no scored forward (PFlash importance)");
     }
 

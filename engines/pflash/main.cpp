@@ -50,7 +50,7 @@ public:
         for (int a = 0; a < nd - n_tail; a += kDrafterChunk)
             drafter_.forward(req.drafter_ids.data() + a, std::min(kDrafterChunk, nd - n_tail - a), nullptr);
         TailScores scores;
-        drafter_.forward_scored(req.drafter_ids.data() + nd - n_tail, n_tail, n_tail, /*pre_rope=*/true, &scores);
+        drafter_.forward_scored(req.drafter_ids.data() + nd - n_tail, n_tail, n_tail, &scores);
         const std::vector<float> raw = pflash::importance(scores);
         const std::vector<float> smoothed = pflash::smooth(raw, rule_.pool);
         const double score_ms = clock.lap();

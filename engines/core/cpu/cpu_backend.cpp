@@ -112,14 +112,13 @@ public:
         return next;
     }
 
-    int forward_scored(const int* tokens, int n, int n_tail, bool pre_rope, TailScores* scores) override {
+    int forward_scored(const int* tokens, int n, int n_tail, TailScores* scores) override {
         if (n_tail < 1 || n_tail > n)
             fail("bad_request", "scored forward: " + std::to_string(n_tail) + " tail rows of a " + std::to_string(n) + "-row forward");
         *scores = TailScores{};
         scores->n_tail = n_tail;
         scores->ctx = len_ + n;
         capture_ = scores;
-        capture_pre_rope_ = pre_rope;
         try {
             const int next = forward(tokens, n, nullptr);
             capture_ = nullptr;
@@ -350,12 +349,10 @@ private:
         }
         cpu::rmsnorm(q.data(), F(L.q_norm), q.data(), n * nh, hd, cfg_.eps);
         cpu::rmsnorm(k.data(), F(L.k_norm), k.data(), n * nkv, hd, cfg_.eps);
-        std::vector<float> tail_q;  // a scored forward's tail queries, before or after RoPE as asked
-        const int n_tail = capture_ ? capture_->n_tail : 0;
-        if (capture_ && capture_pre_rope_) tail_q.assign(q.end() - int64_t(n_tail) * nh * hd, q.end());
+        std::vector<float> tail_q;  // a scored forward's tail queries, before RoPE
+        if (capture_) tail_q.assign(q.end() - int64_t(capture_->n_tail) * nh * hd, q.end());
         cpu::rope_at(q.data(), n, nh, hd, cfg_.rope_dims, cfg_.rope_theta, rows.positions.data());
         cpu::rope_at(k.data(), n, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, rows.positions.data());
-        if (capture_ && !capture_pre_rope_) tail_q.assign(q.end() - int64_t(n_tail) * nh * hd, q.end());
         uint8_t* kc = kcache_[size_t(l)].data();
         uint8_t* vc = vcache_[size_t(l)].data();
         for (int t = 0; t < n; ++t)
@@ -372,18 +369,16 @@ private:
         cpu::matmul(att.data(), n, nh * hd, F(L.o_proj), H, out);
     }
 
-    // A scored forward's probabilities for layer l: the whole sequence's keys read back from the cache
-    // (un-rotated to their pre-RoPE values when asked: RoPE is a rotation, its inverse is RoPE at -pos).
+    // A scored forward's probabilities for layer l: the whole sequence's keys read back from the cache and
+    // un-rotated to their pre-RoPE values (RoPE is a rotation; RoPE at -pos is its inverse).
     void score_tail(int l, const std::vector<float>& tail_q, const Rows& rows) {
         const int nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, ctx = capture_->ctx, n_tail = capture_->n_tail;
         std::vector<float> K(size_t(ctx) * nkv * hd);
         for (int64_t r = 0; r < int64_t(ctx) * nkv; ++r)
             decode_row(kt_, kcache_[size_t(l)].data() + r * krow_, &K[size_t(r) * hd], size_t(hd));
-        if (capture_pre_rope_) {
-            std::vector<int> back(static_cast<size_t>(ctx));
-            for (int s = 0; s < ctx; ++s) back[size_t(s)] = -s;
-            cpu::rope_at(K.data(), ctx, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, back.data());
-        }
+        std::vector<int> back(static_cast<size_t>(ctx));
+        for (int s = 0; s < ctx; ++s) back[size_t(s)] = -s;
+        cpu::rope_at(K.data(), ctx, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, back.data());
         const size_t at = capture_->probs.size();
         capture_->probs.resize(at + size_t(n_tail) * ctx);
         cpu::tail_attention_probs(tail_q.data(), rows.positions.data() + (rows.n - n_tail), n_tail, cfg_.n_heads, nkv,
@@ -467,7 +462,6 @@ private:
     std::vector<std::vector<uint8_t>> kcache_, vcache_;
     std::vector<std::vector<float>> ssm_, conv_;
     TailScores* capture_ = nullptr;     // set during a scored forward
-    bool capture_pre_rope_ = true;
     Rows pending_;                      // the last verify's rows, until commit or another forward
     std::vector<RecurrentRows> spec_;   // per DeltaNet layer: what commit needs from the last verify
     std::chrono::steady_clock::time_point t0_;
