@@ -7,6 +7,7 @@ target id's character span is found by decoding the ids one at a time with the t
 decoder (`tokenizers.decoders.DecodeStream`), so it describes exactly the ids sent, not a re-encoding of
 the text; ids that end inside a multi-byte character share the span of the whole character. The drafter
 encodes the same text with its own tokenizer, whose offsets the `tokenizers` library reports.
+`kept_text_ids` is the other bridge, through text, for the harness: the kept text re-tokenised.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ def target_offsets(tok: Tokenizer, ids: list[int]) -> tuple[str, list[list[int]]
         spans.extend([start, length] for _ in range(pending + 1))
         pending = 0
     spans.extend([length, length] for _ in range(pending))  # trailing ids of no complete character
-    return "".join(pieces), spans
+    text = "".join(pieces)
+    if text != tok.decode(ids, skip_special_tokens=False):
+        raise UserError("the target tokenizer's incremental decoding of the prompt differs from its decoding, so "
+                        "the PFlash bridge cannot place its tokens in the text",
+                        hint="a byte-level BPE tokenizer.json (as Qwen's) is what the bridge expects")
+    return text, spans
 
 
 def pflash_fields(target: Tokenizer, drafter: Tokenizer, ids: list[int]) -> dict[str, Any]:
@@ -49,6 +55,15 @@ def pflash_fields(target: Tokenizer, drafter: Tokenizer, ids: list[int]) -> dict
         raise UserError("the prompt decodes to no text, so the PFlash drafter has nothing to score",
                         hint="give a prompt of real text")
     return {"drafter_ids": list(enc.ids), "drafter_offsets": [list(o) for o in enc.offsets], "target_offsets": spans}
+
+
+def kept_text_ids(target: Tokenizer, ids: list[int], kept_char_ranges: list[list[int]]) -> list[int]:
+    """The other bridge, through text (Lucebox's): the kept character ranges of the prompt's text joined and
+    re-tokenised by the target's tokenizer. For comparing with the offset bridge's kept ids, or for sending
+    the kept prompt to an engine without a compressor."""
+    text, _ = target_offsets(target, ids)
+    kept = "".join(text[a:b] for a, b in kept_char_ranges)
+    return list(target.encode(kept, add_special_tokens=False).ids)
 
 
 class PFlashBridge:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import Engine
 
-from lucebench.engines.bridge import PFlashBridge, target_offsets
+from lucebench.engines.bridge import PFlashBridge, kept_text_ids, target_offsets
 from lucebench.models.shapes import get_shape
 from lucebench.models.synth import synthesize
 
@@ -190,6 +190,12 @@ def test_compressed_prefill_is_the_kept_prompt(start, engine, models):
     ar = engine(target, "--max-ctx", str(len(ids) + 16))
     ref = ar.generate([ids[p] for p in kept], 12)
     assert r["output_ids"] == ref["output_ids"]
+    # the bridge through text (re-tokenising the kept text) keeps about as many target tokens: it differs
+    # only at the seams, where the offset bridge keeps a straddling token whole
+    via_text = kept_text_ids(bridge.target, ids, pf["kept_char_ranges"])
+    print(f"kept {len(kept)} of {len(ids)} target tokens by offsets, {len(via_text)} via text, "
+          f"{len(pf['kept_char_ranges'])} spans")
+    assert abs(len(via_text) - len(kept)) <= 2 * len(pf["kept_char_ranges"])
 
 
 def test_keep_ratio_one_is_ar(start, engine, models):
