@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/engine_main.h"
@@ -31,6 +33,12 @@ public:
         if (nd == 0 || req.drafter_offsets.empty() || req.target_offsets.empty())
             fail("bad_request", "lucebench-pflash needs drafter_ids, drafter_offsets and target_offsets with the prompt "
                                 "(docs/protocol.md): the harness tokenises the prompt's text with both tokenizers");
+        // The bridge walks both offset arrays in order: starts must not go back.
+        for (const std::vector<int>* o : {&req.drafter_offsets, &req.target_offsets})
+            for (size_t i = 2; i < o->size(); i += 2)
+                if ((*o)[i] < (*o)[i - 2])
+                    fail("bad_request", std::string(o == &req.target_offsets ? "target" : "drafter") +
+                                            "_offsets must be in text order (token starts never decrease)");
         for (int t : req.drafter_ids)
             if (t >= dcfg_.vocab)
                 fail("bad_request", "drafter token id " + std::to_string(t) + " outside the drafter's vocabulary [0, " +

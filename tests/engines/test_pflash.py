@@ -221,6 +221,9 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     assert r["type"] == "error" and "outside the drafter's vocabulary" in r["message"]
     r = e.generate([1, 2, 3], 2, drafter_ids=[1], drafter_offsets=[[0, 1], [1, 2]], target_offsets=[[0, 1]] * 3)
     assert r["type"] == "error" and "one [start, end] pair per token" in r["message"]
+    r = e.generate([1, 2, 3], 2, drafter_ids=[1, 2], drafter_offsets=[[0, 1], [1, 2]],
+                   target_offsets=[[1, 2], [0, 1], [2, 2]])
+    assert r["type"] == "error" and "text order" in r["message"]
     assert e.close() == 0
     for flags, what in ((["--drafter", str(target)], "dense Qwen3 drafter"), ([], "needs --drafter"),
                         (["--drafter", str(drafter), "--budget", "3"], "does not take --budget"),
