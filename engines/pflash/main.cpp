@@ -2,7 +2,7 @@
 // prompt; the attention of its last prompt tokens ranks 32-token chunks; the kept chunks' text, mapped onto
 // the target's tokens through character offsets sent with the request, is all the target prefills; then
 // greedy autoregressive decoding. CPU backend only for now (the scoring forward exists on CPU only).
-#include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -186,6 +186,7 @@ int run(int argc, char** argv) {
     options["chunk"] = 32;
     options["bridge"] = "character offsets";
     options["drafter"] = opt.drafter;
+    options["backends"] = "cpu only for now: the drafter's scored forward has no GPU form yet";
     Json dm = Json::object();
     dm["arch"] = arch_name(dcfg.arch);
     dm["n_layers"] = dcfg.n_layers;

@@ -213,7 +213,9 @@ def test_keep_ratio_one_is_ar(start, engine, models):
 def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe):
     target, drafter = models
     e = start(target, drafter)
-    assert e.ready["engine"]["options"]["keep_ratio"] == 0.05 and e.ready["engine"]["options"]["bridge"]
+    options = e.ready["engine"]["options"]
+    assert options["keep_ratio"] == 0.05 and options["bridge"] == "character offsets"
+    assert options["backends"].startswith("cpu only") and options["drafter_model"]["arch"] == "qwen3"
     r = e.generate([1, 2, 3], 2)
     assert r["type"] == "error" and r["kind"] == "bad_request" and "drafter_ids" in r["message"]
     r = e.generate([1, 2, 3], 2, drafter_ids=[1, 5000], drafter_offsets=[[0, 1], [1, 2]],
