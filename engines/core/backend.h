@@ -50,6 +50,17 @@ struct VerifyResult {
     std::vector<float> features;         // [out rows, feature layers, hidden]
 };
 
+// PFlash importance (docs/engines.md, "PFlash"): a forward that also returns, for every attention layer,
+// the attention probabilities of its last `n_tail` rows over every position of the sequence,
+// softmax(q k^T / sqrt(head_dim)) causally masked (a row sees positions up to its own), reduced by the
+// max over query heads, with q and k as they are before RoPE (after the per-head norms). The keys of
+// earlier forwards are un-rotated from the cache, so they carry the KV cache type's rounding.
+struct TailScores {
+    int n_tail = 0, ctx = 0;   // rows scored; positions scored (the sequence length after the forward)
+    std::vector<int> layers;   // the attention layers, in order
+    std::vector<float> probs;  // [layers, n_tail, ctx]; positions after a row's own are 0
+};
+
 // The committed sequence state, decoded to fp32 (tests compare it with an autoregressive run's).
 struct SequenceState {
     int length = 0;
@@ -97,6 +108,11 @@ public:
             out->push_back(forward(&out->back(), 1, nullptr));
             if (stop(out->back())) break;
         }
+    }
+
+    // forward() that also fills *scores (see TailScores) for its last n_tail rows (1 <= n_tail <= n).
+    virtual int forward_scored(const int* tokens, int n, int n_tail, TailScores* scores) {
+        fail("unsupported", "the " + name() + " backend has no scored forward (PFlash importance)");
     }
 
     // Device timing: wall clock on CPU, events on GPU. stop() waits for the device.

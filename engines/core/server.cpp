@@ -177,6 +177,36 @@ static GenerateRequest parse_generate(const Json& r, int vocab) {
         for (auto& t : e->items()) g.eos_ids.push_back(int(t.as_int()));
     }
     if (auto* rl = r.get("return_logits")) g.return_logits = rl->is_bool() && rl->as_bool();
+    if (auto* ri = r.get("return_importance")) g.return_importance = ri->is_bool() && ri->as_bool();
+    if (auto* d = r.get("drafter_ids")) {
+        if (!d->is_array() || d->size() == 0) fail("bad_request", "drafter_ids must be a non-empty array of token ids");
+        for (auto& t : d->items()) {
+            int64_t v = -1;
+            try { v = t.as_int(); } catch (...) {}
+            if (v < 0 || v > INT_MAX) fail("bad_request", "drafter_ids must hold token ids (integers >= 0)");
+            g.drafter_ids.push_back(int(v));
+        }
+    }
+    // Offsets: one [start, end] pair per token of the matching ids.
+    auto offsets = [&](const char* key, size_t n_tokens, std::vector<int>* out) {
+        const Json* o = r.get(key);
+        if (!o) return;
+        if (!o->is_array() || o->size() != n_tokens)
+            fail("bad_request", std::string(key) + " must hold one [start, end] pair per token (" +
+                                    std::to_string(n_tokens) + ")");
+        for (auto& pair : o->items()) {
+            int64_t a = -1, b = -1;
+            try {
+                if (pair.is_array() && pair.size() == 2) { a = pair.items()[0].as_int(); b = pair.items()[1].as_int(); }
+            } catch (...) {}
+            if (a < 0 || b < a || b > INT_MAX)
+                fail("bad_request", std::string(key) + " must hold [start, end] character offsets with 0 <= start <= end");
+            out->push_back(int(a));
+            out->push_back(int(b));
+        }
+    };
+    offsets("drafter_offsets", g.drafter_ids.size(), &g.drafter_offsets);
+    offsets("target_offsets", g.prompt_ids.size(), &g.target_offsets);
     return g;
 }
 

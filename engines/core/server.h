@@ -49,6 +49,11 @@ struct GenerateRequest {
     bool ignore_eos = true;
     std::vector<int> eos_ids;
     bool return_logits = false;  // debug: include the prefill's last-position logits ("last_logits")
+    // Compressed prefill (pflash; other engines ignore them): the prompt in the drafter's tokens and the
+    // character span of every token of both tokenisations, flat [start0, end0, start1, end1, ...] over the
+    // prompt's text (docs/protocol.md). Checked here for shape only (pairs, one per id, start <= end).
+    std::vector<int> drafter_ids, drafter_offsets, target_offsets;
+    bool return_importance = false;  // debug (pflash): include the drafter's per-token importance
 };
 
 class RequestHandler {

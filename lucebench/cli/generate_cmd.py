@@ -83,6 +83,11 @@ def generate(
     ids = _prompt_ids(model, prompt, prompt_ids)
     if not ids:
         raise UserError("the prompt is empty")
+    extra: dict = {}
+    if engine_type.name == "pflash" and second is not None:
+        from lucebench.engines.bridge import PFlashBridge
+
+        extra = PFlashBridge(model, Path(second)).fields(ids)  # the drafter's tokens and both offset arrays
     backend = backend or detect_backend()
     console = Console(stderr=True)
     launch = engine_type.launch(LaunchRequest(engine=engine, options=options, model_dir=model, backend=backend,  # type: ignore[arg-type]
@@ -97,7 +102,7 @@ def generate(
             proc.wait_ready(600)
             t0 = time.perf_counter()
             reply = proc.request({"type": "generate", "id": "generate", "prompt_ids": ids, "n_gen": n_gen,
-                                  "ignore_eos": True, "eos_ids": []}, 600)
+                                  "ignore_eos": True, "eos_ids": [], **extra}, 600)
             reply["e2e_ms"] = (time.perf_counter() - t0) * 1e3
     except EngineError as exc:
         raise UserError(f"engine {engine} failed ({exc.kind}): {exc.message}"

@@ -33,7 +33,8 @@ __all__ = ["BACKENDS", "BUNDLED_ENGINES", "BuildError", "build_dir", "build_engi
            "engines_source_dir", "source_hash"]
 
 # Engine name -> CMake target / executable name.
-BUNDLED_ENGINES: dict[str, str] = {"ar": "lucebench-ar", "megakernel": "lucebench-megakernel", "dflash": "lucebench-dflash"}
+BUNDLED_ENGINES: dict[str, str] = {"ar": "lucebench-ar", "megakernel": "lucebench-megakernel",
+                                   "dflash": "lucebench-dflash", "pflash": "lucebench-pflash"}
 _SOURCE_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".txt", ".json", ".cmake", ".hip"})
 
 

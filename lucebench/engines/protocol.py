@@ -40,6 +40,11 @@ class GenerateRequest:
     n_gen: int
     ignore_eos: bool = True
     eos_ids: list[int] = field(default_factory=list)
+    # Compressed prefill (pflash; other engines ignore them): the prompt in the drafter's tokens and each
+    # token's [start, end) character span in the prompt's text, for both tokenisations (docs/protocol.md).
+    drafter_ids: list[int] | None = None
+    drafter_offsets: list[tuple[int, int]] | None = None
+    target_offsets: list[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,27 @@ def parse_request(line: str, *, vocab_size: int | None = None) -> GenerateReques
     if not isinstance(ignore_eos, bool):
         raise RequestError("bad_request", "ignore_eos must be true or false", rid)
     eos = _int_list(msg.get("eos_ids", []), "eos_ids", rid)
-    return GenerateRequest(id=rid, prompt_ids=prompt, n_gen=n_gen, ignore_eos=ignore_eos, eos_ids=eos)
+    drafter_ids = _int_list(msg["drafter_ids"], "drafter_ids", rid) if "drafter_ids" in msg else None
+    if drafter_ids is not None and (not drafter_ids or min(drafter_ids) < 0):
+        raise RequestError("bad_request", "drafter_ids must be a non-empty list of token ids >= 0", rid)
+    drafter_offsets = _offsets(msg, "drafter_offsets", len(drafter_ids or []), rid)
+    target_offsets = _offsets(msg, "target_offsets", len(prompt), rid)
+    return GenerateRequest(id=rid, prompt_ids=prompt, n_gen=n_gen, ignore_eos=ignore_eos, eos_ids=eos,
+                           drafter_ids=drafter_ids, drafter_offsets=drafter_offsets, target_offsets=target_offsets)
+
+
+def _offsets(msg: dict[str, Any], key: str, n_tokens: int, rid: Any) -> list[tuple[int, int]] | None:
+    """One [start, end] character span per token (0 <= start <= end), or None when the field is absent."""
+    if key not in msg:
+        return None
+    value = msg[key]
+    ok = isinstance(value, list) and len(value) == n_tokens and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+        and 0 <= p[0] <= p[1] for p in value)
+    if not ok:
+        raise RequestError("bad_request", f"{key} must hold one [start, end] pair per token ({n_tokens}), "
+                                          "0 <= start <= end", rid)
+    return [(int(a), int(b)) for a, b in value]
 
 
 # ---------------------------------------------------------------------------------------------- replies

@@ -165,7 +165,8 @@ ENGINE_TYPES: dict[str, EngineType] = {
                    _launch_bundled("dflash"), DFlashOptions,
                    "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft",
                    "lucebench-dflash"),
-        EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
+        # CPU only for now: the drafter's scored forward (the importance) has no GPU form yet.
+        EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu"}),
                    _launch_bundled("pflash"), PFlashOptions,
                    "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept",
                    "lucebench-pflash"),

@@ -136,7 +136,7 @@ def power_sweep_table(views: Sequence[CellView]) -> Table | None:
 # ---------------------------------------------------------------------------------------------- speculative
 # Engine-specific axes, ignored when pairing a speculative cell with its AR cell (as lucebench.metrics
 # does for the speedups); the KV type is preferred equal but not required.
-_SPEC_ONLY = ("engine", "budget", "keep_ratio", "kv_k", "kv_v")
+_SPEC_ONLY = ("engine", "engine_type", "budget", "keep_ratio", "kv_k", "kv_v")
 
 
 def _partner_key(v: CellView) -> tuple[Any, ...]:

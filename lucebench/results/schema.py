@@ -212,6 +212,12 @@ class PrefillStats(_Strict):
     kept_ranges: list[tuple[int, int]] = Field(
         default_factory=list, description="half-open [start, end) ranges of the request's prompt positions whose "
                                           "text was kept, ascending and disjoint")
+    kept_char_ranges: list[tuple[int, int]] | None = Field(
+        None, description="half-open [start, end) character spans of the prompt's text that were kept (the kept "
+                          "text; a harness may re-tokenise it)")
+    n_chunks: int | None = Field(None, ge=1, description="selection chunks of the drafter's prompt")
+    kept_chunks: int | None = Field(None, ge=0, description="chunks kept, forced ones included")
+    forced_chunks: int | None = Field(None, ge=0, description="chunks kept by rule: head, tail and anchors")
     time_ms: dict[str, float] = Field(
         default_factory=dict, description="TTFT split: score (drafter forward + scores), select, bridge, "
                                           "target_prefill")

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lucebench.config.schema import Measure
-from lucebench.errors import EngineError
+from lucebench.errors import EngineError, UserError
 from lucebench.results.schema import PhaseEnergy, PrefillStats, Sample, SpecStats
 from lucebench.runner.power import RunPower
 from lucebench.runner.process import EngineProcess
@@ -51,9 +51,10 @@ class CellFailed(Exception):
         self.samples = samples
 
 
-def _request(prompt: Prompt, workload: PreparedWorkload, req_id: str) -> dict[str, Any]:
+def _request(prompt: Prompt, workload: PreparedWorkload, req_id: str,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"type": "generate", "id": req_id, "prompt_ids": prompt.token_ids, "n_gen": workload.n_gen,
-            "ignore_eos": workload.ignore_eos, "eos_ids": list(workload.eos_ids)}
+            "ignore_eos": workload.ignore_eos, "eos_ids": list(workload.eos_ids), **(extra or {})}
 
 
 def _output_ids(reply: dict[str, Any], n_gen: int) -> list[int] | None:
@@ -131,9 +132,17 @@ def _short_phases(samples: list[Sample], min_window_s: float, headline: str) -> 
 
 def measure_cell(proc: EngineProcess, workload: PreparedWorkload, measure: Measure, *, power: RunPower,
                  device: int | None, deadline: float, cell_id: str,
-                 on_request: Callable[[int, int], None] | None = None) -> CellMeasurement:
-    """Run warm-ups and measured repetitions on a started engine; return raw samples and phase energy."""
+                 on_request: Callable[[int, int], None] | None = None,
+                 request_fields: Callable[[Prompt], dict[str, Any]] | None = None) -> CellMeasurement:
+    """Run warm-ups and measured repetitions on a started engine; return raw samples and phase energy.
+
+    `request_fields(prompt)`: extra request fields an engine needs (PFlash: the drafter's tokenisation),
+    computed once per prompt, before the first request, so that no repetition times it."""
     prompts = workload.prompts
+    try:
+        extra: dict[str, dict[str, Any]] = {p.id: request_fields(p) for p in prompts} if request_fields else {}
+    except UserError as exc:  # e.g. a prompt of no text for the drafter: this cell fails, the run goes on
+        raise CellFailed(EngineError("config", str(exc)), []) from None
     samples: list[Sample] = []
     t_start_ns = time.monotonic_ns()
     planned = measure.repetitions * len(prompts)
@@ -144,7 +153,8 @@ def measure_cell(proc: EngineProcess, workload: PreparedWorkload, measure: Measu
         if remaining <= 0:
             raise EngineError("timeout", f"cell timeout ({measure.timeout_s:g} s) reached")
         t0 = time.perf_counter()
-        reply = proc.request(_request(prompt, workload, req_id), min(measure.request_timeout_s, remaining))
+        reply = proc.request(_request(prompt, workload, req_id, extra.get(prompt.id)),
+                             min(measure.request_timeout_s, remaining))
         return reply, time.perf_counter() - t0
 
     try:

@@ -308,6 +308,16 @@ class Runner:
         except Exception as exc:  # a build or conversion tool failing is the cell's failure, not the run's
             return self._failed(spec, "build", f"{type(exc).__name__}: {exc}", **known)
 
+        request_fields = None
+        if engine_type.name == "pflash" and second is not None:
+            from lucebench.engines.bridge import PFlashBridge
+
+            try:
+                bridge = PFlashBridge(model.path, second.path)
+            except UserError as exc:
+                return self._failed(spec, "config", str(exc), **known)
+            request_fields = lambda p: bridge.fields(p.token_ids)  # noqa: E731
+
         engine = EngineInfo(name=spec.engine, kind=engine_type.kind, backend=backend, command=launch.argv,
                             build=launch.build)
         known["engine"] = engine
@@ -320,7 +330,7 @@ class Runner:
                 probe = CpuLoadProbe(engine_session=engine_pid) if spec.gpu is None else None
                 m = measure_cell(proc, workload, measure, power=power, device=spec.gpu,
                                  deadline=deadline, cell_id=spec.id,
-                                 on_request=on_request)
+                                 on_request=on_request, request_fields=request_fields)
                 known["cpu_load"] = probe.stop() if probe is not None else None
         except CellInterrupted as exc:
             raise KeyboardInterrupt(exc.samples) from None

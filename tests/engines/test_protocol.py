@@ -55,3 +55,19 @@ def test_reply_check_and_message_builders() -> None:
     assert error_message("oom", "m", "r1")["id"] == "r1"
     for junk in ("hello", "[]", '{"type": "progress"}', '{"no": "type"}'):
         assert parse_reply(junk) is None
+
+
+def test_compressed_prefill_fields_are_typed() -> None:
+    """pflash's optional fields: the drafter's ids and one [start, end] span per id of either tokenisation."""
+    base = {"type": "generate", "id": "p", "prompt_ids": [1, 2], "n_gen": 1}
+    req = parse_request(json.dumps({**base, "drafter_ids": [7, 8, 9], "drafter_offsets": [[0, 1], [1, 3], [3, 3]],
+                                    "target_offsets": [[0, 2], [2, 3]]}))
+    assert isinstance(req, GenerateRequest) and req.drafter_ids == [7, 8, 9]
+    assert req.drafter_offsets == [(0, 1), (1, 3), (3, 3)] and req.target_offsets == [(0, 2), (2, 3)]
+    assert parse_request(json.dumps(base)).drafter_ids is None  # other engines' requests are unchanged
+    for bad in ({"drafter_ids": [1], "drafter_offsets": [[0, 1], [1, 2]]},  # not one pair per id
+                {"target_offsets": [[2, 1], [1, 2]]},  # start after end
+                {"target_offsets": [[0, 1]]},  # not one pair per prompt id
+                {"drafter_ids": []}):
+        with pytest.raises(RequestError, match="drafter_ids|offsets"):
+            parse_request(json.dumps({**base, **bad}))

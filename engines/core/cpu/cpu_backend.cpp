@@ -112,6 +112,23 @@ public:
         return next;
     }
 
+    int forward_scored(const int* tokens, int n, int n_tail, TailScores* scores) override {
+        if (n_tail < 1 || n_tail > n)
+            fail("bad_request", "scored forward: " + std::to_string(n_tail) + " tail rows of a " + std::to_string(n) + "-row forward");
+        *scores = TailScores{};
+        scores->n_tail = n_tail;
+        scores->ctx = len_ + n;
+        capture_ = scores;
+        try {
+            const int next = forward(tokens, n, nullptr);
+            capture_ = nullptr;
+            return next;
+        } catch (...) {
+            capture_ = nullptr;
+            throw;
+        }
+    }
+
     void verify(const VerifyRequest& req, VerifyResult* out) override {
         const int n = int(req.tokens.size());
         pending_.n = 0;
@@ -332,6 +349,8 @@ private:
         }
         cpu::rmsnorm(q.data(), F(L.q_norm), q.data(), n * nh, hd, cfg_.eps);
         cpu::rmsnorm(k.data(), F(L.k_norm), k.data(), n * nkv, hd, cfg_.eps);
+        std::vector<float> tail_q;  // a scored forward's tail queries, before RoPE
+        if (capture_) tail_q.assign(q.end() - int64_t(capture_->n_tail) * nh * hd, q.end());
         cpu::rope_at(q.data(), n, nh, hd, cfg_.rope_dims, cfg_.rope_theta, rows.positions.data());
         cpu::rope_at(k.data(), n, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, rows.positions.data());
         uint8_t* kc = kcache_[size_t(l)].data();
@@ -342,11 +361,29 @@ private:
                 encode_row(kt_, &k[(size_t(t) * nkv + j) * hd], kc + r * krow_, size_t(hd));
                 encode_row(vt_, &v[(size_t(t) * nkv + j) * hd], vc + r * vrow_, size_t(hd));
             }
+        if (capture_) score_tail(l, tail_q, rows);
         std::vector<float> att(size_t(n) * nh * hd);
         if (rows.verify) cpu::tree_attention(q.data(), n, nh, nkv, hd, len_, kc, kt_, vc, vt_, rows.visible.data(), att.data());
         else cpu::attention(q.data(), n, nh, nkv, hd, len_, kc, kt_, vc, vt_, att.data());
         if (gated) for (size_t i = 0; i < att.size(); ++i) att[i] *= cpu::sigmoid(gate[i]);
         cpu::matmul(att.data(), n, nh * hd, F(L.o_proj), H, out);
+    }
+
+    // A scored forward's probabilities for layer l: the whole sequence's keys read back from the cache and
+    // un-rotated to their pre-RoPE values (RoPE is a rotation; RoPE at -pos is its inverse).
+    void score_tail(int l, const std::vector<float>& tail_q, const Rows& rows) {
+        const int nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, ctx = capture_->ctx, n_tail = capture_->n_tail;
+        std::vector<float> K(size_t(ctx) * nkv * hd);
+        for (int64_t r = 0; r < int64_t(ctx) * nkv; ++r)
+            decode_row(kt_, kcache_[size_t(l)].data() + r * krow_, &K[size_t(r) * hd], size_t(hd));
+        std::vector<int> back(static_cast<size_t>(ctx));
+        for (int s = 0; s < ctx; ++s) back[size_t(s)] = -s;
+        cpu::rope_at(K.data(), ctx, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, back.data());
+        const size_t at = capture_->probs.size();
+        capture_->probs.resize(at + size_t(n_tail) * ctx);
+        cpu::tail_attention_probs(tail_q.data(), rows.positions.data() + (rows.n - n_tail), n_tail, cfg_.n_heads, nkv,
+                                  hd, K.data(), ctx, capture_->probs.data() + at);
+        capture_->layers.push_back(l);
     }
 
     void delta_net(int l, const LayerWeights& L, const float* x, const Rows& rows, float* out) {
@@ -424,6 +461,7 @@ private:
     size_t krow_ = 0, vrow_ = 0;
     std::vector<std::vector<uint8_t>> kcache_, vcache_;
     std::vector<std::vector<float>> ssm_, conv_;
+    TailScores* capture_ = nullptr;     // set during a scored forward
     Rows pending_;                      // the last verify's rows, until commit or another forward
     std::vector<RecurrentRows> spec_;   // per DeltaNet layer: what commit needs from the last verify
     std::chrono::steady_clock::time_point t0_;

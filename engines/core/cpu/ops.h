@@ -69,6 +69,11 @@ void attention(const float* q, int n, int nh, int nkv, int hd, int pos0, const v
 void tree_attention(const float* q, int n, int nh, int nkv, int hd, int ctx0, const void* kcache, DType kt,
                     const void* vcache, DType vt, const uint8_t* visible, float* out);
 
+// PFlash importance: probs[t, s] = max over query heads h of softmax_s(q[t, h] . K[s, h / (nh / nkv)] / sqrt(hd))
+// over the positions s <= pos[t] (0 beyond). q[n_tail, nh, hd], K[ctx, nkv, hd] fp32, probs[n_tail, ctx].
+void tail_attention_probs(const float* q, const int* pos, int n_tail, int nh, int nkv, int hd, const float* K,
+                          int ctx, float* probs);
+
 float silu(float x);
 float sigmoid(float x);
 float softplus(float x);  // torch's: x for x > 20

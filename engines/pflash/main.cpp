@@ -1,0 +1,207 @@
+// lucebench-pflash: speculative prefill (docs/engines.md, "PFlash"). A small Qwen3 drafter reads the whole
+// prompt; the attention of its last prompt tokens ranks 32-token chunks; the kept chunks' text, mapped onto
+// the target's tokens through character offsets sent with the request, is all the target prefills; then
+// greedy autoregressive decoding. CPU backend only for now (the scoring forward exists on CPU only).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/engine_main.h"
+#include "core/errors.h"
+#include "core/server.h"
+#include "pflash/compress.h"
+
+namespace lb {
+namespace {
+
+// Drafter tokens per plain forward before the scored tail: bounds the activations of one forward.
+constexpr int kDrafterChunk = 2048;
+
+class PFlashHandler : public RequestHandler {
+public:
+    PFlashHandler(Backend& target, const ModelConfig& tcfg, Backend& drafter, const ModelConfig& dcfg,
+                  const EngineOptions& opt)
+        : target_(target), tcfg_(tcfg), drafter_(drafter), dcfg_(dcfg), opt_(opt), drafter_ctx_(opt.max_ctx) {}
+    int vocab_size() const override { return tcfg_.vocab; }
+    int max_ctx() const override { return opt_.max_ctx; }
+
+    Json generate(const GenerateRequest& req) override {
+        const int nt = int(req.prompt_ids.size()), nd = int(req.drafter_ids.size());
+        if (nd == 0 || req.drafter_offsets.empty() || req.target_offsets.empty())
+            fail("bad_request", "lucebench-pflash needs drafter_ids, drafter_offsets and target_offsets with the prompt "
+                                "(docs/protocol.md): the harness tokenises the prompt's text with both tokenizers");
+        // The bridge walks both offset arrays in order: starts must not go back.
+        for (const std::vector<int>* o : {&req.drafter_offsets, &req.target_offsets})
+            for (size_t i = 2; i < o->size(); i += 2)
+                if ((*o)[i] < (*o)[i - 2])
+                    fail("bad_request", std::string(o == &req.target_offsets ? "target" : "drafter") +
+                                            "_offsets must be in text order (token starts never decrease)");
+        for (int t : req.drafter_ids)
+            if (t >= dcfg_.vocab)
+                fail("bad_request", "drafter token id " + std::to_string(t) + " outside the drafter's vocabulary [0, " +
+                                        std::to_string(dcfg_.vocab) + ")");
+        Generation g;
+        target_.synchronize();
+        g.t_prefill_start = monotonic_ns();
+        Timer clock;
+
+        // Score: the drafter over the whole prompt, the tail rows' attention captured in the last forward.
+        if (nd > drafter_ctx_) {
+            drafter_ctx_ = nd;
+            drafter_.allocate(drafter_ctx_, opt_.kv_k, opt_.kv_v);
+        }
+        drafter_.reset();
+        const int n_tail = std::min(rule_.n_tail, nd);
+        for (int a = 0; a < nd - n_tail; a += kDrafterChunk)
+            drafter_.forward(req.drafter_ids.data() + a, std::min(kDrafterChunk, nd - n_tail - a), nullptr);
+        TailScores scores;
+        drafter_.forward_scored(req.drafter_ids.data() + nd - n_tail, n_tail, n_tail, &scores);
+        const std::vector<float> raw = pflash::importance(scores);
+        const std::vector<float> smoothed = pflash::smooth(raw, rule_.pool);
+        const double score_ms = clock.lap();
+
+        const pflash::Selection sel = pflash::select_chunks(smoothed, req.drafter_ids, opt_.keep_ratio, rule_);
+        const double select_ms = clock.lap();
+
+        const pflash::Bridged kept = pflash::bridge(sel.kept, rule_.chunk, req.drafter_offsets, req.target_offsets);
+        std::vector<int> ids;
+        ids.reserve(kept.target_positions.size());
+        for (int p : kept.target_positions) ids.push_back(req.prompt_ids[size_t(p)]);
+        if (ids.empty()) fail("internal", "the bridge kept no target token (the offsets do not cover the same text?)");
+        const double bridge_ms = clock.lap();
+
+        // The target prefills the kept prompt at positions 0.. (original positions are not kept).
+        target_.reset();
+        target_.timer_start();
+        g.out.push_back(target_.forward(ids.data(), int(ids.size()), req.return_logits ? &g.logits : nullptr));
+        const double target_ms = target_.timer_stop_ms();
+        g.prefill_ms = clock.lap() + score_ms + select_ms + bridge_ms;
+        g.t_prefill_end = g.t_decode_end = monotonic_ns();
+        if (!req.ignore_eos && is_eos(req, g.out.back())) {
+            g.stop = "eos";
+        } else if (req.n_gen > 1) {
+            if (int(ids.size()) + req.n_gen > opt_.max_ctx)
+                fail("context_overflow", "kept prompt " + std::to_string(ids.size()) + " + n_gen exceeds max_ctx");
+            target_.timer_start();
+            target_.decode(req.n_gen - 1, [&](int tok) { return !req.ignore_eos && is_eos(req, tok); }, &g.out);
+            g.decode_ms = target_.timer_stop_ms();
+            g.t_decode_end = monotonic_ns();
+            g.decode_steps = int(g.out.size()) - 1;
+            if (!req.ignore_eos && is_eos(req, g.out.back())) g.stop = "eos";
+        }
+        const int mean_ctx = int(ids.size()) + g.decode_steps / 2;
+        Json r = generation_reply(req, g, target_.decode_bytes(mean_ctx),
+                                  std::max(target_.peak_mem_bytes(), drafter_.peak_mem_bytes()));
+        Json pf = Json::object();
+        pf["prompt_tokens"] = nt;
+        pf["drafter_prompt_tokens"] = nd;
+        pf["kept_tokens_drafter"] = kept.kept_drafter;
+        pf["kept_tokens_target"] = int(ids.size());
+        pf["kept_ranges"] = pairs(pflash::runs(kept.target_positions));
+        pf["kept_char_ranges"] = pairs(kept.char_spans);
+        pf["kept_chunks"] = int(sel.kept.size());
+        pf["forced_chunks"] = int(sel.forced.size());
+        pf["n_chunks"] = sel.n_chunks;
+        Json t = Json::object();
+        t["score"] = score_ms;
+        t["select"] = select_ms;
+        t["bridge"] = bridge_ms;
+        t["target_prefill"] = target_ms;
+        pf["time_ms"] = t;
+        r["prefill"] = pf;
+        if (req.return_importance) {
+            Json a = Json::array(), b = Json::array();
+            for (float v : raw) a.push_back(Json(double(v)));
+            for (float v : smoothed) b.push_back(Json(double(v)));
+            r["importance"] = a;
+            r["importance_smoothed"] = b;
+        }
+        return r;
+    }
+
+private:
+    // Wall-clock laps of the phases (the CPU backend's own timer is wall clock too).
+    struct Timer {
+        uint64_t t = monotonic_ns();
+        double lap() { const uint64_t now = monotonic_ns(); const double ms = double(now - t) / 1e6; t = now; return ms; }
+    };
+    static Json pairs(const std::vector<std::pair<int, int>>& v) {
+        Json out = Json::array();
+        for (auto [a, b] : v) { Json p = Json::array(); p.push_back(Json(a)); p.push_back(Json(b)); out.push_back(p); }
+        return out;
+    }
+
+    Backend& target_;
+    const ModelConfig& tcfg_;
+    Backend& drafter_;
+    const ModelConfig& dcfg_;
+    EngineOptions opt_;
+    int drafter_ctx_;
+    pflash::Rule rule_;
+};
+
+int run(int argc, char** argv) {
+    EngineOptions opt;
+    try {
+        opt = parse_engine_flags(argc, argv, kFlagDrafter | kFlagKeepRatio);
+        if (opt.drafter.empty()) fail("bad_request", "lucebench-pflash needs --drafter PATH (a Qwen3 checkpoint)");
+    } catch (const EngineError& e) {
+        emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
+        return 2;
+    }
+    if (opt.keep_ratio == 0.0) opt.keep_ratio = 0.05;  // upstream's default
+    const std::string backend = opt.backend.empty() ? "cpu" : opt.backend;
+    std::unique_ptr<Backend> target, drafter;
+    ModelConfig tcfg, dcfg;
+    LoadStats tstats, dstats;
+    const bool loaded = load_or_report([&] {
+        if (backend != "cpu")
+            fail("unsupported", "lucebench-pflash runs on the cpu backend only for now (the drafter's scored forward "
+                                "has no GPU form yet); use --backend cpu");
+        target = make_cpu_backend();
+        drafter = make_cpu_backend();
+        fprintf(stderr, "[pflash] loading target %s and drafter %s on cpu\n", opt.model.c_str(), opt.drafter.c_str());
+        auto tsrc = open_checkpoint(opt.model);
+        tcfg = config_from_source(*tsrc);
+        target->load(*tsrc, tcfg, &tstats);
+        target->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
+        auto dsrc = open_checkpoint(opt.drafter);
+        dcfg = config_from_source(*dsrc);
+        if (dcfg.arch != Arch::Qwen3)
+            fail("unsupported", "the drafter " + opt.drafter + " is a " + arch_name(dcfg.arch) +
+                                    " model; PFlash scores with a dense Qwen3 drafter");
+        drafter->load(*dsrc, dcfg, &dstats);
+        drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
+    });
+    if (!loaded) return 1;
+    fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g\n", arch_name(tcfg.arch),
+            tcfg.n_layers, arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio);
+    Json options = kv_options(opt, target->weight_dtype());
+    options["keep_ratio"] = opt.keep_ratio;
+    options["importance"] = "pre-RoPE attention of the last 8 prompt tokens, causal, max over layers and heads, "
+                            "mean over rows, average pool 13";
+    options["chunk"] = 32;
+    options["bridge"] = "character offsets";
+    options["drafter"] = opt.drafter;
+    options["backends"] = "cpu only for now: the drafter's scored forward has no GPU form yet";
+    Json dm = Json::object();
+    dm["arch"] = arch_name(dcfg.arch);
+    dm["n_layers"] = dcfg.n_layers;
+    dm["hidden_size"] = dcfg.hidden;
+    dm["vocab_size"] = dcfg.vocab;
+    dm["n_params"] = Json(dstats.n_params);
+    options["drafter_model"] = dm;
+    const MemoryReport mem = target->memory();
+    emit(ready_line("pflash", backend, options, tcfg, tstats, target->device(), opt.max_ctx, &mem));
+
+    PFlashHandler handler(*target, tcfg, *drafter, dcfg, opt);
+    return serve(handler);
+}
+
+}  // namespace
+}  // namespace lb
+
+int main(int argc, char** argv) { return lb::run(argc, argv); }

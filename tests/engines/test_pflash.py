@@ -1,0 +1,254 @@
+"""lucebench-pflash on the CPU (docs/engines.md, "PFlash"): the drafter's importance scores against a plain
+PyTorch computation of the same rule on a synthetic Qwen3, the C++ selection and bridge checks, the
+character-offset bridge on two real tokenizers of different vocabularies, the target prefilling exactly
+the kept tokens, keep ratio 1.0 giving the `ar` engine's tokens, and `lucebench generate --engine pflash`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Engine
+
+from lucebench.engines.bridge import PFlashBridge, kept_text_ids, target_offsets
+from lucebench.models.shapes import get_shape
+from lucebench.models.synth import synthesize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def pflash_exe() -> Path:
+    from lucebench.engines.build import build_engine
+
+    return build_engine("pflash", backend="cpu")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Qwen3.5 target and a tiny Qwen3 drafter with different trained BPE vocabularies (1024, 777)."""
+    root = tmp_path_factory.mktemp("pflash-models")
+    synthesize(get_shape("tiny"), root / "target", seed=0, dtype="fp32")
+    synthesize(get_shape("tiny-qwen3-odd"), root / "drafter", seed=1, dtype="fp32")
+    return root / "target", root / "drafter"
+
+
+@pytest.fixture
+def start(pflash_exe):
+    started: list[Engine] = []
+
+    def go(target: Path, drafter: Path, *flags: str) -> Engine:
+        e = Engine(pflash_exe, target, "--drafter", str(drafter), *flags)
+        started.append(e)
+        return e
+
+    yield go
+    for e in started:
+        if e.proc.poll() is None:
+            e.proc.kill()
+            e.proc.wait()
+
+
+def long_text(n_sentences: int, seed: int = 0) -> str:
+    """Sentences of random letter strings: few 4-grams repeat, so the anchors do not force every chunk."""
+    rng = random.Random(seed)
+    word = lambda: "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))  # noqa: E731
+    return " ".join(" ".join(word() for _ in range(rng.randint(5, 12))).capitalize() + "."
+                    for _ in range(n_sentences))
+
+
+# ---------------------------------------------------------------------------------------------- scores
+def reference_importance(model_dir: Path, ids: list[int], n_tail: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule in PyTorch from transformers' Qwen3: q and k after the per-head norms and before RoPE, the last
+    rows' causal softmax(q k^T / sqrt(d)), max over heads and layers, mean over the rows; then the pool."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    caught: dict[tuple[str, int], torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        for name in ("q_norm", "k_norm"):
+            hooks.append(getattr(layer.self_attn, name).register_forward_hook(
+                lambda mod, args, out, key=(name, i): caught.__setitem__(key, out.detach())))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    n, t = len(ids), min(n_tail, len(ids))
+    best = None
+    for i in range(len(model.model.layers)):
+        q = caught["q_norm", i][0, n - t:]  # [t, heads, d]
+        k = caught["k_norm", i][0]  # [n, kv heads, d]
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        s = torch.einsum("thd,shd->ths", q, k) / math.sqrt(q.shape[-1])
+        after = torch.arange(n)[None, :] > torch.arange(n - t, n)[:, None]
+        p = s.masked_fill(after[:, None, :], float("-inf")).softmax(-1).amax(1)  # [t, n]
+        best = p if best is None else torch.maximum(best, p)
+    raw = best.mean(0)
+    smooth = torch.nn.functional.avg_pool1d(raw[None, None], 13, stride=1, padding=6)[0, 0]
+    return raw, smooth
+
+
+def synthetic_request(nd: int, nt: int, seed: int, vocab_d: int, vocab_t: int) -> dict:
+    """Random ids for both models over a text of nd characters: drafter token i is character i, the target's
+    tokens split the same characters into nt pieces."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, nd), nt - 1)) if nt > 1 else []
+    bounds = [0, *cuts, nd]
+    return {"prompt_ids": [rng.randrange(vocab_t) for _ in range(nt)],
+            "drafter_ids": [rng.randrange(vocab_d) for _ in range(nd)],
+            "drafter_offsets": [[i, i + 1] for i in range(nd)],
+            "target_offsets": [[a, b] for a, b in zip(bounds, bounds[1:])]}
+
+
+@pytest.mark.parametrize("nd", [5, 150, 2071])  # fewer rows than the tail; one forward; several forwards
+def test_importance_matches_reference(start, models, nd):
+    target, drafter = models
+    e = start(target, drafter, "--kv-k", "f32", "--kv-v", "f32", "--keep-ratio", "0.5", "--max-ctx", "256")
+    req = synthetic_request(nd, min(nd, 40), seed=nd, vocab_d=777, vocab_t=1024)
+    r = e.generate(req.pop("prompt_ids"), 2, return_importance=True, **req)
+    assert r["type"] == "result", r
+    raw, smooth = reference_importance(drafter, req["drafter_ids"])
+    got_raw, got_smooth = torch.tensor(r["importance"]), torch.tensor(r["importance_smoothed"])
+    assert got_raw.shape == raw.shape
+    err = float((got_raw - raw).abs().max() / raw.abs().max())
+    print(f"nd={nd} importance max rel error {err:.2e}")
+    assert err < 1e-4
+    assert (got_smooth - smooth).abs().max() / smooth.abs().max() < 1e-4
+    # the selection's counts follow the rule: max(1, floor(n_chunks * keep)) chunks, never fewer than forced
+    pf = r["prefill"]
+    n_chunks = -(-nd // 32)
+    assert pf["n_chunks"] == n_chunks and pf["drafter_prompt_tokens"] == nd
+    assert pf["kept_chunks"] == max(max(1, math.floor(n_chunks * 0.5)), pf["forced_chunks"])
+    assert pf["forced_chunks"] >= min(n_chunks, 32)
+
+
+def test_cpp_selection_and_bridge_checks(pflash_exe):
+    build = pflash_exe.parent
+    subprocess.run(["cmake", "--build", str(build), "--target", "lucebench-pflash-tests", "-j", "2"], check=True,
+                   capture_output=True)
+    proc = subprocess.run([str(build / "lucebench-pflash-tests")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- bridge
+def test_target_offsets_describe_the_ids_sent(models):
+    target, drafter = models
+    bridge = PFlashBridge(target, drafter)
+    text = "<|im_start|>user\nThe café in Tromsø — 日本語 — opens at 7:45.<|im_end|>\n" + long_text(3)
+    ids = bridge.target.encode(text, add_special_tokens=False).ids
+    decoded, spans = target_offsets(bridge.target, ids)
+    assert decoded == bridge.target.decode(ids, skip_special_tokens=False) == text
+    assert len(spans) == len(ids) and spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a <= b for a, b in spans) and all(p[1] <= q[0] or p == q for p, q in zip(spans, spans[1:]))
+    # a token that is a whole piece of text spans exactly its own text; the pieces of one character share it
+    for i, (a, b) in zip(ids, spans):
+        piece = bridge.target.decode([i], skip_special_tokens=False)
+        if "\ufffd" not in piece:
+            assert text[a:b] == piece
+    fields = bridge.fields(ids)
+    assert len(fields["drafter_ids"]) == len(fields["drafter_offsets"]) and fields["target_offsets"] == spans
+    assert fields["drafter_ids"] != ids  # two vocabularies
+
+
+def kept_from_chars(char_ranges: list[list[int]], spans: list[list[int]]) -> list[int]:
+    """The bridge's rule, independently: a target token is kept when any of its characters is in a kept
+    range; a token of no text when its position lies in one or at its end."""
+    out = []
+    for pos, (s, e) in enumerate(spans):
+        if any((s < b and e > a) if e > s else (a <= s <= b) for a, b in char_ranges):
+            out.append(pos)
+    return out
+
+
+def test_compressed_prefill_is_the_kept_prompt(start, engine, models):
+    """keep 0.2 on a prompt of about 2K tokens: kept ranges follow the kept text, the target's output equals
+    `ar` run on exactly the kept ids, and the counts are consistent."""
+    target, drafter = models
+    bridge = PFlashBridge(target, drafter)
+    ids = bridge.target.encode(long_text(70), add_special_tokens=False).ids
+    fields = bridge.fields(ids)
+    e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", str(len(ids) + 16))
+    r = e.generate(ids, 12, **fields)
+    assert r["type"] == "result", r
+    pf = r["prefill"]
+    kept = [p for a, b in pf["kept_ranges"] for p in range(a, b)]
+    assert pf["prompt_tokens"] == len(ids) and pf["kept_tokens_target"] == len(kept) < 0.6 * len(ids)
+    assert kept == kept_from_chars(pf["kept_char_ranges"], fields["target_offsets"])
+    assert pf["kept_tokens_drafter"] <= pf["drafter_prompt_tokens"] == len(fields["drafter_ids"])
+    assert pf["kept_chunks"] == max(math.floor(pf["n_chunks"] * 0.2), pf["forced_chunks"]) < pf["n_chunks"]
+    assert set(pf["time_ms"]) == {"score", "select", "bridge", "target_prefill"}
+    assert r["timing"]["prefill_ms"] >= sum(pf["time_ms"].values()) * 0.99
+    ar = engine(target, "--max-ctx", str(len(ids) + 16))
+    ref = ar.generate([ids[p] for p in kept], 12)
+    assert r["output_ids"] == ref["output_ids"]
+    # the bridge through text (re-tokenising the kept text) keeps about as many target tokens: it differs
+    # only at the seams, where the offset bridge keeps a straddling token whole
+    via_text = kept_text_ids(bridge.target, ids, pf["kept_char_ranges"])
+    print(f"kept {len(kept)} of {len(ids)} target tokens by offsets, {len(via_text)} via text, "
+          f"{len(pf['kept_char_ranges'])} spans")
+    assert abs(len(via_text) - len(kept)) <= 2 * len(pf["kept_char_ranges"])
+
+
+def test_keep_ratio_one_is_ar(start, engine, models):
+    """Nothing is dropped at keep 1.0: every target token kept and the `ar` engine's tokens exactly."""
+    target, drafter = models
+    bridge = PFlashBridge(target, drafter)
+    ids = bridge.target.encode("<|im_start|>user\n" + long_text(40, seed=3) + " Tromsø 日本", add_special_tokens=False).ids
+    e = start(target, drafter, "--keep-ratio", "1.0", "--max-ctx", str(len(ids) + 40))
+    r = e.generate(ids, 24, **bridge.fields(ids))
+    assert r["prefill"]["kept_ranges"] == [[0, len(ids)]] and r["prefill"]["kept_tokens_target"] == len(ids)
+    ref = engine(target, "--max-ctx", str(len(ids) + 40)).generate(ids, 24)
+    assert r["output_ids"] == ref["output_ids"]
+
+
+def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe):
+    target, drafter = models
+    e = start(target, drafter)
+    options = e.ready["engine"]["options"]
+    assert options["keep_ratio"] == 0.05 and options["bridge"] == "character offsets"
+    assert options["backends"].startswith("cpu only") and options["drafter_model"]["arch"] == "qwen3"
+    r = e.generate([1, 2, 3], 2)
+    assert r["type"] == "error" and r["kind"] == "bad_request" and "drafter_ids" in r["message"]
+    r = e.generate([1, 2, 3], 2, drafter_ids=[1, 5000], drafter_offsets=[[0, 1], [1, 2]],
+                   target_offsets=[[0, 1], [1, 1], [1, 2]])
+    assert r["type"] == "error" and "outside the drafter's vocabulary" in r["message"]
+    r = e.generate([1, 2, 3], 2, drafter_ids=[1], drafter_offsets=[[0, 1], [1, 2]], target_offsets=[[0, 1]] * 3)
+    assert r["type"] == "error" and "one [start, end] pair per token" in r["message"]
+    r = e.generate([1, 2, 3], 2, drafter_ids=[1, 2], drafter_offsets=[[0, 1], [1, 2]],
+                   target_offsets=[[1, 2], [0, 1], [2, 2]])
+    assert r["type"] == "error" and "text order" in r["message"]
+    assert e.close() == 0
+    for flags, what in ((["--drafter", str(target)], "dense Qwen3 drafter"), ([], "needs --drafter"),
+                        (["--drafter", str(drafter), "--budget", "3"], "does not take --budget"),
+                        (["--drafter", str(drafter), "--backend", "cuda"], "cpu backend only")):
+        proc = subprocess.run([str(pflash_exe), "--model", str(target), *flags], capture_output=True, text=True,
+                              input="", timeout=60)
+        line = json.loads(proc.stdout.splitlines()[0])
+        assert proc.returncode != 0 and line["type"] == "error" and what in line["message"], line
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def test_generate_cli(models):
+    """`lucebench generate --engine pflash --drafter DIR --keep-ratio R` sends the drafter's fields."""
+    target, drafter = models
+    base = [sys.executable, "-m", "lucebench", "generate", "--model", str(target), "--backend", "cpu",
+            "--prompt", long_text(30, seed=5), "--n-gen", "6", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = {}
+    for name, extra in (("pflash", ["--engine", "pflash", "--drafter", str(drafter), "--keep-ratio", "1"]),
+                        ("ar", ["--engine", "ar"])):
+        proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr
+        out[name] = json.loads(proc.stdout)
+    assert out["pflash"]["output_ids"] == out["ar"]["output_ids"]
+    pf = out["pflash"]["prefill"]
+    assert pf["kept_tokens_target"] == pf["prompt_tokens"] == out["ar"]["n_prompt"]
