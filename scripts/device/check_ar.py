@@ -8,8 +8,8 @@ One call does everything (the device lease is short):
     (the checkpoint is seeded, so the reference is the same on every run);
   * measures the device-to-device copy bandwidth (bytes read + written) as the roofline's ceiling;
   * correctness of ar (f32 KV and bf16 KV) against the reference;
-  * pp520 / tg128 for ar variants (env vars: LB_GPU_PDL=0, LB_GPU_DECODE=legacy, LB_GPU_OLD_GEMM=1,
-    LB_GPU_OLD_DELTA=1) and transformers eager bf16;
+  * pp520 / tg128 for ar variants (knobs, docs/engines.md: LB_GPU_PDL=0; the decode graph's fused stages off)
+    and transformers eager bf16;
   * optionally (LB_NCU=1) per-kernel device times of a prefill and decode steps under Nsight Compute.
 Prints a table last; writes $OUT/check_ar.json.
 """
@@ -244,7 +244,8 @@ def main() -> None:
 
     # --- timing variants (bf16 KV), each also checked for greedy agreement with a bf16 KV cache
     variants = [("fused+pdl", {}), ("fused, no pdl", {"LB_GPU_PDL": "0"}),
-                ("legacy decode, old prefill", {"LB_GPU_DECODE": "legacy", "LB_GPU_OLD_GEMM": "1", "LB_GPU_OLD_DELTA": "1"})]
+                ("unfused decode stages", {"LB_GPU_FUSED_MLP": "0", "LB_GPU_DELTA_OUT": "0", "LB_GPU_FUSED_DELTA": "0",
+                                           "LB_GPU_FUSED_ATTN": "0"})]
     extra = os.environ.get("LB_VARIANTS")
     if extra:  # e.g. 'name:K=V,K=V;name2:...'
         for item in extra.split(";"):
