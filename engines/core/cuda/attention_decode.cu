@@ -23,12 +23,26 @@ __device__ __forceinline__ void online_softmax_step(const float* q, const float*
     m = m_new;
 }
 
-// PER consecutive elements of a KV row starting at e0 (PER a multiple of 8 for 16-byte loads). FIX >= 0: the
-// element type is DType(FIX), known at compile time, and `t` is ignored: the kernel then holds one path only.
+// PER consecutive elements of a KV row starting at e0 (PER a multiple of 4: 16-byte loads of 2-byte types
+// where PER is a multiple of 8, 8-byte loads where it is 4, as for head_dim 128). FIX >= 0: the element type
+// is DType(FIX), known at compile time, and `t` is ignored: the kernel then holds one path only.
 template <int PER, int FIX = -1>
 __device__ __forceinline__ void kv_load_run(const void* row, DType t, int e0, float* f) {
+    static_assert(PER % 4 == 0, "a lane's run of a KV row is a multiple of 4 elements");
     if (FIX >= 0) t = DType(FIX);
-    if (t == DType::BF16) {
+    if (PER % 8 != 0 && (t == DType::BF16 || t == DType::F16)) {  // PER == 4: one 8-byte load
+        const uint2 u = *(const uint2*)((const unsigned short*)row + e0);
+        if (t == DType::BF16) {
+            f[0] = __uint_as_float(u.x << 16);
+            f[1] = __uint_as_float(u.x & 0xffff0000u);
+            f[2] = __uint_as_float(u.y << 16);
+            f[3] = __uint_as_float(u.y & 0xffff0000u);
+        } else {
+            const __half* hh = (const __half*)&u;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) f[j] = __half2float(hh[j]);
+        }
+    } else if (t == DType::BF16) {
 #pragma unroll
         for (int c = 0; c < PER / 8; ++c) {
             const uint4 u = ((const uint4*)((const unsigned short*)row + e0))[c];
