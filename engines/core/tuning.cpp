@@ -42,7 +42,6 @@ const Knob kKnobs[] = {
     {"LB_MK_FUSE_ATT", "mk_fuse_att", &Tuning::mk_fuse_att},
     {"LB_MK_DN_WHOLE", "mk_dn_whole", &Tuning::mk_dn_whole},
     {"LB_MK_ATT_ROWS", "mk_att_rows", &Tuning::mk_att_rows},
-    {"LB_MK_EARLY", "mk_early", nullptr, &Tuning::mk_early, nullptr, 0, 3},
     {"LB_MK_GENERIC", "mk_generic", &Tuning::mk_generic},
     {"LB_MK_TRACE", "mk_trace", nullptr, nullptr, &Tuning::mk_trace},
 };
@@ -52,7 +51,7 @@ const char* const kRetired[] = {
     "LB_GPU_OLD_GEMM", "LB_GPU_OLD_CONV", "LB_GPU_OLD_DELTA", "LB_GPU_OLD_ATTN", "LB_GPU_OLD_ATTN_DEC",
     "LB_GPU_DR_CB",    "LB_GPU_DR_WY",    "LB_GPU_ATTN_ANYKV", "LB_GPU_ATTN_TILED", "LB_MLP_EARLY_DOWN",
     "LB_GPU_DECODE",   "LB_GPU_DIAG_SKIP", "LB_MK_RING",     "LB_MK_RING_PAGES", "LB_MK_DIAG",
-    "LB_MK_BARRIER",
+    "LB_MK_BARRIER",   "LB_MK_EARLY",
 };
 
 // Read by a tool loaded into the engine, not by the engine: no warning. LB_TIMELINE_OUT: the CUPTI

@@ -36,7 +36,6 @@ struct Tuning {
     bool mk_fuse_att = true;      // LB_MK_FUSE_ATT: attention layers fused the same way (0: off)
     bool mk_dn_whole = true;      // LB_MK_DN_WHOLE: whole-head DeltaNet items (0: off)
     bool mk_att_rows = true;      // LB_MK_ATT_ROWS: attention out-projection by rows (0: off)
-    int mk_early = 3;             // LB_MK_EARLY: loads a stage early, bit 0 DeltaNet state, bit 1 conv windows
     bool mk_generic = false;      // LB_MK_GENERIC: the run-time build even for the default configuration (1: on)
     std::string mk_trace;         // LB_MK_TRACE: file for the per-stage clock stamps (timing only; empty: none)
 

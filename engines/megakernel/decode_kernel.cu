@@ -1401,7 +1401,7 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     part_range(H, b, nb, &h0, &h1);
     GridBarrier gb(p.bar);
     const int n_layers = p.n_layers;
-    const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;  // LB_MK_EARLY
+    const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;
     auto request_conv_windows = [&](int l) {  // layer l's, for this block's in-projection rows
         if (!conv_pre || l >= n_layers) return;
         part_range(layers[l].in_rows, b, nb, &r0, &r1);

@@ -77,7 +77,7 @@ struct Params {
     int kv_f16;  // KV element type: 0 bf16, 1 f16
     int xs_floats;  // shared-memory vector length (floats)
     int aux_floats;  // shared-memory scratch of the mixer stages (floats)
-    int early;       // v1 loads issued a stage early: bit 0 DeltaNet state, bit 1 conv windows (LB_MK_EARLY)
+    int early;       // loads issued a stage early: bit 0 DeltaNet state, bit 1 conv windows (DefaultConfig::early)
     int own_floats;     // shared memory: this block's residual rows
     int convpre_floats; // shared memory: conv windows of this block's in-projection rows
     // Fused MLP (default; LB_MK_FUSE=0 turns it off): gate/up and down in one stage, the down-projection
@@ -137,8 +137,7 @@ struct Params {
 };
 
 // The default configuration. The kernel's fixed build (decode_kernel.cu: Knobs<true>) compiles these values
-// in; the host launches that build when Params match them (is_default_config) and sets early from them
-// unless the mk_early knob (LB_MK_EARLY, core/tuning.h) says otherwise.
+// in; the host launches that build when Params match them (is_default_config).
 struct DefaultConfig {
     static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, kv_f16 = 0, dn_whole = 1, att_rows = 1;
     static constexpr int early = 3;         // DeltaNet state and conv windows loaded a stage early

@@ -424,7 +424,7 @@ private:
         p.dn_whole = dn_whole;
         p.att_rows = att_rows;
         p.dnslice_floats = dnslice;
-        p.early = tu.mk_early;
+        p.early = DefaultConfig::early;
         if (!tu.mk_trace.empty()) {
             trace_path_ = tu.mk_trace;
             p.trace = (long long*)alloc_zeroed(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));  // unwritten stamps stay 0
