@@ -3,6 +3,7 @@
 #include <new>
 
 #include "errors.h"
+#include "tuning.h"
 
 namespace lb {
 
@@ -69,6 +70,13 @@ Json ready_line(const std::string& engine_name, const std::string& backend, Json
     engine["backend"] = backend;
     engine["build"] = build_info();
     engine["options"] = options;
+    // the knobs in effect (core/tuning.h), and what the environment set that changes nothing
+    engine["tuning"] = tuning().to_json();
+    if (!tuning().warnings.empty()) {
+        Json w = Json::array();
+        for (const std::string& s : tuning().warnings) w.push_back(s);
+        engine["warnings"] = w;
+    }
     ready["engine"] = engine;
     Json model = Json::object();
     model["arch"] = arch_name(cfg.arch);

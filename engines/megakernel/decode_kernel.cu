@@ -6,7 +6,7 @@
 #if defined(__HIPCC__)
 // HIP (AMD, wave32 targets; compiled in CI, never run): the same kernel without PTX. Data other blocks
 // wrote in this launch is read with volatile loads (past the non-coherent L1), the barrier uses clang's
-// atomics, and the sm_80/sm_90 paths (cp.async, the v3 ring) are left out.
+// atomics, and the sm_80/sm_90 paths (cp.async) are left out.
 #define LB_MK_HIP 1
 #if defined(__HIP_DEVICE_COMPILE__)
 static_assert(LB_WARP == 32, "the megakernel assumes 32-lane warps: build it for a wave32 (gfx10+) target");
@@ -17,8 +17,7 @@ namespace lb::mk {
 namespace {
 
 // ----------------------------------------------------------------------------------------- memory helpers
-// Barrier of the NT compute threads (named barrier 1). The ring kernel's producer warp never joins it, so
-// every block-level synchronisation of the stages goes through here, never through __syncthreads.
+// Barrier of the block's NT threads (named barrier 1).
 #if defined(LB_MK_HIP)
 __device__ __forceinline__ void csync() { __syncthreads(); }  // the v1 kernel's blocks are all compute threads
 #else
@@ -197,51 +196,26 @@ __device__ __forceinline__ void wait_count(const unsigned* c, unsigned target) {
 }
 
 // Grid barrier over all blocks of the launch; writes before it are visible to every block after it (reads
-// of such data go through L2). Two implementations (LB_MK_BARRIER):
-//   1  arrival count + generation: the last block to arrive resets the count and bumps the generation
-//      the others poll;
-//   2  one monotonic arrival counter: each block adds 1 with release semantics (no return value to wait
-//      for) and polls with acquire loads until the count reaches (barriers passed) x blocks; the block
-//      that finishes the token resets it in lm_finish, when every block is past the last barrier.
-// Diagnostics bit 3 (LB_MK_DIAG & 8) turns it into a block-local barrier (timing only: results wrong).
+// of such data go through L2). One monotonic arrival counter: each block adds 1 with release semantics (no
+// return value to wait for) and polls with acquire loads until the count reaches (barriers passed) x
+// blocks; the block that finishes the token resets it in lm_finish, when every block is past the last
+// barrier.
 struct GridBarrier {
-    unsigned* bar;  // [2]: count, generation
-    int kind;
-    bool off;
+    unsigned* bar;  // the arrival count
     unsigned passed = 0;
-    __device__ GridBarrier(unsigned* b, int k, bool o) : bar(b), kind(k), off(o) {}
+    __device__ explicit GridBarrier(unsigned* b) : bar(b) {}
     __device__ __forceinline__ void sync() {
         sync([] {});
     }
-    // while_waiting() runs on every thread after the block's arrival (kind 2; before the barrier otherwise),
-    // off the chain unless this block arrives last: work that must follow the previous barrier and only
-    // precede the next one. Its memory operations are not ordered before the arrival.
+    // while_waiting() runs on every thread after the block's arrival, off the chain unless this block
+    // arrives last: work that must follow the previous barrier and only precede the next one. Its memory
+    // operations are not ordered before the arrival.
     template <class F>
     __device__ __forceinline__ void sync(F while_waiting) {
         csync();
-        if (off || kind != 2) while_waiting();
-        if (off) return;
-        if (threadIdx.x == 0 && kind == 2) red_release_add(bar, 1u);
-        if (kind == 2) while_waiting();
-        if (threadIdx.x == 0) {
-            if (kind == 2) {
-                wait_count(bar, (++passed) * gridDim.x);
-            } else {
-                long long t0 = 0;
-                unsigned* count = bar;
-                unsigned* gen = bar + 1;
-                const unsigned g = ld_acquire(gen);
-                __threadfence();
-                if (atomicAdd(count, 1u) == gridDim.x - 1) {
-                    atomicExch(count, 0u);
-                    __threadfence();
-                    atomicAdd(gen, 1u);
-                } else {
-                    while (ld_acquire(gen) == g) watchdog(&t0);
-                }
-                __threadfence();
-            }
-        }
+        if (threadIdx.x == 0) red_release_add(bar, 1u);
+        while_waiting();
+        if (threadIdx.x == 0) wait_count(bar, (++passed) * gridDim.x);
         csync();
     }
 };
@@ -253,16 +227,16 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 
 // The kernel's run-time switches (Params), or, in the build for the default configuration (kFixed), the
 // same names as compile-time constants: that build drops every path the default never takes (unfused
-// stages, the generation barrier, diagnostics, the f16 KV cache, head_dim > 256) and their branches and
+// stages, the f16 KV cache, head_dim > 256) and their branches and
 // register spills: 448 -> 247 KB of sm_90 code, no spills, +3% tg128 on an H200 (docs/megakernel.md,
 // session 10). The host runs it whenever the configuration matches (mk_backend.cu; LB_MK_GENERIC=1 runs
 // the run-time build instead).
 template <bool kFixed>
 struct Knobs {
-    int fuse, fuse_out, fuse_in, fuse_att, diag, bar_kind, early, kv_f16, dn_whole, att_rows;
+    int fuse, fuse_out, fuse_in, fuse_att, early, kv_f16, dn_whole, att_rows;
     __device__ explicit Knobs(const Params& p)
-        : fuse(p.fuse), fuse_out(p.fuse_out), fuse_in(p.fuse_in), fuse_att(p.fuse_att), diag(p.diag),
-          bar_kind(p.bar_kind), early(p.early), kv_f16(p.kv_f16), dn_whole(p.dn_whole), att_rows(p.att_rows) {}
+        : fuse(p.fuse), fuse_out(p.fuse_out), fuse_in(p.fuse_in), fuse_att(p.fuse_att), early(p.early),
+          kv_f16(p.kv_f16), dn_whole(p.dn_whole), att_rows(p.att_rows) {}
 };
 template <>
 struct Knobs<true> : DefaultConfig {  // decode_kernel.cuh
@@ -1352,7 +1326,7 @@ __device__ void lm_finish(const Params& p, const Kn& K, int pos, float best, int
         *p.pos = pos + 1;
         if (is_eos) *p.done = 1;
         atomicExch(p.tickets + p.n_layers * p.nh, 0u);
-        if (K.bar_kind == 2) atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
+        atomicExch(p.bar, 0u);  // every block is past the token's last grid barrier
     }
     if (K.fuse_out)  // and past every fused out-projection's (and in-projection's) per-head wait
         for (int i = lane; i < p.n_layers * p.hv; i += 32) {
@@ -1371,7 +1345,6 @@ __device__ void stage_lm(const Params& p, const Kn& K, int pos, const float* x, 
     part_range(p.V, blockIdx.x, gridDim.x, &r0, &r1);
     float best = -FLT_MAX;
     int bidx = 0x7fffffff;
-    if (K.diag & 2) r1 = r0;  // diagnostics: time everything but the LM head
     gemv_rows(p.lm_head, p.H, r0, r1, xs, red, [&](int r, float v) {
         argmax_take(best, bidx, v, r);
     });
@@ -1426,9 +1399,9 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     const int b = blockIdx.x, nb = gridDim.x, H = p.H;
     int h0, h1, r0, r1;
     part_range(H, b, nb, &h0, &h1);
-    GridBarrier gb(p.bar, K.bar_kind, K.diag & 8);
-    const int n_layers = (K.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
-    const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;  // LB_MK_EARLY
+    GridBarrier gb(p.bar);
+    const int n_layers = p.n_layers;
+    const bool conv_pre = kConvPre && (K.early & 2), state_pre = K.early & 1;
     auto request_conv_windows = [&](int l) {  // layer l's, for this block's in-projection rows
         if (!conv_pre || l >= n_layers) return;
         part_range(layers[l].in_rows, b, nb, &r0, &r1);
@@ -1536,393 +1509,10 @@ __global__ void __launch_bounds__(NT, 1) decode_kernel(const Params p) {
     trace(p, p.n_layers, 1);
 }
 
-#if !defined(LB_MK_HIP)
-// ========================================================================================= v3: weight ring
-//
-// sm_90. Each block streams its share of every weight matrix, in the order the stages use them, through a
-// ring of shared-memory pages filled by TMA bulk copies (cp.async.bulk; each page's arrival is counted on
-// its own mbarrier). Weights do not depend on activations, so the ring runs ahead of the grid barriers:
-// while the block waits at a barrier, runs a prologue or the mixer, the next stages' pages are landing.
-// There is no producer warp (a 17th warp would cap registers at 96 and spill): the warp that releases a
-// page last (a shared counter per slot) refills that slot with the page `n` positions further on. The
-// compute threads dot each page (from shared memory) with the stage's input vector, whose slice each lane
-// keeps in registers for the whole stage. Stage results go to `rowacc` (one float per row and K-part)
-// and the stage's epilogue runs once all its pages are done.
-
-// How a matrix with K columns is cut into pages: S warps share a row (each a contiguous K-part of at most
-// 128 16-byte vectors, 4 per lane), rpp = NW / S rows per page.
-struct RingPlan {
-    int kv, S, rpp;  // (declaration order = initialisation order)
-    __device__ explicit RingPlan(int K) : kv(K / 8), S(K <= 1024 ? 1 : K <= 2048 ? 2 : 4), rpp(NW / S) {}
-};
-
-struct Ring {
-    unsigned char* pages;  // n pages of RING_PAGE bytes
-    uint64_t* full;        // [n] mbarriers: page landed (1 arrival + the transaction bytes)
-    unsigned* released;    // [n] warps done with the slot's current page
-    int n;
-};
-struct RingCursor {  // position in the ring (slot, phase of its mbarrier); every warp walks the same pages
-    int slot = 0;
-    unsigned phase = 0;
-    __device__ void advance(int n) {
-        if (++slot == n) { slot = 0; phase ^= 1u; }
-    }
-};
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-#endif
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-#endif
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned done;
-    long long t0 = 0;
-    for (;;) {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(parity)
-                     : "memory");
-        if (done) break;
-        watchdog(&t0);
-    }
-#endif
-}
-// TMA bulk copy global -> shared; completion adds `bytes` transactions to `bar`.
-__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-#endif
-}
-
-// The block's page schedule: per layer the in-projection, out-projection, gate, up and down rows of this
-// block (chunks 5 l .. 5 l + 4), then its LM-head rows; each chunk cut into pages of RingPlan(K).rpp rows.
-struct PageIter {
-    int nl, total, ci = -1, row = 0, r1 = 0, K = 8;
-    const wtype* W = nullptr;
-    __device__ PageIter(int n_layers, bool lm) : nl(n_layers), total(5 * n_layers + (lm ? 1 : 0)) {}
-    // The next page's source and size; false once the schedule is done.
-    __device__ bool next(const Params& p, const void** src, unsigned* bytes) {
-        const int nb = gridDim.x, b = blockIdx.x;
-        while (row >= r1) {
-            if (++ci >= total) return false;
-            const int l = ci / 5, k = ci % 5;
-            if (l == nl) {  // the LM head
-                part_range(p.V, b, nb, &row, &r1);
-                W = p.lm_head;
-                K = p.H;
-                continue;
-            }
-            const LayerPtrs& L = p.layers[l];
-            if (k == 0) { part_range(L.in_rows, b, nb, &row, &r1); W = L.in_w; K = p.H; }
-            if (k == 1) { part_range(p.H, b, nb, &row, &r1); W = L.out_w; K = L.out_in; }
-            if (k == 2 || k == 3) {
-                part_range(p.I, b, nb, &row, &r1);
-                if (k == 3) { row += p.I; r1 += p.I; }
-                W = L.gate_up;
-                K = p.H;
-            }
-            if (k == 4) { part_range(p.H, b, nb, &row, &r1); W = L.down; K = p.I; }
-        }
-        const int rpp = RingPlan(K).rpp;
-        *src = W + size_t(row) * K;
-        *bytes = unsigned(min(rpp, r1 - row)) * unsigned(K) * unsigned(sizeof(wtype));
-        row += rpp;
-        return true;
-    }
-};
-
-// Starts the copy of the next scheduled page into `slot` (when there is one).
-__device__ __forceinline__ void ring_fill(const Params& p, const Ring& R, PageIter& it, int slot) {
-    const void* src;
-    unsigned bytes;
-    if (!it.next(p, &src, &bytes)) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads of the slot before the async write
-#endif
-    mbar_arrive_expect_tx(R.full + slot, bytes);
-    bulk_to_smem(R.pages + size_t(slot) * RING_PAGE, src, bytes, R.full + slot);
-}
-
-// This lane's slice of the input vector xs for a K-column matrix (the vectors it dots in every page).
-__device__ __forceinline__ void load_xr(const float* xs, int K, float (&xr)[4][8]) {
-    const RingPlan pl(K);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp / pl.rpp;
-    const int per = (pl.kv + pl.S - 1) / pl.S, v0 = part * per, v1 = min(pl.kv, v0 + per);
-    const float4* x4 = reinterpret_cast<const float4*>(xs);
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-        const int idx = v0 + lane + 32 * m;
-        const float4 a = idx < v1 ? x4[2 * idx] : make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 b = idx < v1 ? x4[2 * idx + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
-        xr[m][0] = a.x; xr[m][1] = a.y; xr[m][2] = a.z; xr[m][3] = a.w;
-        xr[m][4] = b.x; xr[m][5] = b.y; xr[m][6] = b.z; xr[m][7] = b.w;
-    }
-}
-
-// Consumer: dots rows [r0, r1) of a K-column matrix, page by page, with xr; out(i, part, value) runs on
-// lane 0 of the warp that computed K-part `part` of row r0 + i.
-// ahead: this warp's copy of the schedule R.n pages past c (advanced on lane 0 for every page; the warp
-// that releases a page last uses it to refill the slot).
-template <class Out>
-__device__ void ring_consume(const Params& p, const Ring& R, RingCursor& c, PageIter& ahead, int K, int r0, int r1,
-                             const float (&xr)[4][8], Out out) {
-    const RingPlan pl(K);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rip = warp % pl.rpp, part = warp / pl.rpp;
-    const int per = (pl.kv + pl.S - 1) / pl.S, v0 = part * per, v1 = min(pl.kv, v0 + per);
-    for (int row = r0; row < r1; row += pl.rpp) {
-        const int n = min(pl.rpp, r1 - row);
-        mbar_wait(R.full + c.slot, c.phase);
-        if (rip < n) {
-            const uint4* wr = reinterpret_cast<const uint4*>(R.pages + size_t(c.slot) * RING_PAGE) + size_t(rip) * pl.kv;
-            uint4 w[4];
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                const int idx = v0 + lane + 32 * m;
-                w[m] = idx < v1 ? wr[idx] : make_uint4(0, 0, 0, 0);
-            }
-            float acc = 0.f;
-#pragma unroll
-            for (int m = 0; m < 4; ++m) {
-                float f[8];
-                unpack8(w[m], f);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc += f[j] * xr[m][j];
-            }
-            acc = warp_sum(acc);
-            if (lane == 0) out(row - r0 + rip, part, acc);
-        }
-        __syncwarp();
-        if (lane == 0) {
-            if (atomicAdd(R.released + c.slot, 1u) == unsigned(NW - 1)) {
-                R.released[c.slot] = 0;
-                ring_fill(p, R, ahead, c.slot);
-            } else {
-                const void* src;
-                unsigned bytes;
-                ahead.next(p, &src, &bytes);
-            }
-        }
-        c.advance(R.n);
-    }
-}
-
-// After ring_consume into rowacc ([row][part]): epi(i, sum over parts) for i < n, once per row.
-template <class Epi>
-__device__ __forceinline__ void rows_done(const float* rowacc, int S, int n, Epi epi) {
-    csync();
-    for (int i = threadIdx.x; i < n; i += NT) {
-        float v = 0.f;
-        for (int q = 0; q < S; ++q) v += rowacc[i * S + q];
-        epi(i, v);
-    }
-}
-
-__global__ void __launch_bounds__(NT, 1) decode_kernel_ring(const Params p) {
-    extern __shared__ float4 smem4[];
-    unsigned char* base = reinterpret_cast<unsigned char*>(smem4);
-    Ring R;
-    R.n = p.ring_slots;
-    R.pages = base;
-    R.full = reinterpret_cast<uint64_t*>(base + size_t(R.n) * RING_PAGE);
-    R.released = reinterpret_cast<unsigned*>(R.full + R.n);
-    float* xs = reinterpret_cast<float*>(R.full + 2 * R.n);  // (released takes n of the n 8-byte words)
-    float* red = xs + p.xs_floats;  // 64 floats
-    float* aux = red + 64;
-    float* own = aux + p.aux_floats;                      // this block's rows of the residual x (it alone writes them)
-    float* convpre = own + p.own_floats;                  // conv windows of this block's in-projection rows [row][16]
-    float* rowacc = convpre + p.convpre_floats;           // per-row stage results [row][K-part]
-    if (*(volatile int*)p.done) return;  // the chain already produced an eos token
-    const int pos = *(volatile int*)p.pos;
-    const int tok = *(volatile int*)p.tok;
-    const int n_layers = (p.diag & 1) ? 0 : p.n_layers;  // diagnostics: time the LM head alone
-    const bool lm = !(p.diag & 2);                        // diagnostics: everything but the LM head
-    const bool work = !(p.diag & 4);                      // diagnostics: barriers only (no layer work)
-    GridBarrier gb(p.bar, p.bar_kind, p.diag & 8);
-    const int lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < R.n; ++i) {
-            mbar_init(R.full + i, 1);
-            R.released[i] = 0;
-        }
-        mbar_init_fence();
-    }
-    csync();
-    PageIter ahead(work ? n_layers : 0, lm);  // lane 0 of each warp: the schedule R.n pages ahead
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < R.n; ++i) ring_fill(p, R, ahead, i);
-    } else if (lane == 0) {
-        for (int i = 0; i < R.n; ++i) {
-            const void* src;
-            unsigned bytes;
-            ahead.next(p, &src, &bytes);
-        }
-    }
-    const int nb = gridDim.x, b = blockIdx.x;
-    int h0, h1;  // this block's rows of every H-row matrix (out_proj, down): its residual rows
-    part_range(p.H, b, nb, &h0, &h1);
-    RingCursor c;
-    float xr[4][8];
-    int r0, r1;
-    auto store = [&](int S) {
-        return [=](int i, int q, float v) { rowacc[i * S + q] = v; };
-    };
-    auto residual = [&](int i, float v) {
-        own[i] += v;
-        p.x[h0 + i] = own[i];
-    };
-    // this block's residual rows [h0, h1) of a K-column matrix (out_proj / o_proj, down), added to the residual
-    auto project_residual = [&](int K) {
-        const int S = RingPlan(K).S;
-        ring_consume(p, R, c, ahead, K, h0, h1, xr, store(S));
-        rows_done(rowacc, S, h1 - h0, residual);
-    };
-    for (int l = 0; l < n_layers && !work; ++l)
-        for (int k = 0; k < 5; ++k) gb.sync();
-    if (work && n_layers > 0) {
-        part_range(p.layers[0].in_rows, b, nb, &r0, &r1);
-        conv_prefetch(p, p.layers[0], r0, r1, convpre);
-    }
-    for (int l = 0; l < n_layers && work; ++l) {
-        const LayerPtrs& L = p.layers[l];
-        // the state of this block's first DeltaNet item: loads in flight through the in-projection
-        float spre[DN_MAXR];
-        if (!L.full) deltanet_state_load(p, L, b, spre);
-        trace(p, l, 0);
-        // 0: RMSNorm + in-projection
-        const wtype* erow = l == 0 ? p.embed + size_t(tok) * p.H : nullptr;
-        if (erow)
-            for (int i = threadIdx.x; i < h1 - h0; i += NT) {
-                own[i] = gpu::w2f(erow[h0 + i]);
-                p.x[h0 + i] = own[i];
-            }
-        norm_to_smem(p.x, erow, p.H, L.input_norm, p.eps, xs, red);
-        load_xr(xs, p.H, xr);
-        trace(p, l, 1);
-        part_range(L.in_rows, b, nb, &r0, &r1);
-        {
-            const int S = RingPlan(p.H).S;
-            ring_consume(p, R, c, ahead, p.H, r0, r1, xr, store(S));
-            trace(p, l, 2);
-            cp_async_wait_all();  // the conv windows (rows_done's csync publishes them)
-            rows_done(rowacc, S, r1 - r0, [&](int i, float v) {
-                in_epilogue(p, L, r0 + i, v, !L.full && r0 + i < p.cd ? convpre + i * 16 : nullptr);
-            });
-        }
-        trace(p, l, 3);
-        gb.sync();
-        trace(p, l, 4);
-        // 1: mixer
-        if (L.full) {
-            if (p.hd <= 256) stage_attention<1>(p, Knobs<false>(p), L, l, pos, aux);
-            else stage_attention<ATT_MAXC>(p, Knobs<false>(p), L, l, pos, aux);
-        } else {
-            stage_deltanet(p, L, aux, spre);
-        }
-        trace(p, l, 5);
-        gb.sync();
-        trace(p, l, 6);
-        // 2: out-projection + residual
-        out_prologue(p, L, xs, aux);
-        load_xr(xs, L.out_in, xr);
-        trace(p, l, 7);
-        project_residual(L.out_in);
-        trace(p, l, 8);
-        gb.sync();
-        trace(p, l, 9);
-        // 3: RMSNorm + gate and up rows, SiLU(gate) * up
-        norm_to_smem(p.x, nullptr, p.H, L.post_norm, p.eps, xs, red);
-        load_xr(xs, p.H, xr);
-        trace(p, l, 10);
-        part_range(p.I, b, nb, &r0, &r1);
-        {
-            const int S = RingPlan(p.H).S, n = r1 - r0;
-            ring_consume(p, R, c, ahead, p.H, r0, r1, xr, store(S));
-            ring_consume(p, R, c, ahead, p.H, p.I + r0, p.I + r1, xr, [=](int i, int q, float v) { rowacc[(n + i) * S + q] = v; });
-            csync();
-            for (int i = threadIdx.x; i < n; i += NT) {
-                float g = 0.f, u = 0.f;
-                for (int q = 0; q < S; ++q) {
-                    g += rowacc[i * S + q];
-                    u += rowacc[(n + i) * S + q];
-                }
-                p.act[r0 + i] = silu(g) * u;
-            }
-        }
-        trace(p, l, 11);
-        gb.sync();
-        trace(p, l, 12);
-        // 4: down-projection + residual; the next layer's conv windows start landing
-        if (l + 1 < n_layers) {
-            part_range(p.layers[l + 1].in_rows, b, nb, &r0, &r1);
-            conv_prefetch(p, p.layers[l + 1], r0, r1, convpre);
-        }
-        for (int e = threadIdx.x; e < p.I; e += NT) xs[e] = ldg(p.act + e);
-        csync();
-        load_xr(xs, p.I, xr);
-        trace(p, l, 13);
-        project_residual(p.I);
-        trace(p, l, 14);
-        gb.sync();
-        trace(p, l, 15);
-    }
-    // LM head + argmax: every thread keeps a candidate, warps reduce, lm_finish reduces blocks.
-    trace(p, p.n_layers, 0);
-    norm_to_smem(p.x, nullptr, p.H, p.final_norm, p.eps, xs, red);
-    load_xr(xs, p.H, xr);
-    part_range(p.V, b, nb, &r0, &r1);
-    if (!lm) r1 = r0;
-    float best = -FLT_MAX;
-    int bidx = 0x7fffffff;
-    auto consider = [&](int r, float v) { argmax_take(best, bidx, v, r); };
-    const RingPlan pl(p.H);
-    if (pl.S == 1) {
-        ring_consume(p, R, c, ahead, p.H, r0, r1, xr, [&](int i, int, float v) { consider(r0 + i, v); });
-    } else {  // K-parts of a row in different warps: sum them page by page
-        for (int w0 = r0; w0 < r1; w0 += pl.rpp) {
-            const int w1 = min(r1, w0 + pl.rpp);
-            ring_consume(p, R, c, ahead, p.H, w0, w1, xr, store(pl.S));
-            rows_done(rowacc, pl.S, w1 - w0, [&](int i, float v) { consider(w0 + i, v); });
-            csync();
-        }
-    }
-    warp_argmax(best, bidx);
-    trace(p, p.n_layers, 1);
-    lm_finish(p, Knobs<false>(p), pos, best, bidx);
-}
-
-#endif  // !LB_MK_HIP (the v3 ring)
-
 }  // namespace
 
 const void* decode_kernel_ptr(bool fixed) {
     return fixed ? (const void*)decode_kernel<true> : (const void*)decode_kernel<false>;
 }
-#if defined(LB_MK_HIP)
-const void* decode_kernel_ring_ptr() { return nullptr; }
-#else
-const void* decode_kernel_ring_ptr() { return (const void*)decode_kernel_ring; }
-#endif
 
 }  // namespace lb::mk

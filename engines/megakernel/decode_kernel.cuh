@@ -35,8 +35,6 @@ constexpr int NW = NT / 32;      // warps per block
 constexpr int DN_COLS = 16;      // DeltaNet value columns per work item
 constexpr int DN_MAXR = 4;       // DeltaNet key rows per thread (dk <= 32 * DN_MAXR)
 constexpr int ATT_MAXC = 2;      // 8-element chunks of a head row per lane (head_dim <= 512)
-constexpr int RING_PAGE = 32768; // v3 weight ring page (bytes): 16 rows of K <= 1024, 8 of K <= 2048, 4 of K <= 4096
-constexpr int RING_MAX_K = 4096; // widest matrix row (elements) the v3 ring takes
 constexpr int MAX_LAYERS = 64;   // the v1 kernel keeps every layer's LayerPtrs in shared memory
 constexpr int MAX_EOS = 64;      // eos ids a decode chain stops on (the last block's warp 0 holds two a lane)
 
@@ -77,13 +75,9 @@ struct Params {
     int nh, nkv, hd, rot;
     float theta, eps;
     int kv_f16;  // KV element type: 0 bf16, 1 f16
-    int diag;       // diagnostics (timing only, tokens meaningless): bit 0 skip layers, bit 1 skip LM head,
-                    // bit 2 barriers only (v3 kernel), bit 3 grid barriers become block-local
     int xs_floats;  // shared-memory vector length (floats)
     int aux_floats;  // shared-memory scratch of the mixer stages (floats)
-    int ring_slots;  // v3 weight ring: pages of RING_PAGE bytes (0: the v1 kernel)
-    int bar_kind;    // grid barrier implementation (GridBarrier in decode_kernel.cu)
-    int early;       // v1 loads issued a stage early: bit 0 DeltaNet state, bit 1 conv windows (LB_MK_EARLY)
+    int early;       // loads issued a stage early: bit 0 DeltaNet state, bit 1 conv windows (DefaultConfig::early)
     int own_floats;     // shared memory: this block's residual rows
     int convpre_floats; // shared memory: conv windows of this block's in-projection rows
     // Fused MLP (default; LB_MK_FUSE=0 turns it off): gate/up and down in one stage, the down-projection
@@ -139,24 +133,22 @@ struct Params {
     unsigned* tickets;  // [n_layers * nh + 1]
     float* lm_val;    // [blocks]
     int* lm_idx;      // [blocks]
-    unsigned* bar;    // [2]: arrival count, generation
+    unsigned* bar;    // the grid barrier's arrival count (GridBarrier in decode_kernel.cu)
 };
 
 // The default configuration. The kernel's fixed build (decode_kernel.cu: Knobs<true>) compiles these values
-// in; the host launches that build when Params match them (is_default_config) and sets bar_kind and early
-// from them unless LB_MK_BARRIER / LB_MK_EARLY say otherwise.
+// in; the host launches that build when Params match them (is_default_config).
 struct DefaultConfig {
-    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, diag = 0, kv_f16 = 0, dn_whole = 1, att_rows = 1;
-    static constexpr int bar_kind = 2;      // the monotonic counter barrier: 2x cheaper (docs/megakernel.md, v3)
+    static constexpr int fuse = 1, fuse_out = 1, fuse_in = 1, fuse_att = 1, kv_f16 = 0, dn_whole = 1, att_rows = 1;
     static constexpr int early = 3;         // DeltaNet state and conv windows loaded a stage early
     static constexpr int max_head_dim = 256;  // attention built for one 8-element chunk of a head row per lane
 };
 
 inline bool is_default_config(const Params& p) {
     using D = DefaultConfig;
-    return p.ring_slots == 0 && p.fuse == D::fuse && p.fuse_out == D::fuse_out && p.fuse_in == D::fuse_in &&
-           p.fuse_att == D::fuse_att && p.diag == D::diag && p.kv_f16 == D::kv_f16 && p.bar_kind == D::bar_kind &&
-           p.early == D::early && p.dn_whole == D::dn_whole && p.att_rows == D::att_rows && p.hd <= D::max_head_dim;
+    return p.fuse == D::fuse && p.fuse_out == D::fuse_out && p.fuse_in == D::fuse_in && p.fuse_att == D::fuse_att &&
+           p.kv_f16 == D::kv_f16 && p.early == D::early && p.dn_whole == D::dn_whole && p.att_rows == D::att_rows &&
+           p.hd <= D::max_head_dim;
 }
 
 }  // namespace lb::mk

@@ -78,16 +78,13 @@ int run(int argc, char** argv) {
     options["blocks_per_sm"] = li.blocks_per_sm;
     options["threads_per_block"] = li.threads;
     options["smem_bytes"] = li.smem_bytes;
-    options["ring_pages"] = li.ring_slots;
-    options["grid_barrier"] = li.bar_kind;
-    options["kernel"] = li.ring_slots ? "v3-ring" : li.fixed ? "v1-fixed" : "v1";
+    options["kernel"] = li.fixed ? "v1-fixed" : "v1";
     options["fused_mlp"] = li.fused;
     options["fused_out_proj"] = li.fused_out;
     options["fused_in_proj"] = li.fused_in;
     options["fused_attention"] = li.fused_att;
     options["whole_head_deltanet"] = li.dn_whole;
     options["attention_out_by_rows"] = li.att_rows;
-    if (li.diag) options["diag"] = li.diag;
     options["grid_barriers_per_token"] = li.barriers_per_token;
     options["decode_bytes_ctx1"] = Json(be->decode_bytes(1));
     emit(ready_line("megakernel", backend, options, cfg, stats, be->device(), opt.max_ctx));

@@ -21,16 +21,13 @@ struct LaunchInfo {
     int sms = 0;
     int threads = 0;           // per block
     int smem_bytes = 0;        // dynamic shared memory per block
-    int ring_slots = 0;        // LB_MK_RING=1 (sm_90): v3 weight-ring pages (0: the v1 kernel, the default)
-    bool fixed = false;        // the v1 build with the default configuration fixed at compile time; LB_MK_GENERIC=1: off
-    int bar_kind = 1;          // LB_MK_BARRIER: grid barrier implementation (decode_kernel.cu)
-    int diag = 0;              // LB_MK_DIAG: timing diagnostics (Params::diag)
-    bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); LB_MK_FUSE=0: off
-    bool fused_out = false;    // DeltaNet mixer + out-projection in one stage (3 barriers a DeltaNet layer); LB_MK_FUSE_OUT=0: off
-    bool fused_in = false;     // no in-projection -> DeltaNet grid barrier (2 a DeltaNet layer); LB_MK_FUSE_IN=0: off
-    bool fused_att = false;    // attention layers without in -> attention -> out-projection barriers (2 a layer); LB_MK_FUSE_ATT=0: off
-    bool dn_whole = false;     // DeltaNet items run their head's whole step (no per-head exchange); LB_MK_DN_WHOLE=0: off
-    bool att_rows = false;     // fused attention applies o_proj by rows (H / blocks-a-head atomics a block); LB_MK_ATT_ROWS=0: off
+    bool fixed = false;        // the build with the default configuration fixed at compile time (knob mk_generic: off)
+    bool fused = false;        // gate/up and down in one stage (4 grid barriers a layer, not 5); knob mk_fuse
+    bool fused_out = false;    // DeltaNet mixer + out-projection in one stage (3 barriers a DeltaNet layer); mk_fuse_out
+    bool fused_in = false;     // no in-projection -> DeltaNet grid barrier (2 a DeltaNet layer); mk_fuse_in
+    bool fused_att = false;    // attention layers without in -> attention -> out-projection barriers (2 a layer); mk_fuse_att
+    bool dn_whole = false;     // DeltaNet items run their head's whole step (no per-head exchange); mk_dn_whole
+    bool att_rows = false;     // fused attention applies o_proj by rows (H / blocks-a-head atomics a block); mk_att_rows
     int barriers_per_token = 0;
 };
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/cuda/gpu_ops.h"
-#include "core/env.h"
+#include "core/tuning.h"
 #include "core/cuda/qwen35_forward.h"
 #include "core/half.h"
 #include "decode_kernel.cuh"
@@ -44,8 +44,7 @@
 
 namespace lb::mk {
 
-const void* decode_kernel_ptr(bool fixed);  // decode_kernel.cu: v1 (fixed: the default configuration's build)
-const void* decode_kernel_ring_ptr();  // decode_kernel.cu: v3 weight ring
+const void* decode_kernel_ptr(bool fixed);  // decode_kernel.cu (fixed: the default configuration's build)
 
 namespace {
 
@@ -230,15 +229,6 @@ public:
     }
 
 private:
-    static bool env_flag(const char* name) {
-        const char* v = std::getenv(name);
-        return v && v[0] == '1';
-    }
-    static int info_diag() {
-        const char* dg = std::getenv("LB_MK_DIAG");
-        return dg ? std::atoi(dg) : 0;
-    }
-
     static void check_shape(const Qwen35Config& c) {
         auto need = [](bool ok, const std::string& what) {
             if (!ok) fail("unsupported", "megakernel: " + what);
@@ -290,11 +280,11 @@ private:
         // xs: the widest stage input, and the in-projection's input followed by the block's row values (stage_in)
         const int att_aux = 3 * c.head_dim + 3 * NW + NW * c.head_dim;
         const int dn_aux = 2 * c.lin_k_dim + 2 * NW * DN_COLS + 2 * NW;
-        // Whole-head DeltaNet items (Params::dn_whole, docs/megakernel.md v8; LB_MK_DN_WHOLE=0 turns them off):
+        // Whole-head DeltaNet items (Params::dn_whole, docs/megakernel.md v8; the mk_dn_whole knob):
         // the step's reductions take 2 NW x 128 floats of aux, the updated state columns dk x 16 floats of their own,
         // its vectors (q, k, v|u, z, o) 5 x 128 floats of xs
-        const bool dn_shape = c.lin_k_dim == 128 && c.lin_v_dim == 128 && NT == 4 * 128 && !env_flag("LB_MK_RING") &&
-                              !env_off("LB_MK_DN_WHOLE");
+        const Tuning& tu = tuning();
+        const bool dn_shape = c.lin_k_dim == 128 && c.lin_v_dim == 128 && NT == 4 * 128 && tu.mk_dn_whole;
         const int xs = std::max({c.hidden + in_rows_per_block, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim,
                                  dn_shape ? 5 * 128 : 0});
         const int aux = std::max({att_aux, dn_aux, c.lin_v_heads, dn_shape ? 2 * NW * 128 : 0});
@@ -303,38 +293,17 @@ private:
         // after aux: the block's residual rows and its in-projection rows' conv windows (16 floats each)
         const int own = per(c.hidden);
         const int convpre = 16 * in_rows_per_block;
-        // Fused MLP (docs/megakernel.md, v4; the default, LB_MK_FUSE=0 turns it off; not in the v3 ring
-        // kernel): gate/up and down in one stage; needs the [G][H] partial sums (G = threads per block /
+        // Fused MLP (docs/megakernel.md, v4; the default, the mk_fuse knob turns it off): gate/up and down in
+        // one stage; needs the [G][H] partial sums (G = threads per block /
         // (H / 8)) to fit in xs + red + aux
         const int fuse_groups = std::max(1, NT / std::max(1, c.hidden / 8));
-        const bool fuse = !env_off("LB_MK_FUSE") && !env_flag("LB_MK_RING") &&
+        const bool fuse = tu.mk_fuse &&
                           fuse_groups * c.hidden <= xs_pad + 64 + aux;
         const int actv = fuse ? (per(c.intermediate) + 3) / 4 * 4 : 0;
         const int base = int(sizeof(float)) * (xs_pad + 64 + aux + own + convpre + dnslice + actv);
         int smem = base;
         const int threads = NT;
         const void* fn = decode_kernel_ptr(false);
-        // v3 weight ring (sm_90, LB_MK_RING=1; measured slower than v1, docs/megakernel.md): as many 32 KB pages as shared
-        // memory allows next to the v1 layout, the per-row results, the block's residual rows and conv
-        // windows (sized for one block per SM); LB_MK_RING_PAGES caps the count.
-        const int widest = std::max({c.hidden, c.intermediate, c.lin_value_dim(), c.n_heads * c.head_dim});
-        const bool ring = cc_ >= 90 && widest <= RING_MAX_K && env_flag("LB_MK_RING");
-        int ring_slots = 0, rowacc = 0;
-        if (ring) {
-            auto S = [](int K) { return K <= 1024 ? 1 : K <= 2048 ? 2 : 4; };
-            const int out_in = std::max(c.lin_value_dim(), c.n_heads * c.head_dim);
-            rowacc = std::max({per(std::max(c.lin_in_rows(), c.attn_qkv_rows())) * S(c.hidden), per(c.hidden) * S(out_in),
-                               2 * per(c.intermediate) * S(c.hidden), per(c.hidden) * S(c.intermediate), NW});
-            const int rest = base + 4 * rowacc;
-            ring_slots = std::min(8, (smem_optin_ - rest - 1024) / (RING_PAGE + 16));
-            if (const char* e = std::getenv("LB_MK_RING_PAGES")) ring_slots = std::min(ring_slots, std::atoi(e));
-            if (ring_slots >= 2) {
-                smem = ring_slots * (RING_PAGE + 16) + rest;
-                fn = decode_kernel_ring_ptr();
-            } else {
-                ring_slots = 0;
-            }
-        }
         GPU_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int per_sm = 0;
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, size_t(smem)));
@@ -345,37 +314,35 @@ private:
         info_.blocks = per_sm * sms_;
         info_.threads = threads;
         info_.smem_bytes = smem;
-        info_.ring_slots = ring_slots;
         kernel_ = fn;
-        // Fused DeltaNet out-projection (docs/megakernel.md, v4; with the fused MLP, LB_MK_FUSE_OUT=0 turns
+        // Fused DeltaNet out-projection (docs/megakernel.md, v4; with the fused MLP, the mk_fuse_out knob turns
         // it off): the per-head counters need every DeltaNet item (head, 16 columns) in its own block
-        const bool fuse_out = fuse && !env_off("LB_MK_FUSE_OUT") &&
+        const bool fuse_out = fuse && tu.mk_fuse_out &&
                               c.lin_v_heads * (c.lin_v_dim / DN_COLS) <= info_.blocks;
-        // ... and the in-projection -> DeltaNet barrier through per-head counters (LB_MK_FUSE_IN=0: off)
-        const bool fuse_in = fuse_out && !env_off("LB_MK_FUSE_IN");
+        // ... and the in-projection -> DeltaNet barrier through per-head counters (mk_fuse_in)
+        const bool fuse_in = fuse_out && tu.mk_fuse_in;
         // ... and whole-head DeltaNet items on top of the fused out-projection: q, k, v, z and the outputs in xs,
         // two out_proj rows a warp per step, at most 4 steps
         const int per_head = std::max(1, c.lin_v_dim / DN_COLS);
         const bool dn_whole = dn_shape && fuse_out && xs_pad >= 5 * 128 && c.lin_v_heads % std::max(1, c.lin_k_heads) == 0 &&
                               c.hidden % (per_head * 2 * NW) == 0 && c.hidden / (per_head * 2 * NW) <= 4;
-        // ... and the same for attention layers (LB_MK_FUSE_ATT=0: off): q head h's blocks are [h bph,
+        // ... and the same for attention layers (mk_fuse_att): q head h's blocks are [h bph,
         // (h + 1) bph); the counters are indexed by q head / KV head within the [n_layers][hv] arrays; the
         // merge reuses the attention's per-warp outputs (NW hd floats), the gated head columns go to the
         // fused MLP's activation slice (actv)
         const int bph = info_.blocks / std::max(1, c.n_heads), cpb = (c.head_dim + bph - 1) / std::max(1, bph);
-        const bool fuse_att = fuse_in && !env_off("LB_MK_FUSE_ATT") && bph >= 1 &&
+        const bool fuse_att = fuse_in && tu.mk_fuse_att && bph >= 1 &&
                               c.n_heads <= c.lin_v_heads && c.n_kv_heads <= c.lin_v_heads &&
                               2 * bph + bph * cpb <= NW * c.head_dim && cpb <= actv;
         // ... and its out-projection by rows (stage_attention): one warp a row of head_dim = 256 inputs, at most
         // NW chunks a head (their maxima and sums in the attention's per-warp slots) and 4 rows a warp
         const bool att_rows = fuse_att && c.head_dim == 256 && bph <= NW && c.hidden % bph == 0 &&
-                              (c.hidden / bph) % NW == 0 && c.hidden / bph <= 4 * NW && !env_off("LB_MK_ATT_ROWS");
+                              (c.hidden / bph) % NW == 0 && c.hidden / bph <= 4 * NW && tu.mk_att_rows;
         int n_lin = 0;
         for (int l = 0; l < c.n_layers; ++l) n_lin += c.is_full[size_t(l)] ? 0 : 1;
         const int n_full = c.n_layers - n_lin;
         info_.barriers_per_token = (fuse ? 4 : 5) * c.n_layers - (fuse_out ? n_lin : 0) - (fuse_in ? n_lin : 0) -
                                    (fuse_att ? 2 * n_full : 0);
-        info_.diag = info_diag();
         info_.fused = fuse;
         info_.fused_out = fuse_out;
         info_.fused_in = fuse_in;
@@ -446,10 +413,8 @@ private:
         p.theta = c.rope_theta;
         p.eps = c.eps;
         p.kv_f16 = kt_ == DType::F16;
-        p.diag = info_.diag;
         p.xs_floats = xs_pad;
         p.aux_floats = aux;
-        p.ring_slots = ring_slots;
         p.own_floats = own;
         p.convpre_floats = convpre;
         p.fuse = fuse;
@@ -459,18 +424,14 @@ private:
         p.dn_whole = dn_whole;
         p.att_rows = att_rows;
         p.dnslice_floats = dnslice;
-        const char* early = std::getenv("LB_MK_EARLY");
-        p.early = early ? std::atoi(early) : DefaultConfig::early;
-        if (const char* tr = std::getenv("LB_MK_TRACE")) {
-            trace_path_ = tr;
+        p.early = DefaultConfig::early;
+        if (!tu.mk_trace.empty()) {
+            trace_path_ = tu.mk_trace;
             p.trace = (long long*)alloc_zeroed(sizeof(long long) * 2 * size_t(c.n_layers * 16 + 2));  // unwritten stamps stay 0
         }
-        const char* bk = std::getenv("LB_MK_BARRIER");
-        p.bar_kind = bk ? std::atoi(bk) : DefaultConfig::bar_kind;
-        info_.bar_kind = p.bar_kind;
         // The default configuration has its own build of the v1 kernel with every switch fixed at compile time
-        // (decode_kernel.cu: Knobs<true>; 2.4x less machine code); LB_MK_GENERIC=1 runs the run-time build.
-        if (is_default_config(p) && !env_flag("LB_MK_GENERIC")) {
+        // (decode_kernel.cu: Knobs<true>; 2.4x less machine code); the mk_generic knob runs the run-time build.
+        if (is_default_config(p) && !tu.mk_generic) {
             const void* fixed = decode_kernel_ptr(true);
             GPU_CHECK(cudaFuncSetAttribute(fixed, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             int fixed_per_sm = 0;
@@ -517,15 +478,15 @@ private:
             p.in_cnt = (unsigned*)alloc_zeroed(sizeof(unsigned) * size_t(c.n_layers) * c.lin_v_heads);
             p.x2 = (float*)alloc(4 * size_t(c.hidden));
         }
-        p.bar = (unsigned*)alloc_zeroed(2 * sizeof(unsigned));
+        p.bar = (unsigned*)alloc_zeroed(sizeof(unsigned));
         GPU_CHECK(cudaMemset(d_done_, 0, sizeof(int)));
         GPU_CHECK(cudaDeviceSynchronize());
-        fprintf(stderr, "[megakernel] %s%s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, %d ring pages, "
-                "barrier %d, fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, "
-                "whole-head DeltaNet items %d, attention out-projection by rows %d, diag %d\n",
-                ring_slots ? "v3 weight ring" : "v1", info_.fixed ? " (default configuration fixed at compile time)" : "",
-                info_.blocks, per_sm, sms_, threads, smem, ring_slots, p.bar_kind, int(fuse), int(fuse_out), int(fuse_in),
-                int(fuse_att), int(dn_whole), int(att_rows), info_.diag);
+        fprintf(stderr, "[megakernel] decode kernel%s: %d blocks (%d per SM x %d SMs) x %d threads, %d B shared memory, "
+                "fused MLP %d, fused DeltaNet out-projection %d and in-projection %d, fused attention %d, "
+                "whole-head DeltaNet items %d, attention out-projection by rows %d\n",
+                info_.fixed ? " (default configuration fixed at compile time)" : "",
+                info_.blocks, per_sm, sms_, threads, smem, int(fuse), int(fuse_out), int(fuse_in),
+                int(fuse_att), int(dn_whole), int(att_rows));
     }
 
     // ---------------------------------------------------------------------------------- prefill (core ops)
@@ -559,7 +520,7 @@ private:
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_step_ = nullptr, *d_done_ = nullptr, *d_out_ = nullptr, *d_eos_ = nullptr;
     Params params_;
     LaunchInfo info_;
-    const void* kernel_ = nullptr;  // the decode kernel launched (v1 or v3)
+    const void* kernel_ = nullptr;  // the decode kernel launched (the fixed or the run-time build)
     std::string trace_path_;
 };
 

@@ -14,6 +14,7 @@
 #include "core/quant.h"
 #include "core/server.h"
 #include "core/errors.h"
+#include "core/tuning.h"
 
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { ++failures; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
@@ -156,9 +157,27 @@ static void test_engine_flags() {
     CHECK(parse_fails({"x", "--model", "t", "--budget"}, 0, "unsupported", "--budget"), "refused before its value");
 }
 
+// The knobs (core/tuning.h): parsed, range-clamped, recorded as set; stray and malformed variables warned
+// about and ignored.
+static void test_tuning() {
+    const lb::Tuning d = lb::parse_tuning({"PATH=/bin", "HOME=/root"});
+    CHECK(d.set.empty() && d.warnings.empty() && d.gpu_pdl && d.gemv_tile_bytes == 16384, "defaults");
+    const lb::Tuning t = lb::parse_tuning({"LB_GPU_PDL=0", "LB_GV_TILE=8192", "LB_GV_PREWAIT=9", "LB_MK_TRACE=/tmp/t",
+                                           "LB_GPU_OLD_GEMM=1", "LB_NOT_A_KNOB=x", "LB_MK_FUSE=yes", "LB_GPU_SPLITK=four"});
+    CHECK(!t.gpu_pdl && t.gemv_tile_bytes == 8192 && t.gemv_prewait == 3 && t.mk_trace == "/tmp/t", "values");
+    CHECK(t.mk_fuse && t.gemm_splitk_per_sm == 4, "malformed values leave the default");
+    CHECK(t.set.size() == 4, "set: %zu", t.set.size());
+    CHECK(t.warnings.size() == 5, "warnings: %zu", t.warnings.size());
+    const std::string j = t.to_json().dump();
+    CHECK(j.find("\"gemv_tile_bytes\": 8192") != std::string::npos || j.find("\"gemv_tile_bytes\":8192") != std::string::npos,
+          "json: %s", j.c_str());
+    CHECK(j.find("LB_GV_TILE") != std::string::npos, "json set: %s", j.c_str());
+}
+
 int main(int argc, char** argv) {
     if (argc == 5 && std::string(argv[1]) == "dequantize") return dequantize_file(argv[2], argv[3], argv[4]);
     test_json();
+    test_tuning();
     test_half();
     test_blocks();
     test_delta_rule();

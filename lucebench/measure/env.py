@@ -238,4 +238,5 @@ def collect_environment(*, engines_build: dict[str, Any] | None = None, nvml: Nv
         lucebench_commit=commit,
         lucebench_dirty=dirty,
         power_available=power_available,
+        lb_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("LB_")},
     )

@@ -64,6 +64,8 @@ class Environment(_Strict):
     lucebench_commit: str | None = None
     lucebench_dirty: bool | None = None
     power_available: bool = Field(description="False where no NVML GPU is present: power is 'unavailable', never 0")
+    lb_env: dict[str, str] | None = Field(None, description="every LB_* environment variable of the harness process "
+                                          "(the bundled engines' knobs: docs/engines.md), name -> value")
 
 
 # ---------------------------------------------------------------------------------------------- per cell
@@ -75,6 +77,10 @@ class EngineInfo(_Strict):
     command: list[str] = Field(default_factory=list)
     build: dict[str, Any] = Field(default_factory=dict, description="compiler, flags, arch, source hash, commit")
     ready: dict[str, Any] = Field(default_factory=dict, description="the engine's own ready message")
+    tuning: dict[str, Any] | None = Field(None, description="the bundled engine's knobs in effect (its ready line's "
+                                          "engine.tuning: every knob's value, 'set': those set by LB_* variables)")
+    warnings: list[str] = Field(default_factory=list, description="the engine's ready-line warnings (e.g. an LB_* "
+                                "variable that is no knob and changed nothing)")
 
 
 class ModelInfo(_Strict):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from lucebench import __version__
@@ -326,7 +327,13 @@ class Runner:
                 engine_pid = proc.proc.pid
                 ready = proc.wait_ready(max(1.0, deadline - time.monotonic()))
                 engine.ready = ready
-                engine.version = (ready.get("engine") or {}).get("version")
+                ready_engine = ready.get("engine") or {}
+                engine.version = ready_engine.get("version")
+                if isinstance(ready_engine.get("tuning"), dict):
+                    engine.tuning = ready_engine["tuning"]
+                engine.warnings = [str(w) for w in ready_engine.get("warnings") or []]
+                for w in engine.warnings:
+                    self.console.print(f"[yellow]warning:[/yellow] {escape(spec.id)}: {escape(spec.engine)} says: {escape(w)}")
                 probe = CpuLoadProbe(engine_session=engine_pid) if spec.gpu is None else None
                 m = measure_cell(proc, workload, measure, power=power, device=spec.gpu,
                                  deadline=deadline, cell_id=spec.id,

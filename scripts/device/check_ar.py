@@ -4,13 +4,13 @@ One call does everything (the device lease is short):
   * builds the CUDA engine in a background thread while transformers computes the reference;
   * synthesises a Qwen3.5-0.8B-shaped random checkpoint (BF16, re-scaled init);
   * reference: transformers fp32 on cuda (weights rounded to bf16), greedy 128 tokens on 8 prompts and the
-    prefill logits; cached in $OUT/hf_ref.json, and read back from $LB_HF_REF when that file exists
+    prefill logits; cached in $OUT/hf_ref.json, and read back from $CHECK_AR_HF_REF when that file exists
     (the checkpoint is seeded, so the reference is the same on every run);
   * measures the device-to-device copy bandwidth (bytes read + written) as the roofline's ceiling;
   * correctness of ar (f32 KV and bf16 KV) against the reference;
-  * pp520 / tg128 for ar variants (env vars: LB_GPU_PDL=0, LB_GPU_DECODE=legacy, LB_GPU_OLD_GEMM=1,
-    LB_GPU_OLD_DELTA=1) and transformers eager bf16;
-  * optionally (LB_NCU=1) per-kernel device times of a prefill and decode steps under Nsight Compute.
+  * pp520 / tg128 for ar variants (knobs, docs/engines.md: LB_GPU_PDL=0; the decode graph's fused stages off)
+    and transformers eager bf16;
+  * optionally (CHECK_AR_NCU=1) per-kernel device times of a prefill and decode steps under Nsight Compute.
 Prints a table last; writes $OUT/check_ar.json.
 """
 
@@ -197,7 +197,7 @@ def main() -> None:
     prompts = [torch.randint(0, 248320, (n,), generator=gen).tolist() for n in (1, 5, 17, 64, 100, 130, 257, 400)]
     p520 = torch.randint(0, 248320, (520,), generator=gen).tolist()
 
-    ref_path = Path(os.environ.get("LB_HF_REF", "/nonexistent"))
+    ref_path = Path(os.environ.get("CHECK_AR_HF_REF", "/nonexistent"))
     ref = torch.load(ref_path) if ref_path.is_file() else None
     if ref is None or ref.get("prompts") != prompts:
         t = time.time()
@@ -244,8 +244,9 @@ def main() -> None:
 
     # --- timing variants (bf16 KV), each also checked for greedy agreement with a bf16 KV cache
     variants = [("fused+pdl", {}), ("fused, no pdl", {"LB_GPU_PDL": "0"}),
-                ("legacy decode, old prefill", {"LB_GPU_DECODE": "legacy", "LB_GPU_OLD_GEMM": "1", "LB_GPU_OLD_DELTA": "1"})]
-    extra = os.environ.get("LB_VARIANTS")
+                ("unfused decode stages", {"LB_GPU_FUSED_MLP": "0", "LB_GPU_DELTA_OUT": "0", "LB_GPU_FUSED_DELTA": "0",
+                                           "LB_GPU_FUSED_ATTN": "0"})]
+    extra = os.environ.get("CHECK_AR_VARIANTS")
     if extra:  # e.g. 'name:K=V,K=V;name2:...'
         for item in extra.split(";"):
             name, kv = item.split(":", 1)
@@ -270,7 +271,7 @@ def main() -> None:
     log(f"transformers eager bf16: {results['hf_eager_bf16']}")
     save_results()
 
-    if os.environ.get("LB_NCU", "0") != "0":
+    if os.environ.get("CHECK_AR_NCU", "0") != "0":
         try:
             results["ncu"] = ncu_breakdown(exe, ckpt, p520)
             n = results["ncu"]

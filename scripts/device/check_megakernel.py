@@ -5,7 +5,7 @@ Two phases, so that the CPU-heavy build can overlap the GPU-side reference (see 
                 weights), runs transformers' greedy references (fp32 on the bf16-rounded weights, and bf16)
                 for 8 prompts x 128 tokens, measures the device copy bandwidth; writes /tmp/mk_refs.json
   run BUILD     correctness of lucebench-megakernel against those references and against lucebench-ar,
-                determinism (same tokens twice, and from the v3 ring kernel), then tg128 / pp520 timings
+                determinism (same tokens twice, and from the run-time build), then tg128 / pp520 timings
                 with repetitions after warm-up (median, min, max) for the megakernel variants and ar
                 (MK_VARIANTS / AR_VARIANTS: JSON {name: {env}}), plus whether each variant's tokens on a
                 520-token prompt equal the default's. MK_CHECK (JSON list of MK_VARIANTS names): those
@@ -233,7 +233,6 @@ def phase_run(build: Path) -> None:
         log(f"megakernel 8 x {N_GEN} in {time.time() - t:.1f} s")
         mk_again = [eng.gen(p, N_GEN)["output_ids"] for p in ps]
         eng.close()
-        mk_ring = greedy(mk, ps[:3], {"LB_MK_RING": "1"})  # the v3 kernel: same tokens expected
         mk_generic = greedy(mk, ps[:3], {"LB_MK_GENERIC": "1"})  # the v1 run-time build: same tokens expected
         ar_out = None
         if ar.exists():
@@ -268,7 +267,6 @@ def phase_run(build: Path) -> None:
             "agree_hf_bf16_vs_hf_fp32": agree(refs["hf_bf16"], refs["hf_fp32"]),
             "first_mismatch_vs_hf_fp32": first_mismatch(mk_out, refs["hf_fp32"]),
             "deterministic_repeat": mk_out == mk_again,
-            "ring_kernel_same_tokens": mk_out[:3] == mk_ring,
             "runtime_build_same_tokens": mk_out[:3] == mk_generic,
         }
         if ar_out is not None:
@@ -307,11 +305,8 @@ def phase_run(build: Path) -> None:
         p520 = torch.randint(0, 248320, (520,), generator=gen).tolist()
         reps = int(os.environ.get("MK_REPS", "7"))
         res["timing"] = {}
-        # variants: name -> environment (LB_MK_DIAG runs time parts of the step; their tokens are meaningless)
-        variants = {"megakernel": {}, "megakernel_generic": {"LB_MK_GENERIC": "1"}, "megakernel_ring": {"LB_MK_RING": "1"},
-                    "megakernel_generation_barrier": {"LB_MK_BARRIER": "1"},
-                    "diag_lm_head_only": {"LB_MK_DIAG": "1"}, "diag_layers_only": {"LB_MK_DIAG": "2"},
-                    "diag_barriers_only": {"LB_MK_DIAG": "6", "LB_MK_RING": "1"}}
+        # variants: name -> environment (knobs, docs/engines.md)
+        variants = {"megakernel": {}, "megakernel_generic": {"LB_MK_GENERIC": "1"}}
         if os.environ.get("MK_VARIANTS"):  # JSON {name: {env}}: replaces the list above
             variants = json.loads(os.environ["MK_VARIANTS"])
         for name, env in variants.items():
@@ -350,7 +345,7 @@ def phase_run(build: Path) -> None:
             f"{100 * tg['median'] / roof:.1f}% | {r['tg128_at_ctx520_tok_s']['median']} | {r['pp520_tok_s']['median']} |")
     ref_ids = res["timing"].get("megakernel", {}).get("ctx520_output_ids")
     if ref_ids:
-        same = {k: r.get("ctx520_output_ids") == ref_ids for k, r in res["timing"].items() if not k.startswith("diag")}
+        same = {k: r.get("ctx520_output_ids") == ref_ids for k, r in res["timing"].items()}
         log(f"520-token prompt + 128 tokens identical to the default megakernel's: {same}")
     if long_ctx := int(os.environ.get("MK_LONG_CTX", "0")):
         key = f"ctx{long_ctx}_output_ids"
@@ -367,7 +362,7 @@ def phase_run(build: Path) -> None:
         log(f"best megakernel ({best[1]}) / ar decode: {best[0] / res['timing']['ar']['tg128_tok_s']['median']:.2f}x")
     log(f"agreement vs HF fp32 {c['agree_vs_hf_fp32']:.4f}, vs HF bf16 {c['agree_vs_hf_bf16']:.4f}, "
         f"vs ar {c.get('agree_vs_ar', float('nan')):.4f}; deterministic {c['deterministic_repeat']}, "
-        f"v3 ring kernel identical {c['ring_kernel_same_tokens']}, run-time build identical "
+        f"run-time build identical "
         f"{c['runtime_build_same_tokens']}")
 
 

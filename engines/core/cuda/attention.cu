@@ -473,18 +473,16 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
                const void* vcache, DType vt, float* out, gpuStream_t s) {
     if (hd > 512) lb::fail("unsupported", "head_dim above 512");
 #if defined(LB_CUDA)
-    // The tiled kernel for prefill (n >= 8; one-token steps keep the one-block-per-row kernel).
-    static const bool old_attn = env_on("LB_GPU_OLD_ATTN");
+    // The tiled kernels for prefill (n >= 8; one-token steps and other shapes keep the one-block-per-row kernel).
     const int G = nkv > 0 ? nh / nkv : 0;
-    if (!old_attn && n >= 8 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && ld % 4 == 0 &&
+    if (n >= 8 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && ld % 4 == 0 &&
         (hd == 128 || hd == 256)) {
         const size_t limit = size_t(smem_optin_limit());
         auto go = [&](auto kernel, dim3 grid, int threads, size_t smem) {
             launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
         };
-        // tensor cores unless LB_GPU_ATTN_TILED=1 (the fp32 kernel below)
-        static const bool tiled = env_on("LB_GPU_ATTN_TILED");
-        if (!tiled && n >= 16 && AW_QV % G == 0) {
+        // tensor cores from 16 rows; the fp32 tiled kernel below for 8..15 rows (or where wmma's does not fit)
+        if (n >= 16 && AW_QV % G == 0) {
             const dim3 gw((n + AW_QV / G - 1) / (AW_QV / G), nkv);
             if (hd == 256 && attention_wmma_smem<256>() <= limit)
                 return go(attention_wmma_kernel<256>, gw, AW_THREADS, attention_wmma_smem<256>());

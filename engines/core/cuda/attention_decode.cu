@@ -23,12 +23,26 @@ __device__ __forceinline__ void online_softmax_step(const float* q, const float*
     m = m_new;
 }
 
-// PER consecutive elements of a KV row starting at e0 (PER a multiple of 8 for 16-byte loads). FIX >= 0: the
-// element type is DType(FIX), known at compile time, and `t` is ignored: the kernel then holds one path only.
+// PER consecutive elements of a KV row starting at e0 (PER a multiple of 4: 16-byte loads of 2-byte types
+// where PER is a multiple of 8, 8-byte loads where it is 4, as for head_dim 128). FIX >= 0: the element type
+// is DType(FIX), known at compile time, and `t` is ignored: the kernel then holds one path only.
 template <int PER, int FIX = -1>
 __device__ __forceinline__ void kv_load_run(const void* row, DType t, int e0, float* f) {
+    static_assert(PER % 4 == 0, "a lane's run of a KV row is a multiple of 4 elements");
     if (FIX >= 0) t = DType(FIX);
-    if (t == DType::BF16) {
+    if (PER % 8 != 0 && (t == DType::BF16 || t == DType::F16)) {  // PER == 4: one 8-byte load
+        const uint2 u = *(const uint2*)((const unsigned short*)row + e0);
+        if (t == DType::BF16) {
+            f[0] = __uint_as_float(u.x << 16);
+            f[1] = __uint_as_float(u.x & 0xffff0000u);
+            f[2] = __uint_as_float(u.y << 16);
+            f[3] = __uint_as_float(u.y & 0xffff0000u);
+        } else {
+            const __half* hh = (const __half*)&u;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) f[j] = __half2float(hh[j]);
+        }
+    } else if (t == DType::BF16) {
 #pragma unroll
         for (int c = 0; c < PER / 8; ++c) {
             const uint4 u = ((const uint4*)((const unsigned short*)row + e0))[c];
@@ -59,90 +73,6 @@ __device__ __forceinline__ void kv_load_run(const void* row, DType t, int e0, fl
     }
 }
 
-// Decode attention: grid (nkv, splits), 4 warps. Warp w of block b takes positions b*4 + w, + 4*splits, ...
-// for all G = nh / nkv query heads of its KV head at once (each lane holds PER = hd / 32 consecutive
-// elements), keeps an online softmax per head and writes a partial (m, l, acc) to scratch; the last block
-// of a KV head to finish merges the 4*splits partials and applies the sigmoid gate.
-constexpr int AD_WARPS = 4, AD_GMAX = 8;
-template <int PER>
-__global__ __launch_bounds__(AD_WARPS * 32) void attn_decode_kernel(const float* qkv, int nh, int nkv, const int* d_pos,
-                                                                    const void* kcache, DType kt, const void* vcache,
-                                                                    DType vt, float* scratch, int* counters, float* out) {
-    constexpr int hd = 32 * PER;
-    griddep_launch();
-    griddep_wait();
-    const int kvh = blockIdx.x, b = blockIdx.y, ns = gridDim.y, P = ns * AD_WARPS;
-    const int G = nh / nkv, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int last = *d_pos;
-    const int e0 = lane * PER;
-    float q[AD_GMAX][PER], acc[AD_GMAX][PER], m[AD_GMAX], l[AD_GMAX];
-    const float scale = rsqrtf(float(hd));
-#pragma unroll
-    for (int g = 0; g < AD_GMAX; ++g) {
-        m[g] = -FLT_MAX;
-        l[g] = 0.f;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            q[g][k] = g < G ? qkv[size_t(kvh * G + g) * 2 * hd + e0 + k] * scale : 0.f;
-            acc[g][k] = 0.f;
-        }
-    }
-    const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
-    for (int s = b * AD_WARPS + warp; s <= last; s += P) {
-        float kf[PER], vf[PER];
-        kv_load_run<PER>((const uint8_t*)kcache + (size_t(s) * nkv + kvh) * krow, kt, e0, kf);
-        kv_load_run<PER>((const uint8_t*)vcache + (size_t(s) * nkv + kvh) * vrow, vt, e0, vf);
-#pragma unroll
-        for (int g = 0; g < AD_GMAX; ++g) {
-            if (g >= G) break;
-            online_softmax_step<PER>(q[g], kf, vf, m[g], l[g], acc[g]);
-        }
-    }
-    // partials: acc [nh][P][hd], then (m, l) [nh][P][2]
-    const int part = b * AD_WARPS + warp;
-    float* ml = scratch + size_t(nh) * P * hd;
-#pragma unroll
-    for (int g = 0; g < AD_GMAX; ++g) {
-        if (g >= G) break;
-        const int h = kvh * G + g;
-        if (lane == 0) { ml[(size_t(h) * P + part) * 2] = m[g]; ml[(size_t(h) * P + part) * 2 + 1] = l[g]; }
-        float4* ap = (float4*)(scratch + (size_t(h) * P + part) * hd + e0);
-#pragma unroll
-        for (int k = 0; k < PER / 4; ++k) ap[k] = make_float4(acc[g][4 * k], acc[g][4 * k + 1], acc[g][4 * k + 2], acc[g][4 * k + 3]);
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ int is_last;
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[kvh], 1) == ns - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    for (int g = warp; g < G; g += AD_WARPS) {
-        const int h = kvh * G + g;
-        const float2* hml = (const float2*)(ml + size_t(h) * P * 2);
-        float M = -FLT_MAX;
-        for (int p = 0; p < P; ++p) M = fmaxf(M, ld_cg(hml + p).x);
-        float L = 0.f, o[PER];
-#pragma unroll
-        for (int k = 0; k < PER; ++k) o[k] = 0.f;
-        for (int p = 0; p < P; ++p) {
-            const float2 pm = ld_cg(hml + p);
-            const float w = __expf(pm.x - M);
-            L += pm.y * w;
-            const float4* ap = (const float4*)(scratch + (size_t(h) * P + p) * hd + e0);
-#pragma unroll
-            for (int k = 0; k < PER / 4; ++k) {
-                const float4 v = ld_cg(ap + k);
-                o[4 * k] += v.x * w; o[4 * k + 1] += v.y * w; o[4 * k + 2] += v.z * w; o[4 * k + 3] += v.w * w;
-            }
-        }
-        const float* gate = qkv + size_t(h) * 2 * hd + hd;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) out[size_t(h) * hd + e0 + k] = o[k] / L * sigmoidf(gate[e0 + k]);
-    }
-    if (threadIdx.x == 0) counters[kvh] = 0;
-}
-
 // Flash-decoding attention for one token: grid (nkv, nb), AF_WARPS warps. The context 0..last is cut into
 // `active` chunks of `per` = max(AF_MIN_PER, ceil(ctx / nb)) positions, so a short context takes a few blocks
 // and a long one all nb; block b < active takes chunk b, the others return at once. Warp w takes positions
@@ -154,8 +84,8 @@ __global__ __launch_bounds__(AD_WARPS * 32) void attn_decode_kernel(const float*
 // KVF >= 0: K and V are both DType(KVF) (the bf16 default), fixed at compile time. Machine code is time here:
 // the kernel runs once a layer, its code cold (the weight stream evicts it from L2), and the version that
 // switched on the type at run time (every type's path, unrolled 2U times; 117 KB of sm_90 code against 52 KB
-// now) took 17 us a call at short context against ~11 (CUPTI timeline, docs/engines.md session 9).
-constexpr int AF_WARPS = 8, AF_MIN_PER = 32, AF_MAX_NB = 256;
+// now) took 17 us a call at short context against ~11 (CUPTI timeline, docs/archive/engines-tuning-record.md).
+constexpr int AF_WARPS = 8, AF_MIN_PER = 32, AF_MAX_NB = 256, AF_GMAX = 8;
 template <int PER, int GM, int U, int KVF>
 __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const float* qkv, int nh, int nkv,
                                                                           const int* d_pos, const void* kcache,
@@ -293,7 +223,7 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
 // Decode attention at a short context with attn_prep folded in (CUDA, bf16 K and V caches, head_dim 256):
 // grid nh, one block of AS_WARPS warps per query head, no step across blocks. At a short context the two
 // kernels it stands in for (attn_prep, then the flash kernel: chunks, block merge, last-block merge) took
-// ~16 us a layer for about 1 us of work (CUPTI timeline, docs/engines.md session 9): a chain of dependent
+// ~16 us a layer for about 1 us of work (CUPTI timeline, docs/archive/engines-tuning-record.md): a chain of dependent
 // round trips and a kernel boundary. Here:
 //  - before the dependency wait, each warp requests the K and V rows of its first AS_U cached positions
 //    (w, w + AS_WARPS, ...). Safe: the caches up to the step's position and the position itself were
@@ -360,7 +290,7 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
         float sn, cs;
         sincosf(float(pos) * inv_freq, &sn, &cs);
         // rope_rotate of q and k with all four loads first (two rope_rotate calls schedule differently
-        // from the code measured in docs/engines.md session 11; the arithmetic is the same)
+        // from the code measured in docs/archive/engines-tuning-record.md; the arithmetic is the same)
         const float qa = sq[tid], qb = sq[tid + half], ka = sk[tid], kb = sk[tid + half];
         sq[tid] = qa * cs - qb * sn;
         sq[tid + half] = qb * cs + qa * sn;
@@ -427,32 +357,21 @@ __global__ __launch_bounds__(AS_WARPS * 32) void attn_decode_short_kernel(const 
 }  // namespace
 
 bool attention_decode_ok(int nh, int nkv, int hd) {
-    return nkv > 0 && nh % nkv == 0 && nh / nkv <= AD_GMAX && (hd == 256 || hd == 128);
-}
-static bool old_attention_decode() {
-    static const bool old = env_on("LB_GPU_OLD_ATTN_DEC");
-    return old;
+    return nkv > 0 && nh % nkv == 0 && nh / nkv <= AF_GMAX && (hd == 256 || hd == 128);
 }
 int attention_decode_blocks(int nkv, int max_ctx) {
-    if (old_attention_decode()) return max_ctx <= 2048 ? 8 : max_ctx <= 8192 ? 16 : 32;
+    (void)max_ctx;
+    if (tuning().attn_decode_blocks > 0) return tuning().attn_decode_blocks;
     // one wave: the flash kernel's 8-warp blocks fit one to a multiprocessor
     return std::clamp((g_dec.sms + nkv - 1) / nkv, 1, AF_MAX_NB);
 }
-// acc, then (m, l): the session-1 kernel keeps a partial per warp, the flash kernel one per block
-size_t attention_decode_scratch(int nh, int hd, int blocks) { return size_t(nh) * blocks * AD_WARPS * (hd + 2); }
+// a partial (acc, then m and l) per query head and block
+size_t attention_decode_scratch(int nh, int hd, int blocks) { return size_t(nh) * blocks * (hd + 2); }
 
 void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                       const void* vcache, DType vt, int blocks, float* scratch, int* counters, float* out,
                       gpuStream_t s) {
     if (hd != 256 && hd != 128) lb::fail("internal", "attention_decode: unsupported head dim");
-    if (old_attention_decode()) {
-        const dim3 grid(nkv, blocks), block(AD_WARPS * 32);
-        if (hd == 256)
-            launch_k(attn_decode_kernel<8>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
-        else
-            launch_k(attn_decode_kernel<4>, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
-        return;
-    }
     const dim3 grid(nkv, std::min(blocks, AF_MAX_NB)), block(AF_WARPS * 32);
     const bool wide = nh / nkv > 4;  // GM = 8 slots hold more registers: two positions in flight, not four
     auto go = [&](auto kernel) {
@@ -469,11 +388,8 @@ void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_po
 
 int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt) {
 #if defined(LB_CUDA)
-    // LB_GPU_ATTN_SHORT=N: the largest context that takes the kernel (0: never); default two batches
-    static const int limit = [] {
-        const char* e = std::getenv("LB_GPU_ATTN_SHORT");
-        return e ? std::max(0, std::atoi(e)) : 2 * AS_WARPS * AS_U;
-    }();
+    // the largest context that takes the kernel (Tuning::attn_short_ctx); default two batches
+    const int limit = tuning().attn_short_ctx >= 0 ? tuning().attn_short_ctx : 2 * AS_WARPS * AS_U;
     // The kernel decodes the bf16 cache rows with the build's unpack8: bf16 weight builds only (the sm_75
     // build's wtype is half; it keeps the flash path).
 #if defined(LB_GPU_FP16)
@@ -482,7 +398,7 @@ int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt) 
     constexpr bool bf16_build = true;
 #endif
     const bool fits = bf16_build && hd == AS_HD && nkv > 0 && nh % nkv == 0 && rot % 2 == 0 && rot <= hd &&
-                      kv_bf16_kernels(kt, vt) && !old_attention_decode();
+                      kv_bf16_kernels(kt, vt);
     return fits ? limit : 0;
 #else
     (void)nh; (void)nkv; (void)hd; (void)rot; (void)kt; (void)vt;

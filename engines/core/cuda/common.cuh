@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "../env.h"
+#include "../tuning.h"
 #include "fixed_point.cuh"
 #include "gpu_ops.h"
 
@@ -76,7 +76,7 @@ __device__ __forceinline__ void griddep_launch() {
 template <int NT>
 __device__ __forceinline__ void copy_to_smem(uint4* dst, const uint4* src, int nch) {
 #if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#pragma unroll 1  // machine code is time in a kernel run once a layer (docs/engines.md, session 9)
+#pragma unroll 1  // machine code is time in a kernel run once a layer (docs/archive/engines-tuning-record.md)
     for (int c = threadIdx.x; c < nch; c += NT) {
         const unsigned d = unsigned(__cvta_generic_to_shared(dst + c));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src + c) : "memory");
@@ -250,9 +250,9 @@ struct DecodeCfg {
     bool ready = false, pdl = false;
     int sms = 1;
     size_t smem_block = 48 * 1024, smem_sm = 64 * 1024;
-    size_t tile = 16 * 1024;  // GEMV weight tile bytes (LB_GV_TILE)
-    int max_per_sm = 8;       // GEMV blocks per SM cap (LB_GV_PER_SM)
-    int prewait = 1;          // GEMV tiles requested before the dependency wait, of GV_STAGES (LB_GV_PREWAIT)
+    size_t tile = 16 * 1024;  // GEMV weight tile bytes (Tuning::gemv_tile_bytes)
+    int max_per_sm = 8;       // GEMV blocks per SM cap (Tuning::gemv_blocks_per_sm)
+    int prewait = 1;          // GEMV tiles requested before the dependency wait, of GV_STAGES (Tuning::gemv_prewait)
     size_t mlp_smem_block = 48 * 1024, mlp_static = 0;  // fused MLP: dynamic shared memory a block may take
 };
 extern DecodeCfg g_dec;

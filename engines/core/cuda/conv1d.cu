@@ -5,33 +5,9 @@ namespace lb::gpu {
 
 namespace {
 
-__global__ void conv1d_silu_kernel(const float* x, int ldx, int n, int C, int K, const float* w, float* state, float* y) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float win[8];  // the K-1 previous inputs (K <= 8), oldest first
-    for (int j = 0; j < K - 1; ++j) win[j] = state[size_t(c) * (K - 1) + j];
-    const float* wc = w + size_t(c) * K;
-    for (int t0 = 0; t0 < n; t0 += 8) {  // 8 independent loads in flight, then the sequential update
-        float cur8[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) cur8[u] = t0 + u < n ? x[size_t(t0 + u) * ldx + c] : 0.f;
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            if (t0 + u >= n) break;
-            const float cur = cur8[u];
-            float acc = wc[K - 1] * cur;
-            for (int j = 0; j < K - 1; ++j) acc += wc[j] * win[j];
-            y[size_t(t0 + u) * C + c] = silu(acc);
-            for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
-            if (K > 1) win[K - 2] = cur;
-        }
-    }
-    for (int j = 0; j < K - 1; ++j) state[size_t(c) * (K - 1) + j] = win[j];
-}
-
-// Same math as conv1d_silu_kernel, parallel over (channel, strip of CONV_TT tokens): grid (C / 128, n / TT).
+// Parallel over (channel, strip of CONV_TT tokens): grid (C / 128, n / TT).
 // With in(tau) = x[tau][c] for tau >= 0 and the old state[c][K-1+tau] for tau < 0,
-// y[t][c] = silu(w[K-1] in(t) + sum_{j<K-1} w[j] in(t-K+1+j)) (the old kernel's summation order) and the new
+// y[t][c] = silu(w[K-1] in(t) + sum_{j<K-1} w[j] in(t-K+1+j)) (the CPU reference's summation order) and the new
 // state is in(n-K+1 .. n-1). Since TT >= K-1, only strip 0 reads the old state; its thread for channel c
 // writes the new state of c after all of its own reads, so no other thread can see a half-updated state.
 constexpr int CONV_TT = 8;
@@ -74,19 +50,14 @@ __global__ void conv1d_silu_par_kernel(const float* x, int ldx, int n, int C, co
 }  // namespace
 
 void conv1d_silu(const float* x, int ldx, int n, int C, int K, const float* w, float* state, float* y, gpuStream_t s) {
-    if (K > 8) lb::fail("unsupported", "conv kernel larger than 8");
-    static const bool old_conv = env_on("LB_GPU_OLD_CONV");
-    if (!old_conv) {
-        const dim3 grid((C + 127) / 128, (n + CONV_TT - 1) / CONV_TT);
-        switch (K) {
+    if (K < 1 || K > 8) lb::fail("unsupported", "conv kernel size outside 1..8");
+    const dim3 grid((C + 127) / 128, (n + CONV_TT - 1) / CONV_TT);
+    switch (K) {
 #define LB_CONV_CASE(k) case k: conv1d_silu_par_kernel<k><<<grid, 128, 0, s>>>(x, ldx, n, C, w, state, y); return;
-            LB_CONV_CASE(1) LB_CONV_CASE(2) LB_CONV_CASE(3) LB_CONV_CASE(4)
-            LB_CONV_CASE(5) LB_CONV_CASE(6) LB_CONV_CASE(7) LB_CONV_CASE(8)
+        LB_CONV_CASE(1) LB_CONV_CASE(2) LB_CONV_CASE(3) LB_CONV_CASE(4)
+        LB_CONV_CASE(5) LB_CONV_CASE(6) LB_CONV_CASE(7) LB_CONV_CASE(8)
 #undef LB_CONV_CASE
-            default: break;
-        }
     }
-    conv1d_silu_kernel<<<(C + 63) / 64, 64, 0, s>>>(x, ldx, n, C, K, w, state, y);
 }
 
 }  // namespace lb::gpu

@@ -92,7 +92,7 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
 // 512 threads, dk = dv = 128. In ar's earlier graph the step (delta_decode_kernel) and the out-projection
 // (a GATED gemv_fused_kernel) were two kernels with a boundary and three dependent round trips between
 // them for 5 MB of bytes; a fusion that split the head over blocks had to exchange the head's sums of
-// squares through a counter and gained nothing (docs/engines.md, session 7). Here the R blocks of a head each
+// squares through a counter and gained nothing (docs/archive/engines-tuning-record.md). Here the R blocks of a head each
 // run the head's whole step, the same arithmetic on the same inputs (the state is read R times, from L2),
 // so each has all 128 outputs for the norm and no block waits for another's result. One pass over the
 // state gives both products the step needs, since with the decayed state g S and u = beta (v - g S^T k):
@@ -105,7 +105,7 @@ __global__ __launch_bounds__(256) void delta_decode_kernel(const float* conv, co
 //     and the writers wait for the count of their round (complete long before in practice).
 // At most 80 registers (40 K of an SM's 64 K), so that the next kernel's blocks (the fused MLP: 512 threads,
 // 44 registers, 176 KB of shared memory) fit beside a block of this one and start their weight copies early
-// (a first version at 120 registers delayed the MLP by 1.5 us a layer: docs/engines.md, session 12).
+// (a first version at 120 registers delayed the MLP by 1.5 us a layer: docs/archive/engines-tuning-record.md).
 #if defined(LB_CUDA)
 #define LB_DO_BOUNDS __maxnreg__(80)
 #else

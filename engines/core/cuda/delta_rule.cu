@@ -145,7 +145,7 @@ __device__ __forceinline__ void delta_chunk_finish(int L, int dk, const float* e
 // the state depend only on column j of V (and on the chunk's K, Q, g, beta), so each block owns CB
 // columns of one head and keeps that state slice in shared memory for the whole sequence. CB = DR_CB (16)
 // by default: twice the blocks of CB = 32 (each recomputes the chunk's Gram matrices), pp520 on the H200
-// 21.8k -> 25.8k tok/s with identical greedy tokens (docs/engines.md); LB_GPU_DR_CB=32 selects the wider one.
+// 21.8k -> 25.8k tok/s with identical greedy tokens (docs/engines.md).
 constexpr int DR_CB = 16;
 template <int DCT, int CB>
 __global__ __launch_bounds__(256) void delta_rule_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
@@ -398,31 +398,28 @@ void deltanet_prep(float* y, int ldy, const float* proj, int ldp, int b_off, con
 void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 float* state, float* out, gpuStream_t s) {
     const size_t smem = sizeof(float) * (2 * DC * dk + 3 * DC * dv + 2 * DC * DC + 2 * DC);
-    static const int cb = [] {  // LB_GPU_DR_CB: value columns per block of the column-split kernel (16 or 32)
-        const char* e = std::getenv("LB_GPU_DR_CB");
-        return e && (std::atoi(e) == 16 || std::atoi(e) == 32) ? std::atoi(e) : DR_CB;
-    }();
-    if (dv % cb == 0 && dk <= 256 && !std::getenv("LB_GPU_OLD_DELTA")) {
+    // dv % 16, dk <= 256: the column-split kernels; other shapes the one-block-a-head kernel at the end
+    if (dv % DR_CB == 0 && dk <= 256) {
         const int limit = smem_optin_limit();
-        // the two-pass (WY) form, unless LB_GPU_DR_WY=0 or its chunk data cannot be allocated (graph capture)
-        static const bool wy = !env_off("LB_GPU_DR_WY");
+        // the two-pass (WY) form, unless its chunk data cannot be allocated (during graph capture) or its
+        // shared memory does not fit: then the one-pass column kernel
         const size_t sp = dr_prep_smem(32, dk), sw = dr_wy_smem(32, dk, DR_CB);
         const int chunks = (n + 31) / 32;
         float* prep = nullptr;
-        if (wy && dv % DR_CB == 0 && sp <= size_t(limit) && sw <= size_t(limit) &&
+        if (sp <= size_t(limit) && sw <= size_t(limit) &&
             (prep = g_dr_prep.get(size_t(chunks) * hv * dr_prep_floats<32>(), s))) {
             launch_smem(delta_chunk_prep_kernel<32>, dim3(chunks, hv), dim3(256), sp, s, qkv, ld, n, hk, hv, dk, g, beta, prep);
             launch_smem(delta_rule_wy_kernel<32, DR_CB>, dim3(hv, dv / DR_CB), dim3(256), sw, s, qkv, ld, n, hk, hv, dk, dv,
                         prep, state, out);
             return;
         }
-        const size_t s32 = delta_cols_smem(32, dk, cb), s16 = delta_cols_smem(16, dk, cb);
-        const dim3 grid(hv, dv / cb);
+        const size_t s32 = delta_cols_smem(32, dk, DR_CB), s16 = delta_cols_smem(16, dk, DR_CB);
+        const dim3 grid(hv, dv / DR_CB);
         auto go = [&](auto kernel, size_t smem_cols) {
             launch_smem(kernel, grid, dim3(256), smem_cols, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
         };
-        if (s32 <= size_t(limit)) return cb == 32 ? go(delta_rule_cols_kernel<32, 32>, s32) : go(delta_rule_cols_kernel<32, 16>, s32);
-        if (s16 <= size_t(limit)) return cb == 32 ? go(delta_rule_cols_kernel<16, 32>, s16) : go(delta_rule_cols_kernel<16, 16>, s16);
+        if (s32 <= size_t(limit)) return go(delta_rule_cols_kernel<32, DR_CB>, s32);
+        if (s16 <= size_t(limit)) return go(delta_rule_cols_kernel<16, DR_CB>, s16);
     }
     launch_smem(delta_rule_kernel, dim3(hv), dim3(256), smem, s, qkv, ld, n, hk, hv, dk, dv, g, beta, state, out);
 }

@@ -24,11 +24,8 @@ int smem_optin_limit() {
 }
 
 // The attention kernels built for a bf16 K and V cache (the default) carry that path alone; any other cache
-// type, or LB_GPU_ATTN_ANYKV=1 (for A/B timing), takes the kernels that switch on the type at run time.
-bool kv_bf16_kernels(DType kt, DType vt) {
-    static const bool any_kv = env_on("LB_GPU_ATTN_ANYKV");
-    return kt == DType::BF16 && vt == DType::BF16 && !any_kv;
-}
+// type takes the kernels that switch on the type at run time.
+bool kv_bf16_kernels(DType kt, DType vt) { return kt == DType::BF16 && vt == DType::BF16; }
 
 void decode_setup(int device) {
     gpuDeviceProp p;
@@ -38,7 +35,7 @@ void decode_setup(int device) {
     // dynamic shared memory a GEMV block may take: the opt-in limit less room for its static arrays
     g_dec.smem_block = p.sharedMemPerBlockOptin - 2048;
     g_dec.smem_sm = p.sharedMemPerMultiprocessor;
-    g_dec.pdl = p.major >= 9 && !env_off("LB_GPU_PDL");
+    g_dec.pdl = p.major >= 9 && tuning().gpu_pdl;
 #else
     g_dec.smem_block = p.sharedMemPerBlock;
     g_dec.smem_sm = p.maxSharedMemoryPerMultiProcessor;
@@ -46,9 +43,9 @@ void decode_setup(int device) {
 #endif
     gemv_fused_setup(p);
     mlp_fused_setup(p);
-    if (const char* t = std::getenv("LB_GV_TILE")) g_dec.tile = size_t(std::max(1024, std::atoi(t)));
-    if (const char* t = std::getenv("LB_GV_PER_SM")) g_dec.max_per_sm = std::max(1, std::atoi(t));
-    if (const char* t = std::getenv("LB_GV_PREWAIT")) g_dec.prewait = std::min(3 /* GV_STAGES */, std::max(0, std::atoi(t)));
+    g_dec.tile = size_t(tuning().gemv_tile_bytes);
+    g_dec.max_per_sm = tuning().gemv_blocks_per_sm;
+    g_dec.prewait = tuning().gemv_prewait;  // 0 .. GV_STAGES (3)
     g_dec.ready = true;
 }
 bool decode_pdl() { return g_dec.pdl; }

@@ -42,7 +42,8 @@ void add_pos(int* d_pos, int n, gpuStream_t s);
 // and, on sm_90+, use programmatic dependent launch: each kernel prefetches its weights (and the DeltaNet
 // state) before waiting for the previous kernel, so launch gaps and ramp-up overlap the previous kernel.
 
-// Reads the device (SM count, shared memory) and LB_GPU_PDL (0 disables PDL). Call once before use.
+// Reads the device (SM count, shared memory) and the knobs (../tuning.h: gpu_pdl, the GEMV tiles). Call once
+// before use.
 void decode_setup(int device);
 bool decode_pdl();
 
@@ -101,7 +102,6 @@ struct FusedMlp {
     const wtype* down_t = nullptr;       // [I, H]: down_proj transposed (gpu::transpose)
     unsigned long long* acc = nullptr;   // [H], zero on entry
     int H = 0, I = 0;
-    int early_down = 0;  // set by mlp_fused from LB_MLP_EARLY_DOWN (an experiment: see mlp_fused_kernel)
 };
 bool mlp_fused_ok(int H, int I);  // after decode_setup
 void mlp_fused(const FusedMlp& a, gpuStream_t s);
@@ -139,7 +139,7 @@ bool delta_out_ok(int H, int dk, int dv, int hk, int hv);
 void delta_out(const DeltaOut& a, gpuStream_t s);
 // Decode attention (flash-decoding): grid (nkv, blocks); the context is cut into at most `blocks` chunks per
 // KV head (fewer for a short context), each block merges its warps, the last block of a KV head merges the
-// chunks in order. LB_GPU_OLD_ATTN_DEC=1 selects the session-1 kernel (`blocks` splits of 4 warps each).
+// chunks in order.
 // scratch: attention_decode_scratch(nh, hd, blocks) floats; counters: nkv ints, zero at first use.
 bool attention_decode_ok(int nh, int nkv, int hd);
 int attention_decode_blocks(int nkv, int max_ctx);  // the default `blocks` (after decode_setup)
@@ -150,7 +150,7 @@ void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_po
 // Decode attention at a short context with attn_prep folded in (one block per query head, no cross-block
 // step; CUDA, bf16 K and V, head_dim 256): o as attention_decode gives it, the caches written as attn_prep
 // writes them. attn_decode_short_ctx: the largest context the decode graph should take it for (0: never;
-// LB_GPU_ATTN_SHORT=N sets it). The kernel reads *d_pos and the cached rows before its dependency wait:
+// the attn_short_ctx knob sets it). The kernel reads *d_pos and the cached rows before its dependency wait:
 // whatever wrote them must have finished before the launch (in the decode graph: an earlier graph launch).
 int attn_decode_short_ctx(int nh, int nkv, int hd, int rot, DType kt, DType vt);
 void attn_decode_short(const float* qkv, int nh, int nkv, int rot, float theta, const float* q_gain,

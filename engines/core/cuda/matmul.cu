@@ -190,11 +190,11 @@ __global__ void gemm_splitk_sum_kernel(const float* __restrict__ part, int split
 // projections (down, out, o_proj) have 144 tiles for 132 multiprocessors, one 4-warp block each, which
 // leaves the tensor cores waiting on memory. The K loop is cut so that there are about four blocks per
 // multiprocessor; the partials go to a workspace and are summed in split order, so results do not depend
-// on block scheduling. LB_GPU_SPLITK: blocks a multiprocessor to aim for (default 4; 0 turns it off).
+// on block scheduling. Tuning::gemm_splitk_per_sm: blocks a multiprocessor to aim for (0 turns it off).
 GrowBuffer g_splitk;
 
 int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
-    static const int per_sm = std::getenv("LB_GPU_SPLITK") ? std::max(0, std::atoi(std::getenv("LB_GPU_SPLITK"))) : 4;
+    const int per_sm = tuning().gemm_splitk_per_sm;
     static const int sms = current_device_attr(cudaDevAttrMultiProcessorCount);
     if (per_sm == 0 || count % 4 != 0) return 1;
     const int ksteps = (in + TK - 1) / TK;
@@ -212,7 +212,7 @@ void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bo
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     if (n > 8) {
         const dim3 g2((out + TN - 1) / TN, (n + TM - 1) / TM);
-        if (in % 8 == 0 && !std::getenv("LB_GPU_OLD_GEMM")) {
+        if (in % 8 == 0) {
             const int splits = gemm_splits(int(g2.x * g2.y), in, size_t(n) * out, s);
             const int ksteps = ((in + TK - 1) / TK + splits - 1) / splits;
             if (splits == 1) {

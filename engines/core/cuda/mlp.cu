@@ -18,7 +18,7 @@ __global__ void silu_mul_kernel(const float* gu, int n, int I, float* out) {
 // act [rb] floats (padded to 16 bytes) | gate rows [rb][H] | up rows [rb][H] | down_t rows [rb][H].
 // 512 threads and x read before the down_t copies are requested: 1,094.5 tok/s against 1,030.1 with 256
 // threads and every copy before the wait (one H200, synthetic-weight 0.8B, same card; 256 threads with x
-// first 1,066.7, 512 threads without 1,056.8; docs/engines.md session 6).
+// first 1,066.7, 512 threads without 1,056.8; docs/archive/engines-tuning-record.md).
 constexpr int MF_THREADS = 512, MF_WARPS = MF_THREADS / LB_WARP;
 constexpr int MF_XPER = 3;  // x float4s a thread holds: H <= 4 * MF_THREADS * MF_XPER (6,144; the 27B has 5,120)
 __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int rb) {
@@ -44,17 +44,6 @@ __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int r
     copy_to_smem<MF_THREADS>((uint4*)wu, (const uint4*)(a.gate_up + (size_t(I) + r0) * H), nch);
     cp_async_commit();
     griddep_launch();
-    // LB_MLP_EARLY_DOWN (a.early_down, an experiment; both modes measured slower, docs/engines.md session 13):
-    // the down_t rows requested before the wait too, 1 = once the gate and up rows have landed, 2 = with
-    // them. The default (0) requests them after x, below. Why the switch stays: with it, ptxas keeps this
-    // kernel's block-uniform arithmetic on the uniform datapath (40 registers instead of 44), and that build's
-    // default path measured 2.0% faster per token on three H200s than the kernel without it. The mechanism is
-    // not known; tests/engines/test_cuda_compile.py holds the register count, and an edit here needs a new
-    // same-card measurement.
-    if (a.early_down) {
-        if (a.early_down == 1) cp_async_wait<0>();
-        copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
-    }
     griddep_wait();  // from here on: x (complete: the out-projection before this kernel folded the previous
                      // MLP's accumulator into it) and acc (zero: that same fold, or embed_decode for layer 0)
     float4 xv[MF_XPER];
@@ -64,7 +53,7 @@ __global__ __launch_bounds__(MF_THREADS) void mlp_fused_kernel(FusedMlp a, int r
         xv[k] = i < H ? *(const float4*)(a.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < H) add_fix4(xv[k], a.x_acc, i);  // a fused DeltaNet layer's mixer output (delta_out)
     }
-    if (!a.early_down) copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
+    copy_to_smem<MF_THREADS>((uint4*)wd, (const uint4*)(a.down_t + size_t(r0) * H), nch);
     cp_async_commit();
 
     cp_async_wait<2>();
@@ -167,12 +156,12 @@ bool mlp_fused_ok(int H, int I) {
 
 void mlp_fused(const FusedMlp& a, gpuStream_t s) {
     if (!mlp_fused_ok(a.H, a.I) || !a.acc) lb::fail("internal", "mlp_fused: unsupported shape");
-    // LB_GPU_MLP_PER_SM: blocks a multiprocessor to aim for (default 1: 978 tok/s against 944 with 2 on an
-    // H200, half the atomics; docs/engines.md session 5). The I rows are split over sms * per_sm blocks, as
+    // Tuning::mlp_blocks_per_sm: blocks a multiprocessor to aim for (default 1: 978 tok/s against 944 with 2 on an
+    // H200, half the atomics; docs/archive/engines-tuning-record.md). The I rows are split over sms * per_sm blocks, as
     // long as per_sm blocks' rows fit in a multiprocessor's shared memory (the runtime keeps 1 KB a block);
     // where they do not (smaller GPUs, larger models), fewer rows a block and more blocks, which then run in
     // waves. H200, 0.8B: 28 rows, 128 blocks of 176 KB, one wave.
-    static const int want = std::max(1, std::getenv("LB_GPU_MLP_PER_SM") ? std::atoi(std::getenv("LB_GPU_MLP_PER_SM")) : 1);
+    const int want = tuning().mlp_blocks_per_sm;
     int rb = 0;
     for (int per = want; per >= 1 && rb == 0; --per) {
         const size_t share = g_dec.smem_sm / size_t(per);
@@ -184,13 +173,7 @@ void mlp_fused(const FusedMlp& a, gpuStream_t s) {
     }
     rb = std::max(rb, 1);  // one row a block fits (mlp_fused_ok)
     const int grid = (a.I + rb - 1) / rb;  // then every block's share, I * (b + 1) / grid - I * b / grid, <= rb
-    static const int early = [] {  // LB_MLP_EARLY_DOWN: an experiment (mlp_fused_kernel)
-        const char* e = std::getenv("LB_MLP_EARLY_DOWN");
-        return e ? std::clamp(std::atoi(e), 0, 2) : 0;
-    }();
-    FusedMlp b = a;
-    b.early_down = early;
-    launch_k(mlp_fused_kernel, dim3(grid), dim3(MF_THREADS), mlp_smem_bytes(a.H, rb), s, b, rb);
+    launch_k(mlp_fused_kernel, dim3(grid), dim3(MF_THREADS), mlp_smem_bytes(a.H, rb), s, a, rb);
 }
 
 void transpose(const wtype* in, int rows, int cols, wtype* out, gpuStream_t s) {

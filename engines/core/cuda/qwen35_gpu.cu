@@ -6,8 +6,9 @@
 // sit inside the GEMVs, the LM head's argmax in its epilogue, and sm_90+ uses programmatic dependent launch.
 // The MLP is one kernel (gpu::mlp_fused: gate/up and down over a transposed down_proj, the output summed in
 // a fixed-point accumulator that the next layer's in-projection reads and its out-projection folds into the
-// residual); LB_GPU_FUSED_MLP=0 selects the gate_up + down GEMVs (5 / 6 kernels a layer, 129 a token). CUDA
-// only by default; HIP opts in with LB_GPU_FUSED_MLP=1. LB_GPU_DECODE=legacy selects the unfused sequence.
+// residual); the fused_mlp knob at 0 (LB_GPU_FUSED_MLP=0, ../tuning.h) selects the gate_up + down GEMVs (5 / 6
+// kernels a layer, 129 a token). CUDA only by default; HIP opts in with LB_GPU_FUSED_MLP=1. Shapes the fused
+// kernels do not handle take the unfused sequence.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +17,7 @@
 #include <vector>
 
 #include "../backend.h"
-#include "../env.h"
+#include "../tuning.h"
 #include "../half.h"
 #include "gpu_ops.h"
 #include "qwen35_forward.h"
@@ -40,26 +41,14 @@ public:
         GPU_CHECK(gpuMalloc(&d_next_, sizeof(int)));
         GPU_CHECK(gpuMalloc(&d_key_, sizeof(unsigned long long)));
         gpu::decode_setup(device);
-        const char* mode = std::getenv("LB_GPU_DECODE");
-        legacy_ = mode && std::strcmp(mode, "legacy") == 0;
-        // isolation switches for the fused decode graph (0 = the unfused kernel for that stage)
-        // LB_GPU_DIAG_SKIP=in,mixer,out,mlp (any of them): leave those kernels out of the decode graph.
-        // Timing only (the tokens are meaningless): the drop in time a token is what that stage costs on the
-        // critical path, overlaps included, which per-kernel profiles of kernels run alone cannot show.
-        if (const char* d = std::getenv("LB_GPU_DIAG_SKIP")) {
-            const std::string list = std::string(",") + d + ",";
-            const std::pair<const char*, unsigned> stages[] = {
-                {"in", SKIP_IN}, {"mixer", SKIP_MIXER}, {"out", SKIP_OUT}, {"mlp", SKIP_MLP}};
-            for (const auto& [name, bit] : stages)
-                if (list.find(std::string(",") + name + ",") != std::string::npos) diag_skip_ |= bit;
-        }
-        fused_attn_ = !env_off("LB_GPU_FUSED_ATTN");
-        fused_delta_ = !env_off("LB_GPU_FUSED_DELTA");
-        want_delta_out_ = !env_off("LB_GPU_DELTA_OUT");
+        // the fused decode graph's stages (the unfused kernel for a stage whose knob is off)
+        fused_attn_ = tuning().fused_attn;
+        fused_delta_ = tuning().fused_delta;
+        want_delta_out_ = tuning().delta_out;
 #if defined(__HIPCC__) || defined(LB_USE_HIP)
-        want_fused_mlp_ = env_on("LB_GPU_FUSED_MLP");  // not yet run on an AMD GPU: opt-in
+        want_fused_mlp_ = tuning().fused_mlp == 1;  // not yet run on an AMD GPU: opt-in
 #else
-        want_fused_mlp_ = !env_off("LB_GPU_FUSED_MLP");
+        want_fused_mlp_ = tuning().fused_mlp != 0;
 #endif
     }
     ~GpuBackend() override {
@@ -100,7 +89,7 @@ public:
         // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
         // instead of down, so the bytes a token streams (decode_bytes) stay the same.
         const int H = cfg.hidden, I = cfg.intermediate;
-        mlp_fused_ = want_fused_mlp_ && !legacy_ && gpu::mlp_fused_ok(H, I);
+        mlp_fused_ = want_fused_mlp_ && gpu::mlp_fused_ok(H, I);
         for (const Qwen35Layer& L : w_.layers)
             if (L.down.rows != H || L.down.cols != I) mlp_fused_ = false;
         if (mlp_fused_) {
@@ -149,7 +138,7 @@ public:
         }
         // fused decode: which shapes it handles, attention split scratch
         const int H = cfg_.hidden, I = cfg_.intermediate, vd = cfg_.lin_value_dim();
-        fused_ = !legacy_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
+        fused_ = gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
                  (mlp_fused_ || gpu::gemv_fused_ok(I, gpu::GV_SILU, 0)) &&
                  (cfg_.n_full_layers() == 0 || (gpu::gemv_fused_ok(cfg_.n_heads * hd, gpu::GV_PLAIN, 0) &&
                                                  gpu::attention_decode_ok(cfg_.n_heads, cfg_.n_kv_heads, hd))) &&
@@ -157,7 +146,6 @@ public:
                   (gpu::gemv_fused_ok(vd, gpu::GV_GATED, cfg_.lin_v_dim) && cfg_.conv_kernel <= 8 &&
                    cfg_.lin_v_heads % cfg_.lin_k_heads == 0));
         att_splits_ = gpu::attention_decode_blocks(cfg_.n_kv_heads, max_ctx);
-        if (const char* e = std::getenv("LB_ATT_SPLITS")) att_splits_ = std::max(1, std::atoi(e));
         attn_short_ctx_ = fused_ && fused_attn_ && cfg_.n_full_layers() > 0
                               ? gpu::attn_decode_short_ctx(cfg_.n_heads, cfg_.n_kv_heads, hd, cfg_.rope_dims, kt_, vt_)
                               : 0;
@@ -346,11 +334,11 @@ private:
                 a.gain = F(L.input_norm);
                 a.acc = prev_mlp;
                 a.acc2 = pending;
-                if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
-                if (runs(SKIP_MIXER) && short_attn) {
+                gpu::gemv_fused(a, s_);
+                if (short_attn) {
                     gpu::attn_decode_short(ws_.big, nh, nkv, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm), F(L.k_norm),
                                            cfg_.eps, d_pos_, kc_[size_t(l)], vc_[size_t(l)], ws_.o, s_);
-                } else if (runs(SKIP_MIXER)) {
+                } else {
                     gpu::attn_prep(ws_.big, rows, 1, nh, nkv, hd, cfg_.rope_dims, cfg_.rope_theta, F(L.q_norm),
                                    F(L.k_norm), cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
                     if (fused_attn_)
@@ -363,7 +351,7 @@ private:
                 a = gemv(gpu::GV_PLAIN, gpu::GV_ADD, ws_.o, nh * hd, L.o_proj, H, ws_.x);
                 a.fold = prev_mlp;
                 a.fold2 = pending;
-                if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
+                gpu::gemv_fused(a, s_);
                 pending = nullptr;
             } else {
                 const int rows = cfg_.lin_in_rows(), cd = cfg_.conv_dim(), vd = cfg_.lin_value_dim();
@@ -374,7 +362,7 @@ private:
                 a.acc2 = pending;
                 a.conv_rows = cd; a.conv_k = cfg_.conv_kernel; a.conv_w = F(L.conv_w);
                 a.conv_state = conv_[size_t(l)]; a.conv_out = ws_.conv;
-                if (runs(SKIP_IN)) gpu::gemv_fused(a, s_);
+                gpu::gemv_fused(a, s_);
                 if (delta_out_) {
                     gpu::DeltaOut d;
                     d.conv = ws_.conv; d.proj = ws_.big; d.z_off = cd; d.b_off = cd + vd;
@@ -382,26 +370,23 @@ private:
                     d.hk = hk; d.hv = hv; d.H = H; d.state = ssm_[size_t(l)]; d.W = W(L.out_proj);
                     d.acc = mix[l % 2]; d.x = ws_.x; d.fold_a = prev_mlp; d.fold_b = pending;
                     d.counters = delta_counters_ + size_t(l) * hv;
-                    if (runs(SKIP_MIXER)) gpu::delta_out(d, s_);
+                    gpu::delta_out(d, s_);
                     pending = mix[l % 2];
                 } else {
-                    if (runs(SKIP_MIXER)) {
-                        if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
-                            gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
-                                              ssm_[size_t(l)], ws_.o, s_);
-                        } else {
-                            gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk,
-                                               hv, ws_.g, ws_.beta, s_);
-                            gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
-                        }
+                    if (fused_delta_ && gpu::delta_decode_ok(dk, dv)) {
+                        gpu::delta_decode(ws_.conv, ws_.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv,
+                                          ssm_[size_t(l)], ws_.o, s_);
+                    } else {
+                        gpu::deltanet_prep(ws_.conv, cd, ws_.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), 1, hk, dk,
+                                           hv, ws_.g, ws_.beta, s_);
+                        gpu::delta_rule(ws_.conv, cd, 1, hk, hv, dk, dv, ws_.g, ws_.beta, ssm_[size_t(l)], ws_.o, s_);
                     }
                     a = gemv(gpu::GV_GATED, gpu::GV_ADD, ws_.o, vd, L.out_proj, H, ws_.x);
                     a.gain = F(L.ssm_norm); a.z = ws_.big + cd; a.head_dim = dv;
                     a.fold = prev_mlp;
-                    if (runs(SKIP_OUT)) gpu::gemv_fused(a, s_);
+                    gpu::gemv_fused(a, s_);
                 }
             }
-            if (!runs(SKIP_MLP)) continue;
             if (acc) {
                 gpu::FusedMlp m;
                 m.x = ws_.x; m.gain = F(L.post_norm); m.eps = cfg_.eps;
@@ -429,16 +414,13 @@ private:
     gpuEvent_t ev0_, ev1_;
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
     unsigned long long* d_key_ = nullptr;
-    bool legacy_ = false, fused_ = false, fused_attn_ = true, fused_delta_ = true;
-    enum : unsigned { SKIP_IN = 1, SKIP_MIXER = 2, SKIP_OUT = 4, SKIP_MLP = 8 };
-    unsigned diag_skip_ = 0;  // LB_GPU_DIAG_SKIP (timing diagnostics)
-    bool runs(unsigned stage) const { return !(diag_skip_ & stage); }  // a stage LB_GPU_DIAG_SKIP leaves in
-    bool want_fused_mlp_ = true, mlp_fused_ = false;  // LB_GPU_FUSED_MLP; whether decode uses it (set at load)
+    bool fused_ = false, fused_attn_ = true, fused_delta_ = true;
+    bool want_fused_mlp_ = true, mlp_fused_ = false;  // Tuning::fused_mlp; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point,
                                                   // then (delta_out_) the DeltaNet mixers' two: [n_acc() * H]
     int n_acc() const { return delta_out_ ? 3 : 1; }
-    bool want_delta_out_ = true, delta_out_ = false;  // LB_GPU_DELTA_OUT; whether decode uses it (set at load)
+    bool want_delta_out_ = true, delta_out_ = false;  // Tuning::delta_out; whether decode uses it (set at load)
     unsigned* delta_counters_ = nullptr;              // delta_out: [n_layers, hv] state-use counters
     int att_splits_ = 8, last_next_ = 0;
     bool have_next_ = false;

@@ -1,0 +1,745 @@
+// lucebench-gpu-op-check: every GPU op of core/cuda/gpu_ops.h, each kernel variant its launcher can select
+// on this device, against the CPU reference (core/cpu/) on random inputs, odd sizes included so that the
+// fallbacks run. The fused decode kernels are checked against compositions of the CPU reference ops.
+// Prints one table row a check (op, variant, shape, error, tolerance) and exits 1 when any check fails.
+//
+// Error: max |gpu - cpu| / max |cpu| over the compared outputs. Tolerances: 1e-5 where the GPU computes in
+// fp32 (different summation order, __expf), 1e-4 for the fused MLP's and DeltaNet's fixed-point sums, 5e-4 for
+// the delta rule and attention (long chains of fp32 updates, softmax over hundreds of positions; the chunked
+// and the recurrent delta rule differ in rounding), 2e-2 where the GPU rounds activations to the weight type
+// (tensor-core GEMM and attention), and the cache type's rounding for KV rows the GPU writes (bf16 8e-3, f16
+// 1e-3, q8_0 2e-2, q4_0 0.15). A wrong index, mask or position shows as an error of 1e-2 and more.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cpu/ops.h"
+#include "core/cuda/fixed_point.cuh"
+#include "core/cuda/gpu_ops.h"
+#include "core/half.h"
+#include "core/quant.h"
+
+using namespace lb;
+
+namespace {
+
+int g_failed = 0, g_checks = 0;
+gpuStream_t g_s;
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+    float uni() {  // [-1, 1)
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        return float((s >> 40) & 0xFFFFFF) / float(1 << 23) - 1.f;
+    }
+    std::vector<float> vec(size_t n, float scale = 1.f) {
+        std::vector<float> v(n);
+        for (float& x : v) x = uni() * scale;
+        return v;
+    }
+};
+
+// Weights as the GPU holds them (wtype bits) and the same values as floats for the CPU reference.
+uint16_t to_w(float f) {
+#if defined(LB_GPU_FP16)
+    return f32_to_f16(f);
+#else
+    return f32_to_bf16(f);
+#endif
+}
+float from_w(uint16_t b) {
+#if defined(LB_GPU_FP16)
+    return f16_to_f32(b);
+#else
+    return bf16_to_f32(b);
+#endif
+}
+
+template <class T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) { GPU_CHECK(gpuMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); GPU_CHECK(gpuMemset(p, 0, std::max<size_t>(1, n) * sizeof(T))); }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) { up(v); }
+    ~Dev() { (void)gpuFree(p); }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+    void up(const std::vector<T>& v) { GPU_CHECK(gpuMemcpy(p, v.data(), v.size() * sizeof(T), gpuMemcpyHostToDevice)); }
+    std::vector<T> down() const {
+        GPU_CHECK(gpuStreamSynchronize(g_s));
+        GPU_CHECK(gpuGetLastError());
+        std::vector<T> v(n);
+        GPU_CHECK(gpuMemcpy(v.data(), p, n * sizeof(T), gpuMemcpyDeviceToHost));
+        return v;
+    }
+};
+
+struct Mat {  // a weight matrix [rows, cols]
+    std::vector<uint16_t> bits;
+    std::vector<float> f;
+    Dev<uint16_t> d;
+    Mat(Rng& r, int rows, int cols, float scale)
+        : bits(size_t(rows) * cols), f(size_t(rows) * cols), d(size_t(rows) * cols) {
+        for (size_t i = 0; i < bits.size(); ++i) { bits[i] = to_w(r.uni() * scale); f[i] = from_w(bits[i]); }
+        d.up(bits);
+    }
+    const gpu::wtype* w() const { return (const gpu::wtype*)d.p; }
+};
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        num = std::max(num, double(std::fabs(got[i] - ref[i])));
+        den = std::max(den, double(std::fabs(ref[i])));
+        if (!std::isfinite(got[i])) return INFINITY;
+    }
+    return den > 0 ? num / den : num;
+}
+
+void report(const char* op, const std::string& variant, const std::string& shape, double err, double tol) {
+    ++g_checks;
+    const bool ok = err <= tol;
+    if (!ok) ++g_failed;
+    printf("| %-17s | %-38s | %-30s | %9.2e | %7.0e | %s |\n", op, variant.c_str(), shape.c_str(), err, tol,
+           ok ? "ok" : "FAIL");
+    fflush(stdout);
+}
+
+std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
+    std::string s;
+    for (auto& [k, v] : kv) s += (s.empty() ? "" : " ") + std::string(k) + "=" + std::to_string(v);
+    return s;
+}
+
+std::vector<float> from_fix_all(const std::vector<unsigned long long>& a) {
+    std::vector<float> r(a.size());
+    for (size_t i = 0; i < a.size(); ++i) r[i] = float(double((long long)a[i]) / 4294967296.0);
+    return r;
+}
+std::vector<unsigned long long> to_fix_all(const std::vector<float>& a) {
+    std::vector<unsigned long long> r(a.size());
+    for (size_t i = 0; i < a.size(); ++i) r[i] = (unsigned long long)(long long)std::llrint(double(a[i]) * 4294967296.0);
+    return r;
+}
+
+double kv_tol(DType t) {
+    switch (t) {
+        case DType::F32: return 1e-5;
+        case DType::F16: return 1e-3;
+        case DType::BF16: return 8e-3;
+        case DType::Q8_0: return 2e-2;
+        default: return 0.15;
+    }
+}
+
+// ----------------------------------------------------------------------------------------- prefill ops
+
+void check_embed(Rng& r) {
+    const int H = 1000, V = 300, n = 5;
+    Mat E(r, V, H, 1.f);
+    std::vector<int> tok = {7, 0, 299, 7, 123};
+    Dev<int> dt(tok);
+    Dev<float> x(size_t(n) * H);
+    gpu::embed(dt.p, n, E.w(), H, x.p, g_s);
+    std::vector<float> ref(size_t(n) * H);
+    for (int t = 0; t < n; ++t) std::copy_n(&E.f[size_t(tok[t]) * H], H, &ref[size_t(t) * H]);
+    report("embed", "embed_kernel", shape({{"n", n}, {"H", H}}), rel_err(x.down(), ref), 0);
+}
+
+void check_matmul(Rng& r, int n, int in, int out, bool acc, const char* variant, double tol) {
+    Mat W(r, out, in, 0.05f);
+    auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * out);
+    Dev<float> dx(x), dy(y0);
+    gpu::matmul(dx.p, n, in, W.w(), out, dy.p, acc, g_s);
+    std::vector<float> ref(size_t(n) * out);
+    cpu::matmul(x.data(), n, in, W.f.data(), out, ref.data());
+    if (acc)
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += y0[i];
+    report("matmul", std::string(variant) + (acc ? " +=" : ""), shape({{"n", n}, {"in", in}, {"out", out}}),
+           rel_err(dy.down(), ref), tol);
+}
+
+void check_rmsnorm(Rng& r, int rows, int dim) {
+    auto x = r.vec(size_t(rows) * dim, 3.f), g = r.vec(dim);
+    Dev<float> dx(x), dg(g), dy(x.size());
+    gpu::rmsnorm(dx.p, dg.p, dy.p, rows, dim, 1e-6f, g_s);
+    std::vector<float> ref(x.size());
+    cpu::rmsnorm(x.data(), g.data(), ref.data(), rows, dim, 1e-6f);
+    report("rmsnorm", "rmsnorm_kernel", shape({{"rows", rows}, {"dim", dim}}), rel_err(dy.down(), ref), 1e-5);
+}
+
+void check_gated_rmsnorm(Rng& r, int n, int heads, int dim) {
+    const int ldz = heads * dim + 16;
+    auto x = r.vec(size_t(n) * heads * dim, 2.f), z = r.vec(size_t(n) * ldz, 3.f), g = r.vec(dim);
+    Dev<float> dx(x), dz(z), dg(g), dy(x.size());
+    gpu::gated_rmsnorm(dx.p, dz.p, ldz, dg.p, dy.p, n, heads, dim, 1e-6f, g_s);
+    std::vector<float> zc(x.size()), ref(x.size());
+    for (int t = 0; t < n; ++t) std::copy_n(&z[size_t(t) * ldz], heads * dim, &zc[size_t(t) * heads * dim]);
+    cpu::gated_rmsnorm(x.data(), zc.data(), g.data(), ref.data(), n * heads, dim, 1e-6f);
+    report("gated_rmsnorm", "gated_rmsnorm_kernel", shape({{"n", n}, {"heads", heads}, {"dim", dim}, {"ldz", ldz}}),
+           rel_err(dy.down(), ref), 1e-5);
+}
+
+void check_conv1d(Rng& r, int n, int C, int K) {
+    const int ldx = C + 5;
+    auto x = r.vec(size_t(n) * ldx, 2.f), w = r.vec(size_t(C) * K), st = r.vec(size_t(C) * (K - 1));
+    Dev<float> dx(x), dw(w), dst(st), dy(size_t(n) * C);
+    gpu::conv1d_silu(dx.p, ldx, n, C, K, dw.p, dst.p, dy.p, g_s);
+    std::vector<float> xc(size_t(n) * C), ref(size_t(n) * C), st_ref = st;
+    for (int t = 0; t < n; ++t) std::copy_n(&x[size_t(t) * ldx], C, &xc[size_t(t) * C]);
+    cpu::causal_conv1d_silu(xc.data(), n, C, K, w.data(), st_ref.data(), ref.data());
+    std::vector<float> got = dy.down(), gst = dst.down();
+    got.insert(got.end(), gst.begin(), gst.end());
+    ref.insert(ref.end(), st_ref.begin(), st_ref.end());
+    report("conv1d_silu", "conv1d_silu_par_kernel<" + std::to_string(K) + ">",
+           shape({{"n", n}, {"C", C}, {"K", K}, {"ldx", ldx}}), rel_err(got, ref), 1e-5);
+}
+
+// The DeltaNet prologue on the CPU: q, k L2-normalised (q scaled), beta and g from the projection row.
+void cpu_deltanet_prep(std::vector<float>& y, int ldy, const std::vector<float>& proj, int ldp, int b_off,
+                       const std::vector<float>& negA, const std::vector<float>& dt, int n, int hk, int dk, int hv,
+                       std::vector<float>* g, std::vector<float>* beta) {
+    for (int t = 0; t < n; ++t) {
+        float* row = &y[size_t(t) * ldy];
+        cpu::l2norm(row, 2 * hk, dk, 1e-6f);
+        for (int i = 0; i < hk * dk; ++i) row[i] *= 1.f / std::sqrt(float(dk));
+        for (int h = 0; h < hv; ++h) {
+            (*beta)[size_t(t) * hv + h] = cpu::sigmoid(proj[size_t(t) * ldp + b_off + h]);
+            (*g)[size_t(t) * hv + h] = negA[h] * cpu::softplus(proj[size_t(t) * ldp + b_off + hv + h] + dt[h]);
+        }
+    }
+}
+
+void check_deltanet_prep(Rng& r) {
+    const int n = 5, hk = 2, dk = 128, hv = 4, dv = 64, ldy = 2 * hk * dk + hv * dv, ldp = ldy + 40, b_off = 17;
+    auto y = r.vec(size_t(n) * ldy, 2.f), proj = r.vec(size_t(n) * ldp, 3.f), negA = r.vec(hv), dt = r.vec(hv);
+    for (float& a : negA) a = -std::fabs(a) - 0.1f;
+    Dev<float> dy(y), dp(proj), dn(negA), ddt(dt), dg(size_t(n) * hv), db(size_t(n) * hv);
+    gpu::deltanet_prep(dy.p, ldy, dp.p, ldp, b_off, dn.p, ddt.p, n, hk, dk, hv, dg.p, db.p, g_s);
+    std::vector<float> g(size_t(n) * hv), beta(size_t(n) * hv), yr = y;
+    cpu_deltanet_prep(yr, ldy, proj, ldp, b_off, negA, dt, n, hk, dk, hv, &g, &beta);
+    std::vector<float> got = dy.down(), gg = dg.down(), gb = db.down();
+    report("deltanet_prep", "deltanet_prep_kernel (q, k)", shape({{"n", n}, {"hk", hk}, {"dk", dk}}), rel_err(got, yr), 1e-5);
+    got = gg; got.insert(got.end(), gb.begin(), gb.end());
+    g.insert(g.end(), beta.begin(), beta.end());
+    report("deltanet_prep", "deltanet_prep_kernel (g, beta)", shape({{"n", n}, {"hv", hv}}), rel_err(got, g), 1e-5);
+}
+
+// delta_rule on normalised q, k rows; `capture`: launched inside a stream capture, where the two-pass
+// form's chunk buffer cannot grow, so the launcher takes the one-pass column kernel.
+void check_delta_rule(Rng& r, int n, int hk, int hv, int dk, int dv, const char* variant, bool capture = false) {
+    const int ld = 2 * hk * dk + hv * dv + 8;
+    auto qkv = r.vec(size_t(n) * ld);
+    for (int t = 0; t < n; ++t) cpu::l2norm(&qkv[size_t(t) * ld], 2 * hk, dk, 1e-6f);
+    auto g = r.vec(size_t(n) * hv), beta = r.vec(size_t(n) * hv), st = r.vec(size_t(hv) * dk * dv, 0.5f);
+    for (float& x : g) x = -0.3f * std::fabs(x);
+    for (float& x : beta) x = 0.5f + 0.5f * x;
+    Dev<float> dq(qkv), dg(g), db(beta), dst(st), dout(size_t(n) * hv * dv);
+    if (capture) {
+        gpuGraph_t graph;
+        gpuGraphExec_t exec;
+#if defined(__HIPCC__) || defined(LB_USE_HIP)
+        GPU_CHECK(hipStreamBeginCapture(g_s, hipStreamCaptureModeRelaxed));
+#else
+        GPU_CHECK(cudaStreamBeginCapture(g_s, cudaStreamCaptureModeRelaxed));  // the launcher may set kernel attributes
+#endif
+        gpu::delta_rule(dq.p, ld, n, hk, hv, dk, dv, dg.p, db.p, dst.p, dout.p, g_s);
+        GPU_CHECK(gpuStreamEndCapture(g_s, &graph));
+        GPU_CHECK(gpuGraphInstantiate(&exec, graph));
+        GPU_CHECK(gpuGraphLaunch(exec, g_s));
+        GPU_CHECK(gpuStreamSynchronize(g_s));
+        GPU_CHECK(gpuGraphExecDestroy(exec));
+        GPU_CHECK(gpuGraphDestroy(graph));
+    } else {
+        gpu::delta_rule(dq.p, ld, n, hk, hv, dk, dv, dg.p, db.p, dst.p, dout.p, g_s);
+    }
+    std::vector<float> q(size_t(n) * hk * dk), k(q.size()), v(size_t(n) * hv * dv), ref(v.size()), st_ref = st;
+    for (int t = 0; t < n; ++t) {
+        const float* row = &qkv[size_t(t) * ld];
+        std::copy_n(row, hk * dk, &q[size_t(t) * hk * dk]);
+        std::copy_n(row + hk * dk, hk * dk, &k[size_t(t) * hk * dk]);
+        std::copy_n(row + 2 * hk * dk, hv * dv, &v[size_t(t) * hv * dv]);
+    }
+    cpu::delta_rule_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(), n, hk, hv, dk, dv, st_ref.data(),
+                              ref.data());
+    std::vector<float> got = dout.down(), gst = dst.down();
+    report("delta_rule", std::string(variant) + " (out)", shape({{"n", n}, {"hk", hk}, {"hv", hv}, {"dk", dk}, {"dv", dv}}),
+           rel_err(got, ref), 5e-4);
+    report("delta_rule", std::string(variant) + " (state)", shape({{"n", n}, {"dk", dk}, {"dv", dv}}), rel_err(gst, st_ref), 5e-4);
+}
+
+// ----------------------------------------------------------------------------------------- attention
+
+struct Cache {  // K and V caches [ctx, nkv, hd] of type t, random rows at positions [0, filled)
+    DType t;
+    size_t row;
+    std::vector<uint8_t> k, v;
+    Cache(Rng& r, DType type, int ctx, int nkv, int hd, int filled) : t(type), row(dtype_row_bytes(type, hd)) {
+        k.assign(size_t(ctx) * nkv * row, 0);
+        v.assign(k.size(), 0);
+        for (int p = 0; p < filled; ++p)
+            for (int j = 0; j < nkv; ++j) {
+                auto a = r.vec(hd, 2.f), b = r.vec(hd);
+                encode_row(t, a.data(), &k[(size_t(p) * nkv + j) * row], size_t(hd));
+                encode_row(t, b.data(), &v[(size_t(p) * nkv + j) * row], size_t(hd));
+            }
+    }
+};
+
+// The CPU attention over q heads taken from qkv rows [q (hd), gate (hd)] per head, times sigmoid(gate).
+std::vector<float> cpu_attention(const std::vector<float>& qkv, int ld, int n, int nh, int nkv, int hd, int pos0,
+                                 const std::vector<uint8_t>& kc, const std::vector<uint8_t>& vc, DType t) {
+    std::vector<float> q(size_t(n) * nh * hd), out(q.size());
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h) std::copy_n(&qkv[size_t(i) * ld + size_t(h) * 2 * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+    cpu::attention(q.data(), n, nh, nkv, hd, pos0, kc.data(), t, vc.data(), t, out.data());
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h)
+            for (int e = 0; e < hd; ++e)
+                out[(size_t(i) * nh + h) * hd + e] *= cpu::sigmoid(qkv[size_t(i) * ld + size_t(h) * 2 * hd + hd + e]);
+    return out;
+}
+
+// attn_prep on the CPU: per-head RMSNorm and partial RoPE of q and k at positions pos0.., the K and V rows
+// encoded into the caches.
+void cpu_attn_prep(std::vector<float>& qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta,
+                   const std::vector<float>& qg, const std::vector<float>& kg, int pos0, Cache& c) {
+    for (int i = 0; i < n; ++i) {
+        float* row = &qkv[size_t(i) * ld];
+        for (int h = 0; h < nh; ++h) {
+            float* q = row + size_t(h) * 2 * hd;
+            cpu::rmsnorm(q, qg.data(), q, 1, hd, 1e-6f);
+            cpu::rope(q, 1, 1, hd, rot, theta, pos0 + i);
+        }
+        for (int j = 0; j < nkv; ++j) {
+            float* k = row + size_t(2 * nh) * hd + size_t(j) * hd;
+            const float* v = row + size_t(2 * nh + nkv) * hd + size_t(j) * hd;
+            cpu::rmsnorm(k, kg.data(), k, 1, hd, 1e-6f);
+            cpu::rope(k, 1, 1, hd, rot, theta, pos0 + i);
+            const size_t r = size_t(pos0 + i) * nkv + j;
+            encode_row(c.t, k, &c.k[r * c.row], size_t(hd));
+            encode_row(c.t, v, &c.v[r * c.row], size_t(hd));
+        }
+    }
+}
+
+std::vector<float> decode_rows(const std::vector<uint8_t>& c, DType t, size_t row, size_t r0, size_t r1, int hd) {
+    std::vector<float> f((r1 - r0) * hd);
+    for (size_t r = r0; r < r1; ++r) decode_row(t, &c[r * row], &f[(r - r0) * hd], size_t(hd));
+    return f;
+}
+
+void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant) {
+    const int ld = (2 * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
+    const float theta = 1e7f;
+    auto qkv = r.vec(size_t(n) * ld, 2.f), qg = r.vec(hd), kg = r.vec(hd);
+    Cache c(r, t, ctx, nkv, hd, pos0);
+    Dev<float> dq(qkv), dqg(qg), dkg(kg);
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    Dev<int> dpos(std::vector<int>{pos0});
+    gpu::attn_prep(dq.p, ld, n, nh, nkv, hd, rot, theta, dqg.p, dkg.p, 1e-6f, dpos.p, dkc.p, t, dvc.p, t, g_s);
+    std::vector<float> ref = qkv;
+    cpu_attn_prep(ref, ld, n, nh, nkv, hd, rot, theta, qg, kg, pos0, c);
+    std::vector<float> got = dq.down(), gq, rq;
+    for (int i = 0; i < n; ++i) {  // the q heads (the k rows are checked in the cache)
+        gq.insert(gq.end(), &got[size_t(i) * ld], &got[size_t(i) * ld + 2 * nh * hd]);
+        rq.insert(rq.end(), &ref[size_t(i) * ld], &ref[size_t(i) * ld + 2 * nh * hd]);
+    }
+    const std::string sh = shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"rot", rot}});
+    report("attn_prep", std::string(variant) + " (q)", sh, rel_err(gq, rq), 1e-5);
+    const size_t r0 = size_t(pos0) * nkv, r1 = size_t(pos0 + n) * nkv;
+    auto gk = decode_rows(dkc.down(), t, c.row, r0, r1, hd), rk = decode_rows(c.k, t, c.row, r0, r1, hd);
+    auto gv = decode_rows(dvc.down(), t, c.row, r0, r1, hd), rv = decode_rows(c.v, t, c.row, r0, r1, hd);
+    gk.insert(gk.end(), gv.begin(), gv.end());
+    rk.insert(rk.end(), rv.begin(), rv.end());
+    report("attn_prep", std::string(variant) + " (K, V " + dtype_name(t) + ")", sh, rel_err(gk, rk), kv_tol(t));
+}
+
+void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, const char* variant, double tol) {
+    const int ld = (2 * nh + 2 * nkv) * hd, pos0 = 9, ctx = pos0 + n;
+    auto qkv = r.vec(size_t(n) * ld, 0.5f);
+    Cache c(r, t, ctx, nkv, hd, ctx);
+    Dev<float> dq(qkv), dout(size_t(n) * nh * hd);
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    Dev<int> dpos(std::vector<int>{pos0});
+    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s);
+    auto ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t);
+    report("attention", std::string(variant) + " (" + dtype_name(t) + ")",
+           shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), rel_err(dout.down(), ref), tol);
+}
+
+void check_silu_mul(Rng& r, int n, int I) {
+    auto gu = r.vec(size_t(n) * 2 * I, 3.f);
+    Dev<float> dg(gu), dout(size_t(n) * I);
+    gpu::silu_mul(dg.p, n, I, dout.p, g_s);
+    std::vector<float> ref(size_t(n) * I);
+    for (int t = 0; t < n; ++t)
+        for (int i = 0; i < I; ++i) ref[size_t(t) * I + i] = cpu::silu(gu[size_t(t) * 2 * I + i]) * gu[size_t(t) * 2 * I + I + i];
+    report("silu_mul", "silu_mul_kernel", shape({{"n", n}, {"I", I}}), rel_err(dout.down(), ref), 1e-5);
+}
+
+void check_argmax_pos(Rng& r) {
+    const int n = 100003;
+    auto x = r.vec(n);
+    x[77777] = 5.f;
+    x[4242] = 5.f;  // a tie: the lowest index wins
+    Dev<float> dx(x);
+    Dev<int> out(1), pos(std::vector<int>{40});
+    gpu::argmax(dx.p, n, out.p, g_s);
+    gpu::add_pos(pos.p, 7, g_s);
+    const int got = out.down()[0], want = cpu::argmax(x.data(), n);
+    report("argmax", "argmax_kernel (tie: lowest index)", shape({{"n", n}}), got == want ? 0 : 1, 0);
+    report("add_pos", "add_pos_kernel", shape({{"pos", 40}, {"n", 7}}), pos.down()[0] == 47 ? 0 : 1, 0);
+}
+
+// ----------------------------------------------------------------------------------------- fused decode
+
+gpu::FusedGemv fused(int pro, int epi, const float* x, int in, const Mat& W, int out, float* y) {
+    gpu::FusedGemv a;
+    a.pro = pro; a.epi = epi; a.x = x; a.in = in; a.W = W.w(); a.out = out; a.y = y; a.eps = 1e-6f;
+    return a;
+}
+
+// GEMV of the prologue's input vector xs with W on the CPU
+std::vector<float> cpu_gemv(const std::vector<float>& xs, const Mat& W, int out) {
+    std::vector<float> y(out);
+    cpu::matmul(xs.data(), 1, int(xs.size()), W.f.data(), out, y.data());
+    return y;
+}
+
+void check_gemv_fused(Rng& r) {
+    const float eps = 1e-6f;
+    {  // PLAIN / STORE and PLAIN / ADD with both folds
+        const int in = 2048, out = 1001;
+        Mat W(r, out, in, 0.05f);
+        auto x = r.vec(in), y0 = r.vec(out), f1 = r.vec(out), f2 = r.vec(out);
+        Dev<float> dx(x), dy(y0);
+        Dev<unsigned long long> d1(to_fix_all(f1)), d2(to_fix_all(f2));
+        gpu::gemv_fused(fused(gpu::GV_PLAIN, gpu::GV_STORE, dx.p, in, W, out, dy.p), g_s);
+        auto ref = cpu_gemv(x, W, out);
+        report("gemv_fused", "PLAIN, STORE", shape({{"in", in}, {"out", out}}), rel_err(dy.down(), ref), 1e-5);
+        dy.up(y0);
+        auto a = fused(gpu::GV_PLAIN, gpu::GV_ADD, dx.p, in, W, out, dy.p);
+        a.fold = d1.p; a.fold2 = d2.p;
+        gpu::gemv_fused(a, g_s);
+        auto f1q = from_fix_all(to_fix_all(f1)), f2q = from_fix_all(to_fix_all(f2));
+        for (int i = 0; i < out; ++i) ref[i] += (y0[i] + f1q[i]) + f2q[i];
+        auto got = dy.down();
+        auto z1 = d1.down(), z2 = d2.down();
+        const bool cleared = std::all_of(z1.begin(), z1.end(), [](auto v) { return v == 0; }) &&
+                             std::all_of(z2.begin(), z2.end(), [](auto v) { return v == 0; });
+        report("gemv_fused", "PLAIN, ADD (+ fold, fold2; cleared)", shape({{"in", in}, {"out", out}}),
+               cleared ? rel_err(got, ref) : 1.0, 1e-5);
+    }
+    {  // RMSNORM / STORE with both pending accumulators, then RMSNORM / CONV
+        const int in = 1024, out = 1000, K = 4, conv_rows = 600;
+        Mat W(r, out, in, 0.05f);
+        auto x = r.vec(in, 2.f), gain = r.vec(in), a1 = r.vec(in), a2 = r.vec(in);
+        auto a1q = from_fix_all(to_fix_all(a1)), a2q = from_fix_all(to_fix_all(a2));
+        Dev<float> dx(x), dg(gain), dy(out);
+        Dev<unsigned long long> d1(to_fix_all(a1)), d2(to_fix_all(a2));
+        auto a = fused(gpu::GV_RMSNORM, gpu::GV_STORE, dx.p, in, W, out, dy.p);
+        a.gain = dg.p; a.acc = d1.p; a.acc2 = d2.p;
+        gpu::gemv_fused(a, g_s);
+        std::vector<float> xin(in), xs(in);
+        for (int i = 0; i < in; ++i) xin[i] = (x[i] + a1q[i]) + a2q[i];
+        cpu::rmsnorm(xin.data(), gain.data(), xs.data(), 1, in, eps);
+        auto ref = cpu_gemv(xs, W, out);
+        report("gemv_fused", "RMSNORM (+ acc, acc2), STORE", shape({{"in", in}, {"out", out}}), rel_err(dy.down(), ref), 1e-5);
+
+        auto cw = r.vec(size_t(conv_rows) * K), cs = r.vec(size_t(conv_rows) * (K - 1));
+        Dev<float> dcw(cw), dcs(cs), dco(conv_rows);
+        auto c = fused(gpu::GV_RMSNORM, gpu::GV_CONV, dx.p, in, W, out, dy.p);
+        c.gain = dg.p; c.conv_rows = conv_rows; c.conv_k = K; c.conv_w = dcw.p; c.conv_state = dcs.p; c.conv_out = dco.p;
+        gpu::gemv_fused(c, g_s);
+        cpu::rmsnorm(x.data(), gain.data(), xs.data(), 1, in, eps);
+        ref = cpu_gemv(xs, W, out);
+        std::vector<float> conv_ref(conv_rows), st_ref = cs;
+        cpu::causal_conv1d_silu(ref.data(), 1, conv_rows, K, cw.data(), st_ref.data(), conv_ref.data());
+        std::vector<float> got = dy.down(), gc = dco.down(), gs = dcs.down();
+        got.insert(got.end(), gc.begin(), gc.end());
+        got.insert(got.end(), gs.begin(), gs.end());
+        ref.insert(ref.end(), conv_ref.begin(), conv_ref.end());
+        ref.insert(ref.end(), st_ref.begin(), st_ref.end());
+        report("gemv_fused", "RMSNORM, CONV (y, conv out, state)", shape({{"in", in}, {"out", out}, {"conv_rows", conv_rows}, {"K", K}}),
+               rel_err(got, ref), 1e-5);
+    }
+    {  // RMSNORM / ARGMAX (the LM head), then decode_finish; embed_decode clears the key first
+        const int in = 1024, out = 5003, V = 50, H = in;
+        Mat W(r, out, in, 0.05f), E(r, V, H, 1.f);
+        auto gain = r.vec(in);
+        Dev<float> dx(in), dg(gain), dy(out);
+        Dev<int> tok(std::vector<int>{17}), next(1), pos(std::vector<int>{5});
+        Dev<unsigned long long> key(std::vector<unsigned long long>{~0ull}), acc(std::vector<unsigned long long>(2 * H, 12345ull));
+        int* ring = nullptr;
+        GPU_CHECK(gpuMallocHost((void**)&ring, 8 * sizeof(int)));
+        std::fill(ring, ring + 8, -1);
+        gpu::embed_decode(tok.p, E.w(), H, dx.p, key.p, acc.p, 2, g_s);
+        auto xe = dx.down();
+        std::vector<float> erow(&E.f[17 * size_t(H)], &E.f[18 * size_t(H)]);
+        auto accz = acc.down();
+        const bool zeroed = std::all_of(accz.begin(), accz.end(), [](auto v) { return v == 0; }) && key.down()[0] == 0;
+        report("embed_decode", "embed_decode_kernel (+ key, acc cleared)", shape({{"H", H}, {"n_acc", 2}}),
+               zeroed ? rel_err(xe, erow) : 1.0, 0);
+        auto a = fused(gpu::GV_RMSNORM, gpu::GV_ARGMAX, dx.p, in, W, out, dy.p);
+        a.gain = dg.p; a.key = key.p;
+        gpu::gemv_fused(a, g_s);
+        gpu::decode_finish(key.p, next.p, pos.p, ring, 7, g_s);
+        std::vector<float> xs(in);
+        cpu::rmsnorm(erow.data(), gain.data(), xs.data(), 1, in, eps);
+        auto logits = cpu_gemv(xs, W, out);
+        const int got = next.down()[0], want = cpu::argmax(logits.data(), out);
+        // a near-tie may go either way under fp32 rounding: the chosen logit must equal the maximum within 1e-5
+        const double gap = got >= 0 && got < out ? (logits[want] - logits[got]) / std::fabs(logits[want]) : 1.0;
+        const bool finish_ok = pos.down()[0] == 6 && ring[5] == got;
+        report("gemv_fused", "RMSNORM, ARGMAX + decode_finish", shape({{"in", in}, {"out", out}}),
+               finish_ok ? std::max(gap, 0.0) : 1.0, 1e-5);
+        GPU_CHECK(gpuFreeHost(ring));
+    }
+    {  // GATED / ADD (the DeltaNet out-projection) and SILU / ADD (the unfused MLP's down)
+        const int hv = 16, dv = 128, in = hv * dv, out = 1024;
+        Mat W(r, out, in, 0.05f);
+        auto o = r.vec(in, 2.f), z = r.vec(in, 3.f), gain = r.vec(dv), y0 = r.vec(out);
+        Dev<float> dox(o), dz(z), dg(gain), dy(y0);
+        auto a = fused(gpu::GV_GATED, gpu::GV_ADD, dox.p, in, W, out, dy.p);
+        a.gain = dg.p; a.z = dz.p; a.head_dim = dv;
+        gpu::gemv_fused(a, g_s);
+        std::vector<float> xs(in);
+        cpu::gated_rmsnorm(o.data(), z.data(), gain.data(), xs.data(), hv, dv, eps);
+        auto ref = cpu_gemv(xs, W, out);
+        for (int i = 0; i < out; ++i) ref[i] += y0[i];
+        report("gemv_fused", "GATED, ADD", shape({{"heads", hv}, {"head_dim", dv}, {"out", out}}), rel_err(dy.down(), ref), 1e-5);
+
+        const int I = 3584;
+        Mat D(r, out, I, 0.05f);
+        auto gu = r.vec(2 * size_t(I), 3.f);
+        Dev<float> dgu(gu);
+        dy.up(y0);
+        gpu::gemv_fused(fused(gpu::GV_SILU, gpu::GV_ADD, dgu.p, I, D, out, dy.p), g_s);
+        std::vector<float> act(I);
+        for (int i = 0; i < I; ++i) act[i] = cpu::silu(gu[i]) * gu[I + i];
+        ref = cpu_gemv(act, D, out);
+        for (int i = 0; i < out; ++i) ref[i] += y0[i];
+        report("gemv_fused", "SILU, ADD", shape({{"in", I}, {"out", out}}), rel_err(dy.down(), ref), 1e-5);
+    }
+}
+
+void check_transpose_mlp(Rng& r, int H, int I) {
+    const float eps = 1e-6f;
+    Mat GU(r, 2 * I, H, 0.05f), Dn(r, H, I, 0.05f);  // gate_up [2I, H], down [H, I]
+    Dev<uint16_t> down_t(size_t(I) * H);
+    gpu::transpose(Dn.w(), H, I, (gpu::wtype*)down_t.p, g_s);
+    auto dt = down_t.down();
+    std::vector<float> tr(dt.size()), trr(dt.size());
+    for (int i = 0; i < I; ++i)
+        for (int h = 0; h < H; ++h) { tr[size_t(i) * H + h] = from_w(dt[size_t(i) * H + h]); trr[size_t(i) * H + h] = Dn.f[size_t(h) * I + i]; }
+    report("transpose", "transpose16_kernel", shape({{"rows", H}, {"cols", I}}), rel_err(tr, trr), 0);
+    if (!gpu::mlp_fused_ok(H, I)) {
+        printf("| %-17s | %-38s | %-30s | not selectable on this device (shared memory) |\n", "mlp_fused", "mlp_fused_kernel",
+               shape({{"H", H}, {"I", I}}).c_str());
+        return;
+    }
+    auto x = r.vec(H, 2.f), xa = r.vec(H), gain = r.vec(H), acc0 = r.vec(H, 0.5f);
+    auto xaq = from_fix_all(to_fix_all(xa)), acc0q = from_fix_all(to_fix_all(acc0));
+    Dev<float> dx(x), dg(gain);
+    Dev<unsigned long long> dxa(to_fix_all(xa)), dacc(to_fix_all(acc0));
+    gpu::FusedMlp m;
+    m.x = dx.p; m.x_acc = dxa.p; m.gain = dg.p; m.eps = eps; m.gate_up = GU.w(); m.down_t = (const gpu::wtype*)down_t.p;
+    m.acc = dacc.p; m.H = H; m.I = I;
+    gpu::mlp_fused(m, g_s);
+    std::vector<float> xin(H), xs(H), gu(2 * size_t(I)), act(I), ref(H);
+    for (int i = 0; i < H; ++i) xin[i] = x[i] + xaq[i];
+    cpu::rmsnorm(xin.data(), gain.data(), xs.data(), 1, H, eps);
+    cpu::matmul(xs.data(), 1, H, GU.f.data(), 2 * I, gu.data());
+    for (int i = 0; i < I; ++i) act[i] = cpu::silu(gu[i]) * gu[I + i];
+    cpu::matmul(act.data(), 1, I, Dn.f.data(), H, ref.data());
+    for (int i = 0; i < H; ++i) ref[i] += acc0q[i];
+    report("mlp_fused", "mlp_fused_kernel (+ x_acc, into acc)", shape({{"H", H}, {"I", I}}), rel_err(from_fix_all(dacc.down()), ref), 1e-4);
+}
+
+// The DeltaNet decode step on the CPU: conv row [q | k | v] (q, k not normalised), b and a from proj.
+void cpu_delta_step(const std::vector<float>& conv, const std::vector<float>& proj, int b_off, const std::vector<float>& negA,
+                    const std::vector<float>& dt, int hk, int hv, int dk, int dv, std::vector<float>& state,
+                    std::vector<float>& out) {
+    std::vector<float> y = conv, g(hv), beta(hv);
+    cpu_deltanet_prep(y, int(y.size()), proj, int(proj.size()), b_off, negA, dt, 1, hk, dk, hv, &g, &beta);
+    out.assign(size_t(hv) * dv, 0.f);
+    cpu::delta_rule_recurrent(y.data(), y.data() + hk * dk, y.data() + 2 * hk * dk, g.data(), beta.data(), 1, hk, hv, dk,
+                              dv, state.data(), out.data());
+}
+
+void check_delta_decode(Rng& r, int hk, int hv, int dk, int dv) {
+    const int cd = 2 * hk * dk + hv * dv, b_off = 5, lp = b_off + 2 * hv + 3;
+    auto conv = r.vec(cd, 2.f), proj = r.vec(lp, 2.f), negA = r.vec(hv), dt = r.vec(hv), st = r.vec(size_t(hv) * dk * dv, 0.3f);
+    for (float& a : negA) a = -std::fabs(a) - 0.1f;
+    Dev<float> dc(conv), dp(proj), dn(negA), ddt(dt), dst(st), dout(size_t(hv) * dv);
+    gpu::delta_decode(dc.p, dp.p, b_off, dn.p, ddt.p, hk, hv, dk, dv, dst.p, dout.p, g_s);
+    std::vector<float> ref, st_ref = st;
+    cpu_delta_step(conv, proj, b_off, negA, dt, hk, hv, dk, dv, st_ref, ref);
+    auto got = dout.down(), gst = dst.down();
+    got.insert(got.end(), gst.begin(), gst.end());
+    ref.insert(ref.end(), st_ref.begin(), st_ref.end());
+    report("delta_decode", "delta_decode_kernel<" + std::to_string(dk / 32) + "> (out, state)",
+           shape({{"hk", hk}, {"hv", hv}, {"dk", dk}, {"dv", dv}}), rel_err(got, ref), 5e-4);
+}
+
+void check_delta_out(Rng& r, int H, int hk, int hv) {
+    const int dk = 128, dv = 128, cd = 2 * hk * dk + hv * dv, vd = hv * dv, z_off = cd + 11, b_off = z_off + vd + 3;
+    const float eps = 1e-6f;
+    Mat W(r, H, vd, 0.05f);
+    auto conv = r.vec(cd, 2.f), proj = r.vec(size_t(b_off) + 2 * hv, 2.f), negA = r.vec(hv), dt = r.vec(hv),
+         gain = r.vec(dv), st = r.vec(size_t(hv) * dk * dv, 0.3f), x = r.vec(H), fa = r.vec(H), fb = r.vec(H), acc0 = r.vec(H, 0.5f);
+    for (float& a : negA) a = -std::fabs(a) - 0.1f;
+    Dev<float> dc(conv), dp(proj), dn(negA), ddt(dt), dg(gain), dst(st), dx(x);
+    Dev<unsigned long long> dacc(to_fix_all(acc0)), dfa(to_fix_all(fa)), dfb(to_fix_all(fb));
+    Dev<unsigned> cnt{size_t(hv)};
+    gpu::DeltaOut d;
+    d.conv = dc.p; d.proj = dp.p; d.z_off = z_off; d.b_off = b_off; d.negA = dn.p; d.dt_bias = ddt.p; d.gain = dg.p;
+    d.eps = eps; d.hk = hk; d.hv = hv; d.H = H; d.state = dst.p; d.W = W.w(); d.acc = dacc.p; d.x = dx.p;
+    d.fold_a = dfa.p; d.fold_b = dfb.p; d.counters = cnt.p;
+    gpu::delta_out(d, g_s);
+    std::vector<float> o, st_ref = st, normed(vd), ref(H), z(&proj[z_off], &proj[z_off + vd]);
+    cpu_delta_step(conv, proj, b_off, negA, dt, hk, hv, dk, dv, st_ref, o);
+    cpu::gated_rmsnorm(o.data(), z.data(), gain.data(), normed.data(), hv, dv, eps);
+    cpu::matmul(normed.data(), 1, vd, W.f.data(), H, ref.data());
+    auto acc0q = from_fix_all(to_fix_all(acc0)), faq = from_fix_all(to_fix_all(fa)), fbq = from_fix_all(to_fix_all(fb));
+    for (int i = 0; i < H; ++i) ref[i] += acc0q[i];
+    std::vector<float> xr(H);
+    for (int i = 0; i < H; ++i) xr[i] = (x[i] + faq[i]) + fbq[i];
+    const std::string sh = shape({{"H", H}, {"hk", hk}, {"hv", hv}, {"R", H / 128}});
+    report("delta_out", "delta_out_kernel (acc)", sh, rel_err(from_fix_all(dacc.down()), ref), 5e-4);
+    auto gst = dst.down();
+    report("delta_out", "delta_out_kernel (state)", sh, rel_err(gst, st_ref), 5e-4);
+    auto za = dfa.down(), zb = dfb.down();
+    const bool cleared = std::all_of(za.begin(), za.end(), [](auto v) { return v == 0; }) &&
+                         std::all_of(zb.begin(), zb.end(), [](auto v) { return v == 0; });
+    report("delta_out", "delta_out_kernel (x += folds; cleared)", sh, cleared ? rel_err(dx.down(), xr) : 1.0, 1e-6);
+}
+
+void check_attention_decode(Rng& r, int nh, int nkv, int hd, DType t, int pos) {
+    const int ld = (2 * nh + 2 * nkv) * hd, ctx = pos + 1;
+    auto qkv = r.vec(ld, 0.5f);
+    Cache c(r, t, ctx, nkv, hd, ctx);
+    const int blocks = gpu::attention_decode_blocks(nkv, 4096);
+    Dev<float> dq(qkv), dout(size_t(nh) * hd), scratch(gpu::attention_decode_scratch(nh, hd, blocks));
+    Dev<int> counters{size_t(nkv)}, dpos(std::vector<int>{pos});
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    gpu::attention_decode(dq.p, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, blocks, scratch.p, counters.p, dout.p, g_s);
+    auto first = dout.down();
+    gpu::attention_decode(dq.p, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, blocks, scratch.p, counters.p, dout.p, g_s);
+    const bool same = dout.down() == first;  // the counters were left zero and the merge order is fixed
+    auto ref = cpu_attention(qkv, ld, 1, nh, nkv, hd, pos, c.k, c.v, t);
+    const int G = nh / nkv, per = hd / 32;
+    const std::string kvf = t == DType::BF16 ? "bf16" : "any";
+    report("attention_decode",
+           "flash<" + std::to_string(per) + "," + std::to_string(G > 4 ? 8 : 4) + "," + std::to_string(G > 4 ? 2 : 4) +
+               "," + kvf + "> (" + dtype_name(t) + ")" + (same ? "" : " NOT REPEATABLE"),
+           shape({{"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos", pos}, {"blocks", blocks}}), same ? rel_err(first, ref) : 1.0, 5e-4);
+}
+
+void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
+    const int hd = 256, rot = 64, ld = (2 * nh + 2 * nkv) * hd;
+    const float theta = 1e7f;
+    const int limit = gpu::attn_decode_short_ctx(nh, nkv, hd, rot, DType::BF16, DType::BF16);
+    if (limit == 0) {
+        printf("| %-17s | %-38s | %-30s | not selectable in this build (CUDA bf16 builds only) |\n", "attn_decode_short",
+               "attn_decode_short_kernel", shape({{"nh", nh}, {"nkv", nkv}}).c_str());
+        return;
+    }
+    auto qkv = r.vec(ld, 2.f), qg = r.vec(hd), kg = r.vec(hd);
+    Cache c(r, DType::BF16, pos + 1, nkv, hd, pos);
+    Dev<float> dq(qkv), dqg(qg), dkg(kg), dout(size_t(nh) * hd);
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    Dev<int> dpos(std::vector<int>{pos});
+    GPU_CHECK(gpuStreamSynchronize(g_s));  // the kernel reads the caches and position before its dependency wait
+    gpu::attn_decode_short(dq.p, nh, nkv, rot, theta, dqg.p, dkg.p, 1e-6f, dpos.p, dkc.p, dvc.p, dout.p, g_s);
+    std::vector<float> pre = qkv;
+    cpu_attn_prep(pre, ld, 1, nh, nkv, hd, rot, theta, qg, kg, pos, c);
+    auto ref = cpu_attention(pre, ld, 1, nh, nkv, hd, pos, c.k, c.v, DType::BF16);
+    const std::string sh = shape({{"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos", pos}, {"limit", limit}});
+    report("attn_decode_short", "attn_decode_short_kernel (out)", sh, rel_err(dout.down(), ref), 5e-4);
+    const size_t r0 = size_t(pos) * nkv, r1 = r0 + nkv;
+    auto gk = decode_rows(dkc.down(), DType::BF16, c.row, r0, r1, hd), rk = decode_rows(c.k, DType::BF16, c.row, r0, r1, hd);
+    auto gv = decode_rows(dvc.down(), DType::BF16, c.row, r0, r1, hd), rv = decode_rows(c.v, DType::BF16, c.row, r0, r1, hd);
+    gk.insert(gk.end(), gv.begin(), gv.end());
+    rk.insert(rk.end(), rv.begin(), rv.end());
+    report("attn_decode_short", "attn_decode_short_kernel (K, V bf16)", sh, rel_err(gk, rk), kv_tol(DType::BF16));
+}
+
+}  // namespace
+
+int main() {
+    gpuDeviceProp prop;
+    GPU_CHECK(gpuSetDevice(0));
+    GPU_CHECK(gpuGetDeviceProperties(&prop, 0));
+    GPU_CHECK(gpuStreamCreate(&g_s));
+    gpu::decode_setup(0);
+    printf("lucebench-gpu-op-check on %s (%d SMs), weights %s\n\n", prop.name, prop.multiProcessorCount,
+#if defined(LB_GPU_FP16)
+           "fp16"
+#else
+           "bf16"
+#endif
+    );
+    printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");
+    printf("|---|---|---|---|---|---|\n");
+    Rng r(1);
+    check_embed(r);
+    // GEMV (n <= 8): 128-bit loads (in % 8 == 0) and the scalar path
+    check_matmul(r, 1, 1000, 77, false, "gemv_kernel<1>", 1e-5);
+    check_matmul(r, 3, 1001, 77, true, "gemv_kernel<3> (scalar loads)", 1e-5);
+    check_matmul(r, 8, 1024, 130, false, "gemv_kernel<8>", 1e-5);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)  // HIP: matmul runs the GEMV over groups of 8 tokens
+    check_matmul(r, 100, 256, 300, false, "gemm_vec_kernel", 2e-2);
+    check_matmul(r, 64, 2048, 256, true, "gemm_vec_kernel, split-K", 2e-2);
+    check_matmul(r, 33, 1001, 70, false, "gemm_kernel (in % 8 != 0)", 2e-2);
+#endif
+    check_rmsnorm(r, 7, 1000);
+    check_rmsnorm(r, 3, 37);
+    check_gated_rmsnorm(r, 3, 4, 128);
+    for (int K = 1; K <= 8; ++K) check_conv1d(r, 13, 300, K);
+    check_deltanet_prep(r);
+    // first, while the two-pass form's chunk buffer is empty: under capture it cannot grow
+    check_delta_rule(r, 70, 2, 4, 128, 128, "cols<32,16> (graph capture)", true);
+    check_delta_rule(r, 70, 2, 4, 128, 128, "wy<32,16> (two-pass)");
+    check_delta_rule(r, 1, 2, 4, 128, 128, "wy<32,16>, one step");
+    check_delta_rule(r, 37, 1, 2, 64, 40, "delta_rule_kernel (dv % 16 != 0)");
+    check_delta_rule(r, 20, 1, 1, 320, 32, "delta_rule_kernel (dk > 256)");
+    printf("| %-17s | %-38s | %-30s | not selectable here: the 32-token column kernel fits (dk <= 256) |\n", "delta_rule",
+           "cols<16,16>", "small shared memory only");
+    check_attn_prep(r, 5, 8, 2, 256, 64, DType::BF16, "attn_prep_kernel<bf16>");
+    check_attn_prep(r, 3, 4, 2, 128, 32, DType::BF16, "attn_prep_kernel<bf16>");
+    for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0})
+        check_attn_prep(r, 4, 8, 2, 256, 64, t, "attn_prep_kernel<any>");
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)  // the tiled prefill kernels are CUDA's
+    check_attention(r, 40, 8, 2, 256, DType::BF16, "attention_wmma_kernel<256>", 2e-2);
+    check_attention(r, 33, 8, 2, 128, DType::BF16, "attention_wmma_kernel<128>", 2e-2);
+    check_attention(r, 20, 8, 2, 256, DType::F16, "attention_wmma_kernel<256>", 2e-2);
+    check_attention(r, 12, 8, 2, 256, DType::BF16, "attention_tiled_kernel<256>", 5e-4);
+    check_attention(r, 9, 8, 2, 128, DType::Q8_0, "attention_tiled_kernel<128>", 5e-4);
+#endif
+    check_attention(r, 5, 8, 2, 256, DType::BF16, "attention_kernel (n < 8)", 5e-4);
+    check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4);
+    check_silu_mul(r, 3, 1001);
+    check_argmax_pos(r);
+    check_gemv_fused(r);
+    check_transpose_mlp(r, 1024, 3584);
+    check_transpose_mlp(r, 1000, 777);
+    for (int dk : {64, 128, 256}) check_delta_decode(r, 2, 4, dk, dk == 64 ? 96 : 128);
+    check_delta_out(r, 1024, 16, 16);
+    check_delta_out(r, 256, 4, 8);
+    for (int hd : {256, 128})
+        for (int G : {4, 8})
+            for (DType t : {DType::BF16, DType::F16}) check_attention_decode(r, 2 * G, 2, hd, t, 37);
+    check_attention_decode(r, 8, 2, 256, DType::BF16, 3000);
+    check_attention_decode(r, 16, 2, 128, DType::Q8_0, 1500);
+    check_attn_decode_short(r, 8, 2, 100);
+    check_attn_decode_short(r, 8, 2, 250);
+    printf("\n%d checks, %d failed\n", g_checks, g_failed);
+    return g_failed ? 1 : 0;
+}
