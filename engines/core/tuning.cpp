@@ -44,6 +44,7 @@ const Knob kKnobs[] = {
     {"LB_MK_ATT_ROWS", "mk_att_rows", &Tuning::mk_att_rows},
     {"LB_MK_GENERIC", "mk_generic", &Tuning::mk_generic},
     {"LB_MK_TRACE", "mk_trace", nullptr, nullptr, &Tuning::mk_trace},
+    {"LB_DFLASH_TRACE", "dflash_trace", nullptr, nullptr, &Tuning::dflash_trace},
 };
 
 // Variables that were knobs of variants since retired (git history keeps them): named in the warning.

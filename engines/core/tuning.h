@@ -38,6 +38,9 @@ struct Tuning {
     bool mk_att_rows = true;      // LB_MK_ATT_ROWS: attention out-projection by rows (0: off)
     bool mk_generic = false;      // LB_MK_GENERIC: the run-time build even for the default configuration (1: on)
     std::string mk_trace;         // LB_MK_TRACE: file for the per-stage clock stamps (timing only; empty: none)
+    // ---- lucebench-dflash
+    std::string dflash_trace;     // LB_DFLASH_TRACE: file that gets one JSON line per round (bonus position,
+                                  // the draft's top-1 per depth, tokens accepted; for tests; empty: none)
 
     std::vector<std::string> set;       // the knobs' variable names found in the environment
     std::vector<std::string> warnings;  // unknown LB_* variables, values that do not parse

@@ -27,6 +27,7 @@
 #include "core/engine_main.h"
 #include "core/errors.h"
 #include "core/server.h"
+#include "core/tuning.h"
 #include "dflash/ddtree.h"
 #include "dflash/draft_model.h"
 #include "dflash/walk.h"
@@ -69,7 +70,7 @@ public:
     DFlashHandler(Backend& be, const ModelConfig& cfg, DraftModelCpu& draft, const TargetHead& head,
                   const DDTreeOptions& tree_opt, int max_ctx)
         : be_(be), cfg_(cfg), draft_(draft), head_(head), tree_opt_(tree_opt), max_ctx_(max_ctx) {
-        if (const char* path = std::getenv("LB_DFLASH_TRACE"); path && *path) trace_ = fopen(path, "a");
+        if (const std::string& path = tuning().dflash_trace; !path.empty()) trace_ = fopen(path.c_str(), "a");
     }
     ~DFlashHandler() override {
         if (trace_) fclose(trace_);
