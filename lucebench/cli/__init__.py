@@ -66,6 +66,7 @@ def _register_commands() -> None:
         report_cmd,
         run_cmd,
         submit_cmd,
+        train_cmd,
         validate_cmd,
     )
 
