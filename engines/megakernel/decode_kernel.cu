@@ -228,8 +228,8 @@ __device__ __forceinline__ void part_range(int n, int b, int nb, int* r0, int* r
 // The kernel's run-time switches (Params), or, in the build for the default configuration (kFixed), the
 // same names as compile-time constants: that build drops every path the default never takes (unfused
 // stages, the f16 KV cache, head_dim > 256) and their branches and
-// register spills: 448 -> 247 KB of sm_90 code, no spills, +3% tg128 on an H200 (docs/megakernel.md,
-// session 10). The host runs it whenever the configuration matches (mk_backend.cu; LB_MK_GENERIC=1 runs
+// register spills: 448 -> 247 KB of sm_90 code, no spills, +3% tg128 on an H200 (docs/megakernel.md's
+// experiment table). The host runs it whenever the configuration matches (mk_backend.cu; LB_MK_GENERIC=1 runs
 // the run-time build instead).
 template <bool kFixed>
 struct Knobs {

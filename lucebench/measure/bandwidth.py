@@ -103,8 +103,7 @@ def measure_copy_bandwidth(device_index: int, *, size_bytes: int | None = None, 
         src.fill_(1)
         dst = torch.empty_like(src)
         # Warm up for a fixed time, not a count: a card found idle (SM clock ~345 MHz on an H200) needs tens
-        # of ms to clock up, and three 1 GiB copies (~1.5 ms) measured 3.5% low there (docs/benchmarks.md,
-        # session 16).
+        # of ms to clock up, and three 1 GiB copies (~1.5 ms) measured 3.5% low there (an H200, 2026-11-21).
         deadline, warm = time.perf_counter() + warmup_s, 0
         while warm < 3 or time.perf_counter() < deadline:
             dst.copy_(src)

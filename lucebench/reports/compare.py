@@ -44,7 +44,7 @@ DEFAULT_ALPHA = 0.05
 DEFAULT_MIN_SAMPLES = 3
 DEFAULT_BOOTSTRAP = 2000
 # Idle power or copy bandwidth differing by more than this between two cells makes their net-energy or roofline
-# metrics incomparable (session 18: one H200 read 126 W and 81 W idle ten minutes apart; the copy bandwidth of
+# metrics incomparable (one H200 read 126 W and 81 W idle ten minutes apart on 2026-11-22; the copy bandwidth of
 # one card varies by ~2% between measurements, so that alone stays below it).
 DEFAULT_REFERENCE_TOLERANCE_PCT = 5.0
 CONFIDENCE = 0.95

@@ -115,7 +115,7 @@ def earlier_idle_power(result: Result) -> dict[int, float]:
     """Idle power per GPU index that a run's cells measured on this machine (those without an
     `environment_id`; a --resume elsewhere keeps its cells under another environment). A resume reuses it, so
     that every cell's net energy of one run subtracts the same baseline: measured again, the same card read
-    126 W right after the run's start-up work and 81 W at rest (session 18, run P)."""
+    126 W right after the run's start-up work and 81 W at rest (one H200, 2026-11-22)."""
     found: dict[int, float] = {}
     for cell in result.cells:
         gpu = cell.params.get("gpu")
