@@ -21,12 +21,12 @@ build_engines engines /tmp/lb-verify-build verify "" $targets > "$OUT/build.log"
 echo "built in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/card.txt"
 rc=0
-/tmp/lb-verify-build/lucebench-verify-kernels-check > "$OUT/verify_kernels_check.txt" 2>&1 || rc=1
+stdbuf -oL /tmp/lb-verify-build/lucebench-verify-kernels-check > "$OUT/verify_kernels_check.txt" 2>&1 || rc=1
 tail -25 "$OUT/verify_kernels_check.txt"
-/tmp/lb-verify-build/lucebench-verify-gpu-check --time > "$OUT/verify_gpu_check.txt" 2>&1 || rc=1
+stdbuf -oL /tmp/lb-verify-build/lucebench-verify-gpu-check --time > "$OUT/verify_gpu_check.txt" 2>&1 || rc=1
 cat "$OUT/verify_gpu_check.txt"
 if [ "${OP_CHECK:-0}" = 1 ]; then
-  /tmp/lb-verify-build/lucebench-gpu-op-check > "$OUT/gpu_op_check.md" 2>&1 || rc=1
+  stdbuf -oL /tmp/lb-verify-build/lucebench-gpu-op-check > "$OUT/gpu_op_check.md" 2>&1 || rc=1
   tail -15 "$OUT/gpu_op_check.md"
 fi
 exit $rc
