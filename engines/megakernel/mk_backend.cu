@@ -50,7 +50,7 @@ namespace {
 
 class MegaBackendImpl : public MegaBackend {
 public:
-    explicit MegaBackendImpl(int device) : device_(device) {
+    explicit MegaBackendImpl(int device) : ctx_(device), device_(device) {
         GPU_CHECK(cudaSetDevice(device));
         cudaDeviceProp prop;
         GPU_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -77,6 +77,7 @@ public:
     std::string weight_dtype() const override { return LB_WTYPE_NAME; }
 
     void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) override {
+        gpu::ContextScope bind(ctx_);
         if (!coop_) fail("unsupported", "device " + prop_name_ + " cannot launch cooperative kernels (needed for the grid barrier)");
 #if !defined(LB_GPU_FP16)
         if (cc_ < 80) fail("unsupported", "this megakernel build uses bf16 weights (sm_80+); the device is sm_" +
@@ -114,6 +115,7 @@ public:
     }
 
     void allocate(int max_ctx, DType kv_k, DType kv_v) override {
+        gpu::ContextScope bind(ctx_);
         if (kv_k != kv_v || (kv_k != DType::BF16 && kv_k != DType::F16))
             fail("unsupported", std::string("the megakernel keeps the KV cache in bf16 or f16 (same type for K and V); got ") +
                                     dtype_name(kv_k) + "/" + dtype_name(kv_v));
@@ -151,6 +153,7 @@ public:
     int length() const override { return len_; }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        gpu::ContextScope bind(ctx_);
         if (len_ + n > max_ctx_) fail("context_overflow", "sequence would exceed max_ctx " + std::to_string(max_ctx_));
         if (n == 1 && !last_logits && len_ > 0) {  // one decode step through the megakernel
             GPU_CHECK(cudaMemcpyAsync(d_tok_, tokens, sizeof(int), cudaMemcpyHostToDevice, s_));
@@ -170,6 +173,7 @@ public:
     }
 
     void decode_chain(int n_steps, const std::vector<int>& eos, std::vector<int>* out) override {
+        gpu::ContextScope bind(ctx_);
         if (n_steps <= 0) return;
         if (len_ + n_steps > max_ctx_) fail("context_overflow", "sequence would exceed max_ctx " + std::to_string(max_ctx_));
         if (len_ == 0) fail("internal", "decode before prefill");
@@ -503,6 +507,7 @@ private:
         len_ += n;
     }
 
+    gpu::DeviceContext ctx_;  // the core ops' limits and scratch (prefill), this backend's alone
     int device_;
     std::string prop_name_;
     size_t mem_ = 0;

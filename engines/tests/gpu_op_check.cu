@@ -678,6 +678,8 @@ int main() {
     GPU_CHECK(gpuSetDevice(0));
     GPU_CHECK(gpuGetDeviceProperties(&prop, 0));
     GPU_CHECK(gpuStreamCreate(&g_s));
+    gpu::DeviceContext ctx(0);  // the ops' limits and scratch, bound for the whole check
+    gpu::ContextScope bind(ctx);
     gpu::decode_setup(0);
     printf("lucebench-gpu-op-check on %s (%d SMs), weights %s\n\n", prop.name, prop.multiProcessorCount,
 #if defined(LB_GPU_FP16)

@@ -1,26 +1,32 @@
-// The GPU verify forward (core/cuda/verify_forward.cu) end to end, on the device:
-//  1. exactness: a Backend built from the core's GPU forward (AR: forward_layers, as the ar engine's
-//     prefill and legacy decode) and its verify + commit runs the scripted trees of spec_check.h on random
-//     Qwen3.5 models: the committed tokens must be the AR greedy tokens up to the first near-tie, the
-//     states after commit the AR states (to bf16 rounding);
-//  2. cost (`--time`): one verify forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree:
-//     the top-1 chain to depth 15, further nodes as siblings) against one decode step of the ar engine's
-//     GPU backend (its fused decode graph) and of forward_layers n = 1, on full-shape synthetic
-//     Qwen3.5-0.8B weights at a 512-token context, and beside it the append forward (forward_layers, the
-//     prefill path) of as many tokens; medians of 20 repetitions (CUDA events).
+// The GPU backend's verify forward (core/cuda/qwen35_gpu.cu: verify, commit, export_state over
+// core/cuda/verify_forward.cu), end to end on the device, through make_gpu_backend as the engines use it:
+//  1. exactness: on random Qwen3.5 models the AR run (the backend's decode path: the fused decode graph) and
+//     the scripted trees of spec_check.h on a second backend: the committed tokens must be the AR greedy
+//     tokens up to the first near-tie, the states after commit the AR states (to bf16 rounding), and decode
+//     after the last commit the AR tokens again;
+//  2. outputs: a verify's argmax, logits, top-k log-probs and features at chosen rows against the CPU
+//     backend's on the same model and tree;
+//  3. two models in one process: two different random models on one GPU, their generations interleaved
+//     (prefill, decode steps, greedy decode loops), each equal to its own run alone;
+//  4. cost (`--time`): one verify forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
+//     top-1 chain to depth 15, further nodes as siblings) through Backend::verify, against one decode step of
+//     the same backend (its fused decode graph) and beside it the append forward of as many tokens, on
+//     full-shape synthetic Qwen3.5-0.8B weights at a 512-token context; then one DeltaNet layer's delta_tree
+//     alone; medians (CUDA events).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
-#include "core/cuda/qwen35_forward.h"
-#include "core/cuda/verify_forward.h"
-#include "core/half.h"
+#include "core/cuda/gpu_ops.h"
+#include "core/cuda/verify_ops.h"
 #include "mem_checkpoint.h"
 #include "spec_check.h"
 
@@ -29,232 +35,12 @@ using namespace spec_check;
 
 namespace {
 
-class GpuVerifyBackend : public Backend {
-public:
-    GpuVerifyBackend() {
-        GPU_CHECK(gpuStreamCreate(&s_));
-        GPU_CHECK(gpuEventCreate(&e0_));
-        GPU_CHECK(gpuEventCreate(&e1_));
-        d_pos_ = (int*)alloc(sizeof(int));
-        d_next_ = (int*)alloc(sizeof(int));
-        gpu::decode_setup(0);
-    }
-    ~GpuVerifyBackend() override { for (void* p : allocs_) (void)gpuFree(p); }
-    std::string name() const override { return "cuda-verify-check"; }
-    DeviceInfo device() const override { return {}; }
-    std::string weight_dtype() const override { return LB_WTYPE_NAME; }
-
-    void load(const TensorSource& src, const ModelConfig& cfg, LoadStats* stats) override {
-        cfg_ = cfg;
-        Uploader up = [this](std::vector<float>&& data, int64_t rows, int64_t cols, bool matrix) {
-            Mat m{nullptr, rows, cols};
-            if (matrix) {
-                std::vector<gpu::wtype> conv(data.size());
-                for (size_t i = 0; i < data.size(); ++i) conv[i] = gpu::wtype(data[i]);
-                m.ptr = alloc(conv.size() * sizeof(gpu::wtype));
-                GPU_CHECK(gpuMemcpy(m.ptr, conv.data(), conv.size() * sizeof(gpu::wtype), gpuMemcpyHostToDevice));
-            } else {
-                m.ptr = alloc(data.size() * 4);
-                GPU_CHECK(gpuMemcpy(m.ptr, data.data(), data.size() * 4, gpuMemcpyHostToDevice));
-            }
-            return m;
-        };
-        w_ = load_qwen35_weights(src, cfg, up, stats);
-    }
-    void allocate(int max_ctx, DType kt, DType vt) override {
-        max_ctx_ = max_ctx;
-        kt_ = kt;
-        vt_ = vt;
-        const size_t krow = dtype_row_bytes(kt, size_t(cfg_.head_dim)), vrow = dtype_row_bytes(vt, size_t(cfg_.head_dim));
-        k_.assign(size_t(cfg_.n_layers), nullptr);
-        v_.assign(size_t(cfg_.n_layers), nullptr);
-        ssm_.assign(size_t(cfg_.n_layers), nullptr);
-        conv_.assign(size_t(cfg_.n_layers), nullptr);
-        for (int l = 0; l < cfg_.n_layers; ++l) {
-            if (cfg_.is_attention(l)) {
-                k_[size_t(l)] = alloc(size_t(max_ctx) * cfg_.n_kv_heads * krow);
-                v_[size_t(l)] = alloc(size_t(max_ctx) * cfg_.n_kv_heads * vrow);
-            } else {
-                ssm_[size_t(l)] = (float*)alloc(4 * state_elems());
-                conv_[size_t(l)] = (float*)alloc(4 * conv_elems());
-            }
-        }
-        reset();
-    }
-    void reset() override {
-        len_ = 0;
-        for (int l = 0; l < cfg_.n_layers; ++l) {
-            if (ssm_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(ssm_[size_t(l)], 0, 4 * state_elems(), s_));
-            if (conv_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(conv_[size_t(l)], 0, 4 * conv_elems(), s_));
-        }
-        set_pos();
-    }
-    int length() const override { return len_; }
-
-    int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
-        fws_.ensure(cfg_, n, [this](size_t b) { return alloc(b); });
-        GPU_CHECK(gpuMemcpyAsync(fws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-        gpu::forward_layers(cfg_, w_, fws_, caches(), fws_.tokens, n, d_next_, s_);
-        int next = 0;
-        GPU_CHECK(gpuMemcpyAsync(&next, d_next_, sizeof(int), gpuMemcpyDeviceToHost, s_));
-        if (last_logits) {
-            last_logits->resize(size_t(cfg_.vocab));
-            GPU_CHECK(gpuMemcpyAsync(last_logits->data(), fws_.logits, 4 * size_t(cfg_.vocab), gpuMemcpyDeviceToHost, s_));
-        }
-        GPU_CHECK(gpuStreamSynchronize(s_));
-        GPU_CHECK(gpuGetLastError());
-        len_ += n;
-        return next;
-    }
-
-    void verify(const VerifyRequest& req, VerifyResult* out) override {
-        const int n = upload_rows(req);
-        gpu::verify_layers(cfg_, w_, vws_, vcaches(), len_, n, s_);
-        out->argmax.resize(size_t(n));
-        GPU_CHECK(gpuMemcpyAsync(out->argmax.data(), vws_.argmax, sizeof(int) * size_t(n), gpuMemcpyDeviceToHost, s_));
-        GPU_CHECK(gpuStreamSynchronize(s_));
-        GPU_CHECK(gpuGetLastError());
-    }
-    void commit(const std::vector<int>& path) override {
-        GPU_CHECK(gpuMemcpyAsync(vws_.path, path.data(), sizeof(int) * path.size(), gpuMemcpyHostToDevice, s_));
-        gpu::commit_path(cfg_, vws_, vcaches(), len_, int(path.size()), s_);
-        len_ += int(path.size());
-        set_pos();
-        GPU_CHECK(gpuStreamSynchronize(s_));
-        GPU_CHECK(gpuGetLastError());
-    }
-    void export_state(SequenceState* out) const override {
-        const int hd = cfg_.head_dim, nkv = cfg_.n_kv_heads;
-        const size_t krow = dtype_row_bytes(kt_, size_t(hd)), vrow = dtype_row_bytes(vt_, size_t(hd));
-        out->length = len_;
-        out->k.assign(size_t(cfg_.n_layers), {});
-        out->v.assign(size_t(cfg_.n_layers), {});
-        out->recurrent.assign(size_t(cfg_.n_layers), {});
-        out->conv.assign(size_t(cfg_.n_layers), {});
-        for (int l = 0; l < cfg_.n_layers; ++l) {
-            if (cfg_.is_attention(l)) {
-                std::vector<uint8_t> kb(size_t(len_) * nkv * krow), vb(size_t(len_) * nkv * vrow);
-                GPU_CHECK(gpuMemcpy(kb.data(), k_[size_t(l)], kb.size(), gpuMemcpyDeviceToHost));
-                GPU_CHECK(gpuMemcpy(vb.data(), v_[size_t(l)], vb.size(), gpuMemcpyDeviceToHost));
-                auto& k = out->k[size_t(l)];
-                auto& v = out->v[size_t(l)];
-                k.resize(size_t(len_) * nkv * hd);
-                v.resize(k.size());
-                for (size_t r = 0; r < size_t(len_) * nkv; ++r) {
-                    decode_row(kt_, &kb[r * krow], &k[r * hd], size_t(hd));
-                    decode_row(vt_, &vb[r * vrow], &v[r * hd], size_t(hd));
-                }
-            } else {
-                out->recurrent[size_t(l)].resize(state_elems());
-                out->conv[size_t(l)].resize(conv_elems());
-                GPU_CHECK(gpuMemcpy(out->recurrent[size_t(l)].data(), ssm_[size_t(l)], 4 * state_elems(), gpuMemcpyDeviceToHost));
-                GPU_CHECK(gpuMemcpy(out->conv[size_t(l)].data(), conv_[size_t(l)], 4 * conv_elems(), gpuMemcpyDeviceToHost));
-            }
-        }
-    }
-
-    void timer_start() override { GPU_CHECK(gpuEventRecord(e0_, s_)); }
-    double timer_stop_ms() override {
-        GPU_CHECK(gpuEventRecord(e1_, s_));
-        GPU_CHECK(gpuEventSynchronize(e1_));
-        float ms = 0;
-        GPU_CHECK(gpuEventElapsedTime(&ms, e0_, e1_));
-        return ms;
-    }
-    void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
-    uint64_t peak_mem_bytes() const override { return 0; }
-    uint64_t decode_bytes(int) const override { return 0; }
-
-    // Timing helpers: the rows of `req` uploaded once, then verify_layers / forward_layers n = 1 alone.
-    int upload_rows(const VerifyRequest& req) {
-        const int n = int(req.tokens.size());
-        if (len_ + n > max_ctx_) fail("context_overflow", "verify past max_ctx");
-        vws_.ensure(cfg_, n, [this](size_t b) { return alloc(b); });
-        std::vector<int> parent(static_cast<size_t>(n));
-        for (int t = 0; t < n; ++t) parent[size_t(t)] = req.parents.empty() ? t - 1 : req.parents[size_t(t)];
-        std::vector<unsigned char> vis(size_t(n) * n, 0);
-        for (int t = 0; t < n; ++t) for (int s = t; s >= 0; s = parent[size_t(s)]) vis[size_t(t) * n + s] = 1;
-        GPU_CHECK(gpuMemcpyAsync(vws_.tokens, req.tokens.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-        GPU_CHECK(gpuMemcpyAsync(vws_.positions, req.positions.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-        GPU_CHECK(gpuMemcpyAsync(vws_.parent, parent.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-        GPU_CHECK(gpuMemcpyAsync(vws_.visible, vis.data(), vis.size(), gpuMemcpyHostToDevice, s_));
-        GPU_CHECK(gpuStreamSynchronize(s_));
-        return n;
-    }
-    void verify_only(int n) { gpu::verify_layers(cfg_, w_, vws_, vcaches(), len_, n, s_); }
-    void decode_only(int token) {
-        fws_.ensure(cfg_, 1, [this](size_t b) { return alloc(b); });
-        GPU_CHECK(gpuMemcpyAsync(fws_.tokens, &token, sizeof(int), gpuMemcpyHostToDevice, s_));
-        gpu::forward_layers(cfg_, w_, fws_, caches(), fws_.tokens, 1, d_next_, s_);
-    }
-    void append_only(const std::vector<int>& tokens) {
-        const int n = int(tokens.size());
-        fws_.ensure(cfg_, n, [this](size_t b) { return alloc(b); });
-        GPU_CHECK(gpuMemcpyAsync(fws_.tokens, tokens.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-        gpu::forward_layers(cfg_, w_, fws_, caches(), fws_.tokens, n, d_next_, s_);
-    }
-    // Medians (ms) of the verify's largest per-layer pieces over the rows of the last verify_only: one
-    // attention layer's tree_attention, one DeltaNet layer's delta_tree, and the LM head + argmax of every row.
-    void time_parts(int n, double* attn_ms, double* delta_ms, double* head_ms) {
-        auto med = [&](const std::function<void()>& f) {
-            std::vector<double> v;
-            for (int r = 0; r < 13; ++r) {
-                timer_start();
-                f();
-                const double ms = timer_stop_ms();
-                if (r >= 3) v.push_back(ms);
-            }
-            std::sort(v.begin(), v.end());
-            return v[v.size() / 2];
-        };
-        int la = 0, ld = 0;
-        while (!cfg_.is_attention(la)) ++la;
-        while (cfg_.is_attention(ld)) ++ld;
-        const LayerWeights& A = w_.layers[size_t(la)];
-        *attn_ms = med([&] {
-            gpu::tree_attention(vws_.big, cfg_.attn_qkv_rows(la), n, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
-                                A.kind == LayerKind::GatedAttention, len_, k_[size_t(la)], kt_, v_[size_t(la)], vt_,
-                                vws_.visible, vws_.o, s_);
-        });
-        *delta_ms = med([&] {
-            gpu::delta_tree(vws_.conv, cfg_.conv_dim(), n, cfg_.lin_k_heads, cfg_.lin_v_heads, cfg_.lin_k_dim, cfg_.lin_v_dim,
-                            vws_.g, vws_.beta, vws_.parent, vws_.visible, ssm_[size_t(ld)], vws_.o, vws_.keep_u[size_t(ld)],
-                            vws_.keep_gamma[size_t(ld)], vws_.keep_k[size_t(ld)], vws_.scratch, s_);
-        });
-        *head_ms = med([&] {
-            gpu::matmul(vws_.h, n, cfg_.hidden, (const gpu::wtype*)w_.lm_head.ptr, cfg_.vocab, vws_.logits, false, s_);
-            gpu::argmax_rows(vws_.logits, n, cfg_.vocab, vws_.argmax, s_);
-        });
-        GPU_CHECK(gpuGetLastError());
-    }
-    void set_length(int len) { len_ = len; set_pos(); GPU_CHECK(gpuStreamSynchronize(s_)); }
-
-private:
-    size_t state_elems() const { return size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim; }
-    size_t conv_elems() const { return size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1); }
-    void set_pos() { GPU_CHECK(gpuMemcpyAsync(d_pos_, &len_, sizeof(int), gpuMemcpyHostToDevice, s_)); }
-    gpu::ForwardCaches caches() { return gpu::ForwardCaches{k_, v_, kt_, vt_, ssm_, conv_, d_pos_}; }
-    gpu::VerifyCaches vcaches() { return gpu::VerifyCaches{k_, v_, kt_, vt_, ssm_, conv_}; }
-    void* alloc(size_t b) {
-        void* p = nullptr;
-        GPU_CHECK(gpuMalloc(&p, std::max<size_t>(b, 4)));
-        allocs_.push_back(p);
-        return p;
-    }
-
-    ModelConfig cfg_;
-    ModelWeights w_;
-    gpuStream_t s_;
-    gpuEvent_t e0_, e1_;
-    int *d_pos_ = nullptr, *d_next_ = nullptr;
-    int max_ctx_ = 0, len_ = 0;
-    DType kt_ = DType::BF16, vt_ = DType::BF16;
-    std::vector<void*> k_, v_;
-    std::vector<float*> ssm_, conv_;
-    gpu::ForwardWorkspace fws_;
-    gpu::VerifyWorkspace vws_;
-    std::vector<void*> allocs_;
-};
+std::unique_ptr<Backend> gpu_backend(const lbtest::MemCheckpoint& src, const ModelConfig& cfg, int max_ctx) {
+    auto be = make_gpu_backend(0);
+    be->load(src, cfg, nullptr);
+    be->allocate(max_ctx, DType::BF16, DType::BF16);
+    return be;
+}
 
 const char* kTiny = R"({"model_type": "qwen3_5_text", "vocab_size": 301, "hidden_size": 64, "intermediate_size": 96,
   "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2,
@@ -279,25 +65,141 @@ const char* k08b = R"({"model_type": "qwen3_5_text", "vocab_size": 248320, "hidd
 void exactness(const char* name, const char* config, uint32_t seed) {
     lbtest::MemCheckpoint src(config, seed);
     const ModelConfig cfg = config_from_source(src);
-    GpuVerifyBackend ar_be, spec_be;
-    for (GpuVerifyBackend* b : {&ar_be, &spec_be}) {
-        b->load(src, cfg, nullptr);
-        b->allocate(320, DType::BF16, DType::BF16);
-    }
+    auto ar_be = gpu_backend(src, cfg, 320), spec_be = gpu_backend(src, cfg, 320);
     int total = 0, most = 0;
     double worst = 0;
     for (uint32_t p = 0; p < 5; ++p) {
-        const ArRun ar = ar_run(ar_be, random_prompt(9, cfg.vocab, 7 + p), 200);
+        const ArRun ar = ar_run(*ar_be, random_prompt(9, cfg.vocab, 7 + p), 200);
         int rounds = 0;
         // bf16 weights and KV; the verify's GEMM (more than 8 rows) rounds activations differently from the
         // decode GEMV, so flips are allowed below a 2e-2 relative margin and states agree to bf16 rounding
-        spec_run(name, cfg.vocab, spec_be, ar, 11 + p, &worst, &rounds, 2e-2f, 5e-2);
+        spec_run(name, cfg.vocab, *spec_be, ar, 11 + p, &worst, &rounds, 2e-2f, 5e-2);
         total += rounds;
         most = std::max(most, rounds);
     }
-    printf("%s: %d verify rounds on the GPU == AR greedy over 5 prompts (longest run %d, each to its first near-tie), "
-           "worst state difference %.2e\n", name, total, most, worst);
+    printf("%s: %d verify rounds on the GPU backend == AR greedy over 5 prompts (longest run %d, each to its first "
+           "near-tie), worst state difference %.2e\n", name, total, most, worst);
     CHECK(total >= 16, "%s: only %d rounds compared", name, total);
+}
+
+// A quantised KV cache: the verify refuses it with one `unsupported` error (the kernels read plain rows).
+void quantised_kv_refused(const char* config) {
+    lbtest::MemCheckpoint src(config, 9);
+    const ModelConfig cfg = config_from_source(src);
+    auto be = make_gpu_backend(0);
+    be->load(src, cfg, nullptr);
+    be->allocate(64, DType::Q8_0, DType::Q8_0);
+    const std::vector<int> prompt{1, 2, 3};
+    be->forward(prompt.data(), 3, nullptr);
+    VerifyRequest req;
+    req.tokens = {1, 2};
+    req.positions = {3, 4};
+    VerifyResult res;
+    std::string kind, message;
+    try { be->verify(req, &res); } catch (const EngineError& e) { kind = e.kind; message = e.what(); }
+    CHECK(kind == "unsupported", "verify on a q8_0 KV cache gave '%s', not unsupported", kind.c_str());
+    printf("q8_0 KV cache: verify refused (%s: %s)\n", kind.c_str(), message.c_str());
+}
+
+// The outputs of one verify (argmax, logits, top-k, features at chosen rows) on the GPU against the CPU
+// backend's: same model, prompt and tree.
+void outputs(const char* name, const char* config, uint32_t seed) {
+    lbtest::MemCheckpoint src(config, seed);
+    const ModelConfig cfg = config_from_source(src);
+    auto gpu = gpu_backend(src, cfg, 128);
+    auto cpu = make_cpu_backend();
+    cpu->load(src, cfg, nullptr);
+    cpu->allocate(128, DType::BF16, DType::BF16);
+    const std::vector<int> prompt = random_prompt(17, cfg.vocab, seed + 3);
+    VerifyRequest req;
+    std::mt19937 rng(seed);
+    for (int t = 0; t < 13; ++t) {
+        req.tokens.push_back(int(rng() % uint32_t(cfg.vocab)));
+        req.parents.push_back(t == 0 ? -1 : int(rng() % uint32_t(t)));
+    }
+    for (int t = 0; t < 13; ++t) {
+        int d = 0;
+        for (int s = t; req.parents[size_t(s)] >= 0; s = req.parents[size_t(s)]) ++d;
+        req.positions.push_back(int(prompt.size()) + d);
+    }
+    req.out_rows = {12, 0, 5, 7};
+    req.want_logits = true;
+    req.top_k = 4;
+    req.feature_layers = {cfg.n_layers - 1, 0, 2, 0};
+    VerifyResult g, c;
+    for (Backend* be : {gpu.get(), cpu.get()}) {
+        be->reset();
+        be->forward(prompt.data(), int(prompt.size()), nullptr);
+        be->verify(req, be == gpu.get() ? &g : &c);
+    }
+    const size_t R = req.out_rows.size(), V = size_t(cfg.vocab);
+    CHECK(g.argmax.size() == R && g.logits.size() == R * V && g.top_ids.size() == R * 4 && g.top_logprobs.size() == R * 4 &&
+              g.features.size() == R * req.feature_layers.size() * size_t(cfg.hidden),
+          "%s: verify output sizes", name);
+    if (spec_check::failures()) return;
+    const double logit_err = rel_diff(g.logits, c.logits), feat_err = rel_diff(g.features, c.features);
+    int argmax_same = 0, top_same = 0, top_cmp = 0;
+    double lp_err = 0;
+    for (size_t i = 0; i < R; ++i) {
+        std::vector<float> row(c.logits.begin() + long(i * V), c.logits.begin() + long((i + 1) * V));
+        const bool clear = margin(row) > 2e-2f;
+        argmax_same += g.argmax[i] == c.argmax[i];
+        CHECK(!clear || g.argmax[i] == c.argmax[i], "%s: out row %zu argmax %d, CPU %d", name, i, g.argmax[i], c.argmax[i]);
+        CHECK(g.argmax[i] == g.top_ids[i * 4], "%s: out row %zu: argmax %d is not the top-1 id %d", name, i, g.argmax[i], g.top_ids[i * 4]);
+        for (int k = 0; k < 4; ++k) {
+            lp_err = std::max(lp_err, double(std::fabs(g.top_logprobs[i * 4 + k] - c.top_logprobs[i * 4 + k])));
+            if (k == 0 || !clear) continue;
+            ++top_cmp;
+            top_same += g.top_ids[i * 4 + k] == c.top_ids[i * 4 + k];
+        }
+    }
+    printf("%s: verify outputs vs the CPU backend at %zu rows: argmax %d/%zu equal, logits rel. error %.2e, "
+           "features rel. error %.2e, top-4 ids %d/%d equal, log-prob max abs. error %.2e\n",
+           name, R, argmax_same, R, logit_err, feat_err, top_same, top_cmp, lp_err);
+    // The GPU holds bf16 weights, the CPU backend fp32 ones: the rows differ by that rounding (measured up to
+    // 3.1e-2 of the logits' scale on the odd shape), while a wrong row or layer differs by the whole scale. A
+    // log-prob (logit - log-sum-exp) moves by at most twice the largest logit difference.
+    double logit_abs = 0;
+    for (size_t i = 0; i < g.logits.size(); ++i) logit_abs = std::max(logit_abs, double(std::fabs(g.logits[i] - c.logits[i])));
+    CHECK(logit_err < 6e-2 && feat_err < 6e-2, "%s: logits/features differ from the CPU backend", name);
+    CHECK(lp_err <= 2 * logit_abs + 1e-3, "%s: top-k log-probs differ from the CPU backend by %.2e (logits by %.2e)", name,
+          lp_err, logit_abs);
+}
+
+// Two different models in one process on one GPU, generations interleaved: each must give the tokens of its
+// own run alone (the backends share no buffer, graph or counter: a device context each).
+void two_models() {
+    lbtest::MemCheckpoint src_a(kTiny, 21), src_b(kOdd, 22);
+    const ModelConfig ca = config_from_source(src_a), cb = config_from_source(src_b);
+    const std::vector<int> pa = random_prompt(11, ca.vocab, 5), pb = random_prompt(29, cb.vocab, 6);
+    const int steps = 48;
+    // greedy: prefill, then steps one forward() each, then a decode() loop of as many steps
+    auto alone = [&](const lbtest::MemCheckpoint& src, const ModelConfig& cfg, const std::vector<int>& prompt) {
+        auto be = gpu_backend(src, cfg, 256);
+        std::vector<int> out{be->forward(prompt.data(), int(prompt.size()), nullptr)};
+        for (int i = 0; i < steps; ++i) out.push_back(be->forward(&out.back(), 1, nullptr));
+        be->decode(steps, [](int) { return false; }, &out);
+        return out;
+    };
+    const std::vector<int> want_a = alone(src_a, ca, pa), want_b = alone(src_b, cb, pb);
+    auto a = gpu_backend(src_a, ca, 256), b = gpu_backend(src_b, cb, 256);
+    std::vector<int> got_a{a->forward(pa.data(), int(pa.size()), nullptr)};
+    std::vector<int> got_b{b->forward(pb.data(), int(pb.size()), nullptr)};
+    for (int i = 0; i < steps; ++i) {
+        got_a.push_back(a->forward(&got_a.back(), 1, nullptr));
+        got_b.push_back(b->forward(&got_b.back(), 1, nullptr));
+    }
+    for (int i = 0; i < steps; i += 8) {
+        a->decode(8, [](int) { return false; }, &got_a);
+        b->decode(8, [](int) { return false; }, &got_b);
+    }
+    CHECK(got_a == want_a, "two models: model A's interleaved tokens differ from its run alone (first at %d)",
+          int(std::mismatch(got_a.begin(), got_a.end(), want_a.begin()).first - got_a.begin()));
+    CHECK(got_b == want_b, "two models: model B's interleaved tokens differ from its run alone (first at %d)",
+          int(std::mismatch(got_b.begin(), got_b.end(), want_b.begin()).first - got_b.begin()));
+    printf("two models in one process (%d and %d layers), generations interleaved: %zu and %zu tokens, each equal to "
+           "its run alone: %s\n", ca.n_layers, cb.n_layers, got_a.size(), got_b.size(),
+           got_a == want_a && got_b == want_b ? "yes" : "NO");
 }
 
 double median(std::vector<double> v) {
@@ -324,6 +226,58 @@ VerifyRequest ddtree_like(int B, int len, int vocab) {
     return r;
 }
 
+// One DeltaNet layer's delta_tree alone on the 0.8B shape (16 value heads, dk = dv = 128), random inputs.
+double delta_tree_ms(int n, const std::vector<int>& parents) {
+    const int hk = 16, hv = 16, dk = 128, dv = 128, ld = 2 * hk * dk + hv * dv;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    auto upload = [&](std::vector<float> h) {
+        float* d = nullptr;
+        GPU_CHECK(gpuMalloc(&d, sizeof(float) * std::max<size_t>(1, h.size())));
+        GPU_CHECK(gpuMemcpy(d, h.data(), sizeof(float) * h.size(), gpuMemcpyHostToDevice));
+        return d;
+    };
+    auto rnd = [&](size_t k) { std::vector<float> v(k); for (float& x : v) x = u(rng); return v; };
+    std::vector<float> gh(size_t(n) * hv), bh(size_t(n) * hv);
+    for (float& x : gh) x = -0.05f - std::fabs(u(rng));
+    for (float& x : bh) x = 0.5f + u(rng);
+    float *qkv = upload(rnd(size_t(n) * ld)), *g = upload(gh), *beta = upload(bh), *state = upload(rnd(size_t(hv) * dk * dv));
+    float *out = upload(std::vector<float>(size_t(n) * hv * dv)), *uu = upload(std::vector<float>(size_t(n) * hv * dv));
+    float *gamma = upload(std::vector<float>(size_t(n) * hv)), *kk = upload(std::vector<float>(size_t(n) * hk * dk));
+    float* scratch = upload(std::vector<float>(gpu::delta_tree_scratch(n, hv)));
+    std::vector<unsigned char> vis(size_t(n) * n, 0);
+    for (int t = 0; t < n; ++t) for (int s = t; s >= 0; s = parents[size_t(s)]) vis[size_t(t) * n + s] = 1;
+    int* par = nullptr;
+    unsigned char* dvis = nullptr;
+    GPU_CHECK(gpuMalloc(&par, sizeof(int) * size_t(n)));
+    GPU_CHECK(gpuMalloc(&dvis, vis.size()));
+    GPU_CHECK(gpuMemcpy(par, parents.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice));
+    GPU_CHECK(gpuMemcpy(dvis, vis.data(), vis.size(), gpuMemcpyHostToDevice));
+    gpuStream_t s;
+    gpuEvent_t e0, e1;
+    GPU_CHECK(gpuStreamCreate(&s));
+    GPU_CHECK(gpuEventCreate(&e0));
+    GPU_CHECK(gpuEventCreate(&e1));
+    std::vector<double> ts;
+    for (int r = 0; r < 23; ++r) {
+        GPU_CHECK(gpuEventRecord(e0, s));
+        gpu::delta_tree(qkv, ld, n, hk, hv, dk, dv, g, beta, par, dvis, state, out, uu, gamma, kk, scratch, s);
+        GPU_CHECK(gpuEventRecord(e1, s));
+        GPU_CHECK(gpuEventSynchronize(e1));
+        float ms = 0;
+        GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
+        if (r >= 3) ts.push_back(ms);
+    }
+    GPU_CHECK(gpuGetLastError());
+    for (void* p : {(void*)qkv, (void*)g, (void*)beta, (void*)state, (void*)out, (void*)uu, (void*)gamma, (void*)kk,
+                    (void*)scratch, (void*)par, (void*)dvis})
+        GPU_CHECK(gpuFree(p));
+    (void)gpuEventDestroy(e0);
+    (void)gpuEventDestroy(e1);
+    (void)gpuStreamDestroy(s);
+    return median(ts);
+}
+
 void timing() {
     auto t0 = std::chrono::steady_clock::now();
     lbtest::MemCheckpoint src(k08b, 5);
@@ -332,71 +286,56 @@ void timing() {
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     const int ctx = 512, max_ctx = 1024, reps = 20;
     const std::vector<int> prompt = random_prompt(ctx, cfg.vocab, 3);
-    // The ar engine's backend: its decode step (fused graph), timed over 64 steps.
-    double ar_step_ms = 0;
-    {
-        auto be = make_gpu_backend(0);
-        be->load(src, cfg, nullptr);
-        be->allocate(max_ctx, DType::BF16, DType::BF16);
-        std::vector<double> per_step;
-        for (int r = 0; r < 5; ++r) {
-            be->reset();
-            std::vector<int> out{be->forward(prompt.data(), ctx, nullptr)};
-            be->synchronize();
-            be->timer_start();
-            be->decode(64, [](int) { return false; }, &out);
-            per_step.push_back(be->timer_stop_ms() / 64);
-        }
-        ar_step_ms = median(per_step);
+    auto be = gpu_backend(src, cfg, max_ctx);
+    const MemoryReport mem = be->memory();
+    printf("memory: weights %.1f MiB, KV cache %.1f MiB (%d tokens), recurrent state %.2f MiB, verify state %llu bytes "
+           "a row\n", mem.weights / 1048576.0, mem.kv_cache / 1048576.0, max_ctx, mem.recurrent_state / 1048576.0,
+           (unsigned long long)mem.verify_bytes_per_node);
+    // The decode step: the backend's fused decode graph, timed over 64 steps after the prompt.
+    std::vector<double> per_step;
+    for (int r = 0; r < 5; ++r) {
+        be->reset();
+        std::vector<int> out{be->forward(prompt.data(), ctx, nullptr)};
+        be->synchronize();
+        be->timer_start();
+        be->decode(64, [](int) { return false; }, &out);
+        per_step.push_back(be->timer_stop_ms() / 64);
     }
-    GpuVerifyBackend be;
-    be.load(src, cfg, nullptr);
-    be.allocate(max_ctx, DType::BF16, DType::BF16);
-    be.forward(prompt.data(), ctx, nullptr);
-    std::vector<double> dec;
-    for (int r = 0; r < reps + 3; ++r) {
-        be.set_length(ctx);
-        be.timer_start();
-        be.decode_only(prompt[size_t(r)]);
-        const double ms = be.timer_stop_ms();
-        if (r >= 3) dec.push_back(ms);
-    }
-    be.set_length(ctx);
-    const double step_ms = median(dec);
-    printf("context %d: ar decode step (fused graph) %.3f ms; forward_layers n=1 %.3f ms (medians)\n", ctx, ar_step_ms, step_ms);
-    printf("| B | rows | verify ms | / ar decode step | / forward_layers n=1 | append forward of as many rows, ms |\n|---|---|---|---|---|---|\n");
+    const double step_ms = median(per_step);
+    printf("context %d: decode step (fused graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx, step_ms);
+    printf("| B | rows | verify ms | / decode step | append forward of as many tokens, ms |\n|---|---|---|---|---|\n");
+    be->reset();
+    be->forward(prompt.data(), ctx, nullptr);
     for (int B : {1, 8, 16, 22, 32, 64}) {
         const VerifyRequest req = ddtree_like(B, ctx, cfg.vocab);
-        const int n = be.upload_rows(req);
+        const int n = int(req.tokens.size());
+        // Backend::verify as an engine calls it: rows uploaded, forward, argmax of every row read back
         std::vector<double> ts;
+        VerifyResult res;
         for (int r = 0; r < reps + 3; ++r) {
-            be.timer_start();
-            be.verify_only(n);
-            const double ms = be.timer_stop_ms();
+            be->timer_start();
+            be->verify(req, &res);
+            const double ms = be->timer_stop_ms();
             if (r >= 3) ts.push_back(ms);
         }
         const double v = median(ts);
+        // the append (prefill) forward of as many tokens, each after the same prompt
         std::vector<double> fs;
-        for (int r = 0; r < reps + 3; ++r) {
-            be.set_length(ctx);
-            be.timer_start();
-            be.append_only(req.tokens);
-            const double ms = be.timer_stop_ms();
-            if (r >= 3) fs.push_back(ms);
+        for (int r = 0; r < 8; ++r) {
+            be->reset();
+            be->forward(prompt.data(), ctx, nullptr);
+            be->synchronize();
+            be->timer_start();
+            be->forward(req.tokens.data(), n, nullptr);
+            fs.push_back(be->timer_stop_ms());
         }
-        be.set_length(ctx);
-        printf("| %d | %d | %.3f | %.2f | %.2f | %.3f |\n", B, n, v, v / ar_step_ms, v / step_ms, median(fs));
+        be->reset();
+        be->forward(prompt.data(), ctx, nullptr);
+        printf("| %d | %d | %.3f | %.2f | %.3f |\n", B, n, v, v / step_ms, median(fs));
     }
-    printf("per piece, ms (medians of 10): | B | tree_attention, one layer | delta_tree, one layer | LM head + argmax, all rows |\n");
-    for (int B : {1, 22, 64}) {
-        const VerifyRequest req = ddtree_like(B, ctx, cfg.vocab);
-        const int n = be.upload_rows(req);
-        be.verify_only(n);
-        double a = 0, d = 0, h = 0;
-        be.time_parts(n, &a, &d, &h);
-        printf("| %d | %.3f | %.3f | %.3f |\n", B, a, d, h);
-    }
-    printf("commit state kept per verify row: %zu bytes\n", gpu::VerifyWorkspace::commit_bytes_per_row(cfg));
+    printf("delta_tree, one DeltaNet layer alone (medians of 20), ms: |");
+    for (int B : {1, 22, 64}) printf(" B = %d: %.3f |", B, delta_tree_ms(B + 1, ddtree_like(B, 0, cfg.vocab).parents));
+    printf("\n");
 }
 
 }  // namespace
@@ -405,9 +344,18 @@ int main(int argc, char** argv) {
     gpuDeviceProp p;
     GPU_CHECK(gpuGetDeviceProperties(&p, 0));
     printf("device: %s\n", p.name);
-    exactness("qwen3.5 tiny", kTiny, 1);
-    exactness("qwen3.5 odd", kOdd, 2);
-    if (argc > 1 && std::string(argv[1]) == "--time") timing();
+    try {
+        exactness("qwen3.5 tiny", kTiny, 1);
+        exactness("qwen3.5 odd", kOdd, 2);
+        quantised_kv_refused(kTiny);
+        outputs("qwen3.5 tiny", kTiny, 3);
+        outputs("qwen3.5 odd", kOdd, 4);
+        two_models();
+        if (argc > 1 && std::string(argv[1]) == "--time") timing();
+    } catch (const EngineError& e) {
+        printf("engine error %s: %s\n", e.kind.c_str(), e.what());
+        return 1;
+    }
     if (failures()) { printf("%d check(s) failed\n", failures()); return 1; }
     printf("GPU verify checks passed\n");
     return 0;

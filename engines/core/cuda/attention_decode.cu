@@ -363,7 +363,7 @@ int attention_decode_blocks(int nkv, int max_ctx) {
     (void)max_ctx;
     if (tuning().attn_decode_blocks > 0) return tuning().attn_decode_blocks;
     // one wave: the flash kernel's 8-warp blocks fit one to a multiprocessor
-    return std::clamp((g_dec.sms + nkv - 1) / nkv, 1, AF_MAX_NB);
+    return std::clamp((dec().sms + nkv - 1) / nkv, 1, AF_MAX_NB);
 }
 // a partial (acc, then m and l) per query head and block
 size_t attention_decode_scratch(int nh, int hd, int blocks) { return size_t(nh) * blocks * (hd + 2); }

@@ -245,23 +245,11 @@ __device__ __forceinline__ float dot8_lane(const uint4* wr, const float* xs, int
 
 // ----------------------------------------------------------------------------------------- host side
 
-// The device's limits and the decode kernels' launch shapes, set by decode_setup (device.cu).
-struct DecodeCfg {
-    bool ready = false, pdl = false;
-    int sms = 1;
-    size_t smem_block = 48 * 1024, smem_sm = 64 * 1024;
-    size_t tile = 16 * 1024;  // GEMV weight tile bytes (Tuning::gemv_tile_bytes)
-    int max_per_sm = 8;       // GEMV blocks per SM cap (Tuning::gemv_blocks_per_sm)
-    int prewait = 1;          // GEMV tiles requested before the dependency wait, of GV_STAGES (Tuning::gemv_prewait)
-    size_t mlp_smem_block = 48 * 1024, mlp_static = 0;  // fused MLP: dynamic shared memory a block may take
-};
-extern DecodeCfg g_dec;
+// The bound context's decode limits (gpu_ops.h, DeviceContext).
+inline DecodeCfg& dec() { return context().dec; }
 
-#if defined(LB_CUDA)
-int current_device_attr(cudaDeviceAttr attr);
-#endif
-// The most dynamic shared memory a block may opt into (one device per process: read once).
-int smem_optin_limit();
+// The most dynamic shared memory a block may opt into (the bound context's device).
+inline int smem_optin_limit() { return context().smem_optin; }
 // Whether the attention kernels built for a bf16 K and V cache alone take these cache types.
 bool kv_bf16_kernels(DType kt, DType vt);
 // decode_setup's share for the fused GEMV's and the fused MLP's kernels (their shared memory limits).
@@ -283,7 +271,7 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuS
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = g_dec.pdl ? 1 : 0;
+    cfg.numAttrs = dec().pdl ? 1 : 0;
     GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...));
 #else
     kernel<<<grid, block, smem, s>>>(KArgs(args)...);
@@ -295,37 +283,21 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuS
 template <typename... KArgs, typename... Args>
 void launch_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, gpuStream_t s, Args... args) {
 #if defined(LB_CUDA)
-    static std::vector<std::pair<void (*)(KArgs...), size_t>> raised;  // kernels of this signature
-    auto it = std::find_if(raised.begin(), raised.end(), [&](const auto& r) { return r.first == kernel; });
+    // The limit is the driver's, per kernel and device, shared by every context on the device: this list
+    // mirrors it (kernels of this signature), so it is process-wide too. A per-context copy could lower a
+    // limit that another context relies on.
+    static std::vector<std::pair<std::pair<void (*)(KArgs...), int>, size_t>> raised;
+    const std::pair<void (*)(KArgs...), int> key{kernel, context().device};
+    auto it = std::find_if(raised.begin(), raised.end(), [&](const auto& r) { return r.first == key; });
     if (it == raised.end() || it->second < smem) {
         GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        if (it == raised.end()) raised.emplace_back(kernel, smem);
+        if (it == raised.end()) raised.emplace_back(key, smem);
         else it->second = smem;
     }
 #endif
     kernel<<<grid, block, smem, s>>>(KArgs(args)...);
 }
 
-// A device buffer that only grows, for prefill scratch (split-K partials, delta-rule chunk data). Growing
-// synchronises the stream, so it is refused (nullptr) during graph capture; callers then fall back.
-struct GrowBuffer {
-    float* p = nullptr;
-    size_t cap = 0;  // floats
-    float* get(size_t floats, gpuStream_t s) {
-        if (floats <= cap) return p;
-#if defined(LB_CUDA)
-        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-        GPU_CHECK(cudaStreamIsCapturing(s, &st));
-        if (st != cudaStreamCaptureStatusNone) return nullptr;
-#endif
-        GPU_CHECK(gpuStreamSynchronize(s));
-        if (p) GPU_CHECK(gpuFree(p));
-        p = nullptr;
-        GPU_CHECK(gpuMalloc(&p, floats * sizeof(float)));
-        cap = floats;
-        return p;
-    }
-};
 
 }  // namespace
 

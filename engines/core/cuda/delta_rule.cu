@@ -386,8 +386,6 @@ size_t dr_wy_smem(int dct, int dk, int cb) {
                             2 * size_t(dct) * dct + 3 * size_t(dct));
 }
 
-GrowBuffer g_dr_prep;  // delta-rule chunk data (delta_chunk_prep_kernel)
-
 }  // namespace
 
 void deltanet_prep(float* y, int ldy, const float* proj, int ldp, int b_off, const float* negA, const float* dt_bias,
@@ -407,7 +405,7 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
         const int chunks = (n + 31) / 32;
         float* prep = nullptr;
         if (sp <= size_t(limit) && sw <= size_t(limit) &&
-            (prep = g_dr_prep.get(size_t(chunks) * hv * dr_prep_floats<32>(), s))) {
+            (prep = context().delta_prep.get(size_t(chunks) * hv * dr_prep_floats<32>(), s))) {
             launch_smem(delta_chunk_prep_kernel<32>, dim3(chunks, hv), dim3(256), sp, s, qkv, ld, n, hk, hv, dk, g, beta, prep);
             launch_smem(delta_rule_wy_kernel<32, DR_CB>, dim3(hv, dv / DR_CB), dim3(256), sw, s, qkv, ld, n, hk, hv, dk, dv,
                         prep, state, out);

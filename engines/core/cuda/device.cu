@@ -1,27 +1,48 @@
-// The device state of the GPU ops: the limits decode_setup reads once, shared by the kernel files.
+// The device context of the GPU ops (gpu_ops.h): the limits decode_setup reads, the scratch buffers, and the
+// binding of a context to the calling thread.
 #include "common.cuh"
 
 namespace lb::gpu {
 
-DecodeCfg g_dec;
+namespace {
+thread_local DeviceContext* t_bound = nullptr;  // the calling thread's context (ContextScope)
+}  // namespace
 
+DeviceContext::DeviceContext(int dev) : device(dev) {
+    gpuDeviceProp p;
+    GPU_CHECK(gpuGetDeviceProperties(&p, dev));
+    sms = p.multiProcessorCount;
 #if defined(LB_CUDA)
-int current_device_attr(cudaDeviceAttr attr) {
-    int dev = 0, v = 0;
-    GPU_CHECK(cudaGetDevice(&dev));
-    GPU_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
-    return v;
-}
-#endif
-// The most dynamic shared memory a block may opt into (one device per process: read once).
-int smem_optin_limit() {
-#if defined(LB_CUDA)
-    static const int limit = current_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    return limit;
-#else
-    return 48 * 1024;
+    smem_optin = int(p.sharedMemPerBlockOptin);
 #endif
 }
+
+ContextScope::ContextScope(DeviceContext& ctx) : prev_(t_bound) { t_bound = &ctx; }
+ContextScope::~ContextScope() { t_bound = prev_; }
+
+DeviceContext& context() {
+    if (!t_bound) lb::fail("internal", "a GPU op ran with no device context bound (gpu::ContextScope)");
+    return *t_bound;
+}
+
+float* GrowBuffer::get(size_t floats, gpuStream_t s) {
+    if (floats <= cap) return p;
+#if defined(LB_CUDA)
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    GPU_CHECK(cudaStreamIsCapturing(s, &st));
+    if (st != cudaStreamCaptureStatusNone) return nullptr;
+#endif
+    GPU_CHECK(gpuStreamSynchronize(s));
+    if (p) GPU_CHECK(gpuFree(p));
+    p = nullptr;
+    GPU_CHECK(gpuMalloc(&p, floats * sizeof(float)));
+    cap = floats;
+    return p;
+}
+GrowBuffer::~GrowBuffer() {
+    if (p) (void)gpuFree(p);
+}
+
 
 // The attention kernels built for a bf16 K and V cache (the default) carry that path alone; any other cache
 // type takes the kernels that switch on the type at run time.
@@ -30,24 +51,24 @@ bool kv_bf16_kernels(DType kt, DType vt) { return kt == DType::BF16 && vt == DTy
 void decode_setup(int device) {
     gpuDeviceProp p;
     GPU_CHECK(gpuGetDeviceProperties(&p, device));
-    g_dec.sms = p.multiProcessorCount;
+    dec().sms = p.multiProcessorCount;
 #if defined(LB_CUDA)
     // dynamic shared memory a GEMV block may take: the opt-in limit less room for its static arrays
-    g_dec.smem_block = p.sharedMemPerBlockOptin - 2048;
-    g_dec.smem_sm = p.sharedMemPerMultiprocessor;
-    g_dec.pdl = p.major >= 9 && tuning().gpu_pdl;
+    dec().smem_block = p.sharedMemPerBlockOptin - 2048;
+    dec().smem_sm = p.sharedMemPerMultiprocessor;
+    dec().pdl = p.major >= 9 && tuning().gpu_pdl;
 #else
-    g_dec.smem_block = p.sharedMemPerBlock;
-    g_dec.smem_sm = p.maxSharedMemoryPerMultiProcessor;
-    g_dec.pdl = false;
+    dec().smem_block = p.sharedMemPerBlock;
+    dec().smem_sm = p.maxSharedMemoryPerMultiProcessor;
+    dec().pdl = false;
 #endif
     gemv_fused_setup(p);
     mlp_fused_setup(p);
-    g_dec.tile = size_t(tuning().gemv_tile_bytes);
-    g_dec.max_per_sm = tuning().gemv_blocks_per_sm;
-    g_dec.prewait = tuning().gemv_prewait;  // 0 .. GV_STAGES (3)
-    g_dec.ready = true;
+    dec().tile = size_t(tuning().gemv_tile_bytes);
+    dec().max_per_sm = tuning().gemv_blocks_per_sm;
+    dec().prewait = tuning().gemv_prewait;  // 0 .. GV_STAGES (3)
+    dec().ready = true;
 }
-bool decode_pdl() { return g_dec.pdl; }
+bool decode_pdl() { return dec().pdl; }
 
 }  // namespace lb::gpu

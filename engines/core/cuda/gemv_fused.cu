@@ -252,10 +252,10 @@ void gemv_fused_setup(const gpuDeviceProp& p) {
     for (auto k : kernels) {
         cudaFuncAttributes fa;
         GPU_CHECK(cudaFuncGetAttributes(&fa, k));
-        g_dec.smem_block = std::min(g_dec.smem_block, size_t(p.sharedMemPerBlockOptin) - fa.sharedSizeBytes);
+        dec().smem_block = std::min(dec().smem_block, size_t(p.sharedMemPerBlockOptin) - fa.sharedSizeBytes);
     }
     for (auto k : kernels)
-        GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(g_dec.smem_block)));
+        GPU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec().smem_block)));
 #else
     (void)p;
 #endif
@@ -270,27 +270,27 @@ bool gemv_fused_ok(int in, int pro, int head_dim) {
                             in % (8 * GV_THREADS) != 0 || in / head_dim > GV_MAX_HEADS))
         return false;
     // the input vector plus at least GV_STAGES tiles of one row
-    return gv_xs_bytes(in) + size_t(GV_STAGES) * in * sizeof(wtype) + 1024 <= g_dec.smem_block;
+    return gv_xs_bytes(in) + size_t(GV_STAGES) * in * sizeof(wtype) + 1024 <= dec().smem_block;
 }
 
 void gemv_fused(const FusedGemv& a, gpuStream_t s) {
-    if (!g_dec.ready) lb::fail("internal", "decode_setup not called");
+    if (!dec().ready) lb::fail("internal", "decode_setup not called");
     if (!gemv_fused_ok(a.in, a.pro, a.head_dim)) lb::fail("internal", "gemv_fused: unsupported shape");
     const size_t row_bytes = size_t(a.in) * sizeof(wtype), xs = gv_xs_bytes(a.in);
     // Tiles of about 16 KB (3 stages in flight per block), capped by the block's shared memory.
-    size_t tile = std::min<size_t>(g_dec.tile, (g_dec.smem_block - xs - 1024) / GV_STAGES);
+    size_t tile = std::min<size_t>(dec().tile, (dec().smem_block - xs - 1024) / GV_STAGES);
     int rb = int(std::max<size_t>(1, tile / row_bytes));
     rb = std::min(rb, a.out);
     const size_t smem = xs + size_t(GV_STAGES) * rb * row_bytes;
     const int ntiles = (a.out + rb - 1) / rb;
-    const int per_sm = int(std::max<size_t>(1, std::min<size_t>(g_dec.max_per_sm, g_dec.smem_sm / (smem + 1024))));
+    const int per_sm = int(std::max<size_t>(1, std::min<size_t>(dec().max_per_sm, dec().smem_sm / (smem + 1024))));
     auto go = [&](void (*kernel)(FusedGemv, int, int, int)) {
         int fit = per_sm;  // and as many as registers allow: a grid past one wave would run a second wave
 #if defined(LB_CUDA)
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, GV_THREADS, smem));
 #endif
-        const int grid = std::min(ntiles, g_dec.sms * std::max(1, std::min(per_sm, fit)));
-        launch_k(kernel, dim3(grid), dim3(GV_THREADS), smem, s, a, rb, ntiles, g_dec.prewait);
+        const int grid = std::min(ntiles, dec().sms * std::max(1, std::min(per_sm, fit)));
+        launch_k(kernel, dim3(grid), dim3(GV_THREADS), smem, s, a, rb, ntiles, dec().prewait);
     };
     const int mode = a.pro * 4 + a.epi;
     switch (mode) {

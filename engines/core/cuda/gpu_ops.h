@@ -8,6 +8,61 @@
 
 namespace lb::gpu {
 
+// ----------------------------------------------------------------------------------------- device context
+// What the ops keep between calls: the device's limits, the decode kernels' launch shapes and the scratch
+// buffers that prefill kernels grow. One context per backend (per model), so that two models in one process
+// share no buffer: the launchers read the context bound to the calling thread, which each backend binds
+// (ContextScope) around every call into the ops. The decode graph and its counters are the backend's own.
+
+// The device's limits and the decode kernels' launch shapes, set by decode_setup.
+struct DecodeCfg {
+    bool ready = false, pdl = false;
+    int sms = 1;
+    size_t smem_block = 48 * 1024, smem_sm = 64 * 1024;
+    size_t tile = 16 * 1024;  // GEMV weight tile bytes (Tuning::gemv_tile_bytes)
+    int max_per_sm = 8;       // GEMV blocks per SM cap (Tuning::gemv_blocks_per_sm)
+    int prewait = 1;          // GEMV tiles requested before the dependency wait, of GV_STAGES (Tuning::gemv_prewait)
+    size_t mlp_smem_block = 48 * 1024, mlp_static = 0;  // fused MLP: dynamic shared memory a block may take
+};
+
+// A device buffer that only grows, for prefill scratch (split-K partials, delta-rule chunk data). Growing
+// synchronises the stream, so it is refused (nullptr) during graph capture; callers then fall back.
+struct GrowBuffer {
+    float* p = nullptr;
+    size_t cap = 0;  // floats
+    float* get(size_t floats, gpuStream_t s);
+    GrowBuffer() = default;
+    GrowBuffer(const GrowBuffer&) = delete;
+    GrowBuffer& operator=(const GrowBuffer&) = delete;
+    ~GrowBuffer();
+};
+
+struct DeviceContext {
+    explicit DeviceContext(int device);  // reads the device's multiprocessors and shared memory limit
+    DeviceContext(const DeviceContext&) = delete;
+    DeviceContext& operator=(const DeviceContext&) = delete;
+    int device = 0;
+    int sms = 1;                 // multiprocessors
+    int smem_optin = 48 * 1024;  // the most dynamic shared memory a block may opt into
+    DecodeCfg dec;               // decode_setup
+    GrowBuffer splitk;           // matmul: split-K partials
+    GrowBuffer delta_prep;       // delta_rule: chunk data (delta_chunk_prep_kernel)
+};
+
+// Binds `ctx` to the calling thread for the scope's life (the previous binding comes back after it).
+class ContextScope {
+public:
+    explicit ContextScope(DeviceContext& ctx);
+    ~ContextScope();
+    ContextScope(const ContextScope&) = delete;
+    ContextScope& operator=(const ContextScope&) = delete;
+
+private:
+    DeviceContext* prev_;
+};
+// The context bound to the calling thread; throws EngineError("internal") when there is none.
+DeviceContext& context();
+
 void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStream_t s);
 // y[n, out] (=|+=) x[n, in] @ W[out, in]^T: GEMV (128-bit weight loads) for n <= 8, tensor-core GEMM above.
 void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bool accumulate, gpuStream_t s);
@@ -42,8 +97,8 @@ void add_pos(int* d_pos, int n, gpuStream_t s);
 // and, on sm_90+, use programmatic dependent launch: each kernel prefetches its weights (and the DeltaNet
 // state) before waiting for the previous kernel, so launch gaps and ramp-up overlap the previous kernel.
 
-// Reads the device (SM count, shared memory) and the knobs (../tuning.h: gpu_pdl, the GEMV tiles). Call once
-// before use.
+// Reads the device (SM count, shared memory) and the knobs (../tuning.h: gpu_pdl, the GEMV tiles) into the
+// bound DeviceContext (below). Call once a context before decode kernels run.
 void decode_setup(int device);
 bool decode_pdl();
 

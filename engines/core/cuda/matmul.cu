@@ -191,15 +191,13 @@ __global__ void gemm_splitk_sum_kernel(const float* __restrict__ part, int split
 // leaves the tensor cores waiting on memory. The K loop is cut so that there are about four blocks per
 // multiprocessor; the partials go to a workspace and are summed in split order, so results do not depend
 // on block scheduling. Tuning::gemm_splitk_per_sm: blocks a multiprocessor to aim for (0 turns it off).
-GrowBuffer g_splitk;
-
 int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
     const int per_sm = tuning().gemm_splitk_per_sm;
-    static const int sms = current_device_attr(cudaDevAttrMultiProcessorCount);
+    const int sms = context().sms;
     if (per_sm == 0 || count % 4 != 0) return 1;
     const int ksteps = (in + TK - 1) / TK;
     const int splits = std::min({(per_sm * sms) / std::max(1, tiles), ksteps / 8, 8});  // >= 8 K steps a split
-    if (splits < 2 || !g_splitk.get(size_t(splits) * count, s)) return 1;
+    if (splits < 2 || !context().splitk.get(size_t(splits) * count, s)) return 1;
     return splits;
 }
 #endif
@@ -219,9 +217,9 @@ void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bo
                 gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps, nullptr);
             } else {
                 gemm_vec_kernel<<<dim3(g2.x, g2.y, splits), 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps,
-                                                                         g_splitk.p);
+                                                                         context().splitk.p);
                 const size_t count = size_t(n) * out;
-                gemm_splitk_sum_kernel<<<unsigned((count / 4 + 255) / 256), 256, 0, s>>>(g_splitk.p, splits, count,
+                gemm_splitk_sum_kernel<<<unsigned((count / 4 + 255) / 256), 256, 0, s>>>(context().splitk.p, splits, count,
                                                                                          y, accumulate);
             }
         } else {

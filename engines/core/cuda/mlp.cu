@@ -139,19 +139,19 @@ void mlp_fused_setup(const gpuDeviceProp& p) {
 #if defined(LB_CUDA)
     cudaFuncAttributes fa;
     GPU_CHECK(cudaFuncGetAttributes(&fa, mlp_fused_kernel));
-    g_dec.mlp_static = fa.sharedSizeBytes;
-    g_dec.mlp_smem_block = size_t(p.sharedMemPerBlockOptin) - fa.sharedSizeBytes;
+    dec().mlp_static = fa.sharedSizeBytes;
+    dec().mlp_smem_block = size_t(p.sharedMemPerBlockOptin) - fa.sharedSizeBytes;
     GPU_CHECK(cudaFuncSetAttribute(mlp_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(g_dec.mlp_smem_block)));
+                                   int(dec().mlp_smem_block)));
 #else
-    g_dec.mlp_static = 1024;  // room for the kernel's static arrays (block_sum)
-    g_dec.mlp_smem_block = p.sharedMemPerBlock > g_dec.mlp_static ? p.sharedMemPerBlock - g_dec.mlp_static : 0;
+    dec().mlp_static = 1024;  // room for the kernel's static arrays (block_sum)
+    dec().mlp_smem_block = p.sharedMemPerBlock > dec().mlp_static ? p.sharedMemPerBlock - dec().mlp_static : 0;
 #endif
 }
 
 bool mlp_fused_ok(int H, int I) {
-    return g_dec.ready && H > 0 && I > 0 && H % 8 == 0 && H <= 4 * MF_THREADS * MF_XPER &&
-           mlp_smem_bytes(H, 1) <= g_dec.mlp_smem_block;
+    return dec().ready && H > 0 && I > 0 && H % 8 == 0 && H <= 4 * MF_THREADS * MF_XPER &&
+           mlp_smem_bytes(H, 1) <= dec().mlp_smem_block;
 }
 
 void mlp_fused(const FusedMlp& a, gpuStream_t s) {
@@ -164,10 +164,10 @@ void mlp_fused(const FusedMlp& a, gpuStream_t s) {
     const int want = tuning().mlp_blocks_per_sm;
     int rb = 0;
     for (int per = want; per >= 1 && rb == 0; --per) {
-        const size_t share = g_dec.smem_sm / size_t(per);
-        if (share <= 1024 + g_dec.mlp_static) continue;
-        const size_t cap = std::min(g_dec.mlp_smem_block, share - 1024 - g_dec.mlp_static);
-        int r = (a.I + g_dec.sms * per - 1) / (g_dec.sms * per);
+        const size_t share = dec().smem_sm / size_t(per);
+        if (share <= 1024 + dec().mlp_static) continue;
+        const size_t cap = std::min(dec().mlp_smem_block, share - 1024 - dec().mlp_static);
+        int r = (a.I + dec().sms * per - 1) / (dec().sms * per);
         while (r > 0 && mlp_smem_bytes(a.H, r) > cap) --r;
         rb = r;
     }

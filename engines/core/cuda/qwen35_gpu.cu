@@ -9,8 +9,13 @@
 // residual); the fused_mlp knob at 0 (LB_GPU_FUSED_MLP=0, ../tuning.h) selects the gate_up + down GEMVs (5 / 6
 // kernels a layer, 129 a token). CUDA only by default; HIP opts in with LB_GPU_FUSED_MLP=1. Shapes the fused
 // kernels do not handle take the unfused sequence.
+// Verify + commit (backend.h) run verify_forward.h's layer sequence on the same caches. The ops' limits and
+// scratch are this backend's gpu::DeviceContext, bound in every entry point, so two backends (two models) in
+// one process share nothing.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -21,6 +26,7 @@
 #include "../half.h"
 #include "gpu_ops.h"
 #include "qwen35_forward.h"
+#include "verify_forward.h"
 
 namespace lb {
 namespace {
@@ -29,7 +35,8 @@ using gpu::wtype;
 
 class GpuBackend : public Qwen35Backend {
 public:
-    explicit GpuBackend(int device) : device_(device) {
+    explicit GpuBackend(int device) : ctx_(device), device_(device) {
+        gpu::ContextScope bind(ctx_);
         GPU_CHECK(gpuSetDevice(device));
         GPU_CHECK(gpuStreamCreate(&s_));
         GPU_CHECK(gpuEventCreate(&ev0_));
@@ -69,6 +76,7 @@ public:
     std::string weight_dtype() const override { return LB_WTYPE_NAME; }
 
     void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) override {
+        gpu::ContextScope bind(ctx_);
         cfg_ = cfg;
         Uploader up = [this](std::vector<float>&& data, int64_t rows, int64_t cols, bool matrix) {
             Mat m{nullptr, rows, cols};
@@ -78,8 +86,10 @@ public:
                 m.ptr = alloc(conv.size() * sizeof(wtype));
                 GPU_CHECK(gpuMemcpy(m.ptr, conv.data(), conv.size() * sizeof(wtype), gpuMemcpyHostToDevice));
                 matrix_bytes_ += conv.size() * sizeof(wtype);
+                weight_bytes_ += conv.size() * sizeof(wtype);
             } else {
                 m.ptr = alloc(data.size() * sizeof(float));
+                weight_bytes_ += data.size() * sizeof(float);
                 GPU_CHECK(gpuMemcpy(m.ptr, data.data(), data.size() * sizeof(float), gpuMemcpyHostToDevice));
             }
             return m;
@@ -96,6 +106,7 @@ public:
             down_t_.assign(w_.layers.size(), nullptr);
             for (size_t l = 0; l < w_.layers.size(); ++l) {
                 down_t_[l] = (wtype*)alloc(size_t(H) * I * sizeof(wtype));
+                weight_bytes_ += size_t(H) * I * sizeof(wtype);
                 gpu::transpose(W(w_.layers[l].down), H, I, down_t_[l], s_);
             }
             // DeltaNet layers: the delta step and its out-projection in one kernel (LB_GPU_DELTA_OUT=0: two), its
@@ -116,6 +127,7 @@ public:
     }
 
     void allocate(int max_ctx, DType kv_k, DType kv_v) override {
+        gpu::ContextScope bind(ctx_);
         max_ctx_ = max_ctx;
         kt_ = kv_k;
         vt_ = kv_v;
@@ -161,6 +173,7 @@ public:
     void reset() override {
         len_ = 0;
         have_next_ = false;
+        pending_n_ = 0;
         for (int l = 0; l < cfg_.n_layers; ++l) {
             if (ssm_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(ssm_[size_t(l)], 0, sizeof(float) * size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim, s_));
             if (conv_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(conv_[size_t(l)], 0, sizeof(float) * size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1), s_));
@@ -170,7 +183,9 @@ public:
     int length() const override { return len_; }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        gpu::ContextScope bind(ctx_);
         stop_event_ = nullptr;
+        pending_n_ = 0;
         if (n == 1 && (fused_ || !last_logits)) {
             launch_step(tokens[0], !next_holds(tokens[0]), len_);
         } else {
@@ -201,6 +216,8 @@ public:
     // 4-byte device-to-host copy there kept the next step waiting on the copy engine.
     void decode(int n_steps, const std::function<bool(int)>& stop, std::vector<int>* out) override {
         if (!fused_ || n_steps <= 0) return Qwen35Backend::decode(n_steps, stop, out);
+        gpu::ContextScope bind(ctx_);
+        pending_n_ = 0;
         static_assert(kRing > kInFlight, "the ring holds every step in flight");
         stop_event_ = nullptr;
         const volatile int* ring = host_ring_;  // written by the GPU
@@ -228,6 +245,178 @@ public:
         have_next_ = true;
     }
 
+
+    // Verify forward (backend.h): gpu::verify_layers (verify_forward.h) over the rows, the committed sequence
+    // read only. Argmax is taken on the device for every row; logits, top-k and features are copied back
+    // for the rows asked (top-k log-probs computed on the host from those logits).
+    void verify(const VerifyRequest& req, VerifyResult* out) override {
+        gpu::ContextScope bind(ctx_);
+        const int n = int(req.tokens.size());
+        pending_n_ = 0;
+        if (!plain_kv(kt_) || !plain_kv(vt_))
+            fail("unsupported", std::string("the ") + LB_GPU_NAME + " verify forward takes an f32, f16 or bf16 KV cache, not " +
+                                    dtype_name(plain_kv(kt_) ? vt_ : kt_) + " (--kv-k / --kv-v)");
+        if (n < 1) fail("bad_request", "verify needs at least one token");
+        if (len_ + n > max_ctx_)
+            fail("context_overflow", "verify of " + std::to_string(n) + " rows at length " + std::to_string(len_) +
+                                         " exceeds max_ctx " + std::to_string(max_ctx_));
+        if (int(req.positions.size()) != n) fail("bad_request", "verify: one position per token");
+        if (!req.parents.empty() && int(req.parents.size()) != n) fail("bad_request", "verify: one parent per token (or none)");
+        std::vector<int> parent(static_cast<size_t>(n));
+        for (int t = 0; t < n; ++t) {
+            const int p = req.parents.empty() ? t - 1 : req.parents[size_t(t)];
+            if (p < -1 || p >= t) fail("bad_request", "verify: row " + std::to_string(t) + " has parent " + std::to_string(p) + " (must be -1 or an earlier row)");
+            if (req.tokens[size_t(t)] < 0 || req.tokens[size_t(t)] >= cfg_.vocab) fail("bad_request", "verify: token outside the vocabulary");
+            parent[size_t(t)] = p;
+        }
+        std::vector<int> out_rows = req.out_rows;
+        if (out_rows.empty()) { out_rows.resize(size_t(n)); std::iota(out_rows.begin(), out_rows.end(), 0); }
+        for (int r : out_rows) if (r < 0 || r >= n) fail("bad_request", "verify: out row " + std::to_string(r) + " outside [0, n)");
+        for (int l : req.feature_layers) if (l < 0 || l >= cfg_.n_layers) fail("bad_request", "verify: feature layer " + std::to_string(l) + " outside the model");
+        if (req.top_k < 0 || req.top_k > cfg_.vocab) fail("bad_request", "verify: top_k outside [0, vocab]");
+
+        std::vector<unsigned char> visible(size_t(n) * n, 0);
+        for (int t = 0; t < n; ++t)
+            for (int s = t; s >= 0; s = parent[size_t(s)]) visible[size_t(t) * n + s] = 1;
+        vws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
+        GPU_CHECK(gpuMemcpyAsync(vws_.tokens, req.tokens.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
+        GPU_CHECK(gpuMemcpyAsync(vws_.positions, req.positions.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
+        GPU_CHECK(gpuMemcpyAsync(vws_.parent, parent.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
+        GPU_CHECK(gpuMemcpyAsync(vws_.visible, visible.data(), visible.size(), gpuMemcpyHostToDevice, s_));
+        // Feature layers: each distinct layer's [n, hidden] rows land in its slot of feat_.
+        const size_t H = size_t(cfg_.hidden);
+        std::vector<int> slot_of(size_t(cfg_.n_layers), -1);
+        int slots = 0;
+        for (int l : req.feature_layers) if (slot_of[size_t(l)] < 0) slot_of[size_t(l)] = slots++;
+        std::vector<float*> feature_dst;
+        if (slots > 0) {
+            const size_t floats = size_t(slots) * n * H;
+            if (floats > feat_cap_) { feat_ = (float*)alloc(sizeof(float) * floats); feat_cap_ = floats; }
+            feature_dst.assign(size_t(cfg_.n_layers), nullptr);
+            for (int l = 0; l < cfg_.n_layers; ++l)
+                if (slot_of[size_t(l)] >= 0) feature_dst[size_t(l)] = feat_ + size_t(slot_of[size_t(l)]) * n * H;
+        }
+        gpu::verify_layers(cfg_, w_, vws_, vcaches(), len_, n, s_, feature_dst);
+        GPU_CHECK(gpuGetLastError());
+
+        *out = VerifyResult{};
+        const size_t V = size_t(cfg_.vocab), R = out_rows.size();
+        std::vector<int> argmax(static_cast<size_t>(n));
+        GPU_CHECK(gpuMemcpyAsync(argmax.data(), vws_.argmax, sizeof(int) * size_t(n), gpuMemcpyDeviceToHost, s_));
+        std::vector<float> logits;
+        if (req.want_logits || req.top_k > 0) {
+            logits.resize(R * V);
+            for (size_t i = 0; i < R; ++i)
+                GPU_CHECK(gpuMemcpyAsync(&logits[i * V], vws_.logits + size_t(out_rows[i]) * V, sizeof(float) * V,
+                                         gpuMemcpyDeviceToHost, s_));
+        }
+        std::vector<float> feats;
+        if (slots > 0) {
+            feats.resize(size_t(slots) * n * H);
+            GPU_CHECK(gpuMemcpyAsync(feats.data(), feat_, sizeof(float) * feats.size(), gpuMemcpyDeviceToHost, s_));
+        }
+        GPU_CHECK(gpuStreamSynchronize(s_));
+        for (int r : out_rows) out->argmax.push_back(argmax[size_t(r)]);
+        for (size_t i = 0; i < R && slots > 0; ++i)
+            for (int l : req.feature_layers) {
+                const float* src = &feats[(size_t(slot_of[size_t(l)]) * n + size_t(out_rows[i])) * H];
+                out->features.insert(out->features.end(), src, src + H);
+            }
+        for (size_t i = 0; i < R && req.top_k > 0; ++i) {
+            const float* row = &logits[i * V];
+            const float mx = *std::max_element(row, row + V);
+            double sum = 0;
+            for (size_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - mx);
+            const float lse = mx + float(std::log(sum));
+            std::vector<int> idx(V);
+            std::iota(idx.begin(), idx.end(), 0);
+            std::partial_sort(idx.begin(), idx.begin() + req.top_k, idx.end(), [&](int a, int b) {
+                return row[a] > row[b] || (row[a] == row[b] && a < b);
+            });
+            for (int k = 0; k < req.top_k; ++k) {
+                out->top_ids.push_back(idx[size_t(k)]);
+                out->top_logprobs.push_back(row[idx[size_t(k)]] - lse);
+            }
+        }
+        if (req.want_logits) out->logits = std::move(logits);
+        pending_n_ = n;
+        pending_parent_ = std::move(parent);
+        pending_positions_ = req.positions;
+    }
+
+    // Commit (backend.h): gpu::commit_path (KV rows compacted, DeltaNet and conv state set to the last row's).
+    void commit(const std::vector<int>& path) override {
+        gpu::ContextScope bind(ctx_);
+        const int n = pending_n_;
+        if (n == 0) fail("bad_request", "commit without a verify before it (or after a forward that discarded it)");
+        for (size_t i = 0; i < path.size(); ++i) {
+            const int r = path[i];
+            if (r < 0 || r >= n) fail("bad_request", "commit: row " + std::to_string(r) + " outside the verify's rows");
+            const int want_parent = i == 0 ? -1 : path[i - 1];
+            if (pending_parent_[size_t(r)] != want_parent)
+                fail("bad_request", "commit: row " + std::to_string(r) + " is not the child of the previous row of the path");
+            if (pending_positions_[size_t(r)] != len_ + int(i))
+                fail("bad_request", "commit: row " + std::to_string(r) + " has position " +
+                                        std::to_string(pending_positions_[size_t(r)]) + ", not " + std::to_string(len_ + int(i)));
+        }
+        const int m = int(path.size());
+        if (m > 0) {
+            GPU_CHECK(gpuMemcpyAsync(vws_.path, path.data(), sizeof(int) * path.size(), gpuMemcpyHostToDevice, s_));
+            gpu::commit_path(cfg_, vws_, vcaches(), len_, m, s_);
+        }
+        len_ += m;
+        GPU_CHECK(gpuMemcpyAsync(d_pos_, &len_, sizeof(int), gpuMemcpyHostToDevice, s_));
+        GPU_CHECK(gpuStreamSynchronize(s_));
+        GPU_CHECK(gpuGetLastError());
+        pending_n_ = 0;
+        have_next_ = false;  // d_next_ holds no argmax of the committed sequence's last token
+    }
+
+    void export_state(SequenceState* out) const override {
+        GPU_CHECK(gpuStreamSynchronize(s_));
+        const int hd = cfg_.head_dim, nkv = cfg_.n_kv_heads;
+        const size_t krow = dtype_row_bytes(kt_, size_t(hd)), vrow = dtype_row_bytes(vt_, size_t(hd));
+        out->length = len_;
+        out->k.assign(size_t(cfg_.n_layers), {});
+        out->v.assign(size_t(cfg_.n_layers), {});
+        out->recurrent.assign(size_t(cfg_.n_layers), {});
+        out->conv.assign(size_t(cfg_.n_layers), {});
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            const size_t li = size_t(l);
+            if (cfg_.is_attention(l)) {
+                std::vector<uint8_t> kb(size_t(len_) * nkv * krow), vb(size_t(len_) * nkv * vrow);
+                GPU_CHECK(gpuMemcpy(kb.data(), kc_[li], kb.size(), gpuMemcpyDeviceToHost));
+                GPU_CHECK(gpuMemcpy(vb.data(), vc_[li], vb.size(), gpuMemcpyDeviceToHost));
+                out->k[li].resize(size_t(len_) * nkv * hd);
+                out->v[li].resize(size_t(len_) * nkv * hd);
+                for (size_t r = 0; r < size_t(len_) * nkv; ++r) {
+                    decode_row(kt_, &kb[r * krow], &out->k[li][r * hd], size_t(hd));
+                    decode_row(vt_, &vb[r * vrow], &out->v[li][r * hd], size_t(hd));
+                }
+            } else {
+                out->recurrent[li].resize(state_elems());
+                out->conv[li].resize(conv_elems());
+                GPU_CHECK(gpuMemcpy(out->recurrent[li].data(), ssm_[li], sizeof(float) * state_elems(), gpuMemcpyDeviceToHost));
+                GPU_CHECK(gpuMemcpy(out->conv[li].data(), conv_[li], sizeof(float) * conv_elems(), gpuMemcpyDeviceToHost));
+            }
+        }
+    }
+
+    MemoryReport memory() const override {
+        MemoryReport m;
+        m.weights = weight_bytes_;
+        const size_t krow = dtype_row_bytes(kt_, size_t(cfg_.head_dim)), vrow = dtype_row_bytes(vt_, size_t(cfg_.head_dim));
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            if (cfg_.is_attention(l))
+                m.kv_cache += uint64_t(max_ctx_) * cfg_.n_kv_heads * (krow + vrow);
+            else
+                m.recurrent_state += sizeof(float) * (state_elems() + conv_elems());
+        }
+        m.verify_bytes_per_node = gpu::VerifyWorkspace::commit_bytes_per_row(cfg_);
+        m.max_verify_rows = max_ctx_;  // rows use the KV cache's tail; the workspace grows per verify
+        return m;
+    }
+
     void timer_start() override {
         stop_event_ = nullptr;
         GPU_CHECK(gpuEventRecord(ev0_, s_));
@@ -248,6 +437,11 @@ public:
     }
 
 private:
+    static bool plain_kv(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+    size_t state_elems() const { return size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim; }
+    size_t conv_elems() const { return size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1); }
+    gpu::VerifyCaches vcaches() { return gpu::VerifyCaches{kc_, vc_, kt_, vt_, ssm_, conv_}; }
+
     // Whether the fused graph's input, d_next_, already holds `token`: the previous step's argmax, as read back.
     bool next_holds(int token) const { return fused_ && have_next_ && token == last_next_; }
 
@@ -409,6 +603,7 @@ private:
         gpu::decode_finish(d_key_, d_next_, d_pos_, host_ring_, kRing - 1, s_);
     }
 
+    gpu::DeviceContext ctx_;  // the ops' limits and scratch (gpu_ops.h), this backend's alone: bound in every entry point
     int device_;
     gpuStream_t s_;
     gpuEvent_t ev0_, ev1_;
@@ -436,7 +631,12 @@ private:
     Qwen35Config cfg_;
     Qwen35Weights w_;
     std::vector<void*> allocations_;
-    uint64_t allocated_ = 0, matrix_bytes_ = 0;
+    uint64_t allocated_ = 0, matrix_bytes_ = 0, weight_bytes_ = 0;
+    gpu::VerifyWorkspace vws_;               // the verify forward's rows and what commit reads
+    float* feat_ = nullptr;                  // verify: feature layers' rows, [slots, n, hidden]
+    size_t feat_cap_ = 0;                    // floats
+    int pending_n_ = 0;                      // rows of the last verify, until commit or another forward
+    std::vector<int> pending_parent_, pending_positions_;
     int max_ctx_ = 0, len_ = 0;
     DType kt_ = DType::BF16, vt_ = DType::BF16;
     std::vector<void*> kc_, vc_;

@@ -54,7 +54,7 @@ bool VerifyWorkspace::ensure(const ModelConfig& cfg, int n, const std::function<
 }
 
 void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspace& ws, const VerifyCaches& c, int len,
-                   int n, gpuStream_t s) {
+                   int n, gpuStream_t s, const std::vector<float*>& features) {
     const int H = cfg.hidden, I = cfg.intermediate;
     embed(ws.tokens, n, W(w.embed), H, ws.x, s);
     for (int l = 0; l < cfg.n_layers; ++l) {
@@ -84,6 +84,8 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
         matmul(ws.h, n, H, W(L.gate_up), 2 * I, ws.big, false, s);
         silu_mul(ws.big, n, I, ws.act, s);
         matmul(ws.act, n, I, W(L.down), H, ws.x, true, s);
+        if (li < features.size() && features[li])
+            GPU_CHECK(gpuMemcpyAsync(features[li], ws.x, sizeof(float) * size_t(n) * H, gpuMemcpyDeviceToDevice, s));
     }
     rmsnorm(ws.x, F(w.final_norm), ws.h, n, H, cfg.eps, s);
     matmul(ws.h, n, H, W(w.lm_head), cfg.vocab, ws.logits, false, s);

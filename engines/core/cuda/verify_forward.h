@@ -37,9 +37,10 @@ struct VerifyCaches {
 
 // Rows: ws.tokens, ws.positions, ws.parent, ws.visible hold n rows (uploaded by the caller); their K/V
 // go to cache slots len..len+n-1. Leaves logits [n, vocab] in ws.logits and the argmax per row in
-// ws.argmax; the committed state is read, not written.
+// ws.argmax; the committed state is read, not written. features: empty, or one pointer a layer, where not
+// null a [n, hidden] buffer that receives the residual stream after that layer (HF's hidden_states[l + 1]).
 void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspace& ws, const VerifyCaches& c, int len,
-                   int n, gpuStream_t s);
+                   int n, gpuStream_t s, const std::vector<float*>& features = {});
 // ws.path holds the accepted rows (root first, m of them): KV rows compacted to slots len..len+m-1,
 // DeltaNet and conv states set to the last row's.
 void commit_path(const ModelConfig& cfg, VerifyWorkspace& ws, const VerifyCaches& c, int len, int m, gpuStream_t s);

@@ -237,6 +237,94 @@ __global__ void delta_tree_kernel(const float* qkv, int ld, int n, int hk, int h
     }
 }
 
+// The split form of delta_tree_kernel, for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates, the
+// pair coefficients and the per-column solve as three kernels, the solve spread over hv * dv / 16 blocks
+// instead of hv (the one-block-a-head kernel above leaves most of the GPU idle and is serial over rows).
+
+// One thread per value head: gamma_t = gamma_parent + g_t, in row order (parents come first).
+__global__ void delta_tree_gamma_kernel(int n, int hv, const float* g, const int* parent, float* gamma) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= hv) return;
+    for (int t = 0; t < n; ++t)
+        gamma[size_t(t) * hv + h] = (parent[t] >= 0 ? gamma[size_t(parent[t]) * hv + h] : 0.f) + g[size_t(t) * hv + h];
+}
+
+// grid (n, hv), one warp per pair: row t of A and B (delta_tree_kernel's), zero outside the row's ancestors
+// (so the solve sums without the mask), and the k copy for commit.
+__global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk, const float* beta,
+                                        const unsigned char* visible, const float* gamma, float* k_keep, float* scratch) {
+    const int t = blockIdx.x, h = blockIdx.y, kh = h / (hv / hk), kd = hk * dk;
+    const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP, nw = blockDim.x / LB_WARP;
+    float* A = scratch + size_t(h) * 2 * n * n + size_t(t) * n;
+    float* B = A + size_t(n) * n;
+    const float* qt = qkv + size_t(t) * ld + kh * dk;
+    const float* kt = qkv + size_t(t) * ld + kd + kh * dk;
+    if (h % (hv / hk) == 0)  // one value head per key head keeps the k copy
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) k_keep[size_t(t) * kd + kh * dk + i] = kt[i];
+    const float gt = gamma[size_t(t) * hv + h], bt = beta[size_t(t) * hv + h];
+    for (int s = warp; s < n; s += nw) {
+        if (s > t || !visible[size_t(t) * n + s]) {
+            if (lane == 0) { A[s] = 0.f; B[s] = 0.f; }
+            continue;
+        }
+        const float* ks = qkv + size_t(s) * ld + kd + kh * dk;
+        float a = 0, b = 0;
+        for (int i = lane; i < dk; i += LB_WARP) { a += kt[i] * ks[i]; b += qt[i] * ks[i]; }
+        a = warp_sum(a);
+        b = warp_sum(b);
+        if (lane == 0) {
+            const float decay = expf(gt - gamma[size_t(s) * hv + h]);
+            A[s] = s < t ? bt * a * decay : 0.f;
+            B[s] = b * decay;
+        }
+    }
+}
+
+// grid (hv, dv / 16), 256 threads: 16 columns a block, 16 lanes a column. Rows in order: lane l holds state
+// rows i = l + 16 m of its column; S^T k_t and S^T q_t are summed over the 16 lanes, then
+//   u_t = beta_t v_t - beta_t e^{gamma_t} S^T k_t - sum_{s < t} A[t][s] u_s
+//   o_t = e^{gamma_t} S^T q_t + sum_{s <= t} B[t][s] u_s
+// with the sums over s split across the lanes (lane l takes s = l mod 16, and keeps those u_s: it wrote them).
+constexpr int DT_LANES = 16;
+__global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
+                                                              int dv, const float* beta, const float* gamma,
+                                                              const float* state, const float* scratch, float* out,
+                                                              float* u) {
+    const int h = blockIdx.x, kh = h / (hv / hk), kd = hk * dk;
+    const int lane = threadIdx.x % DT_LANES, j = blockIdx.y * (256 / DT_LANES) + threadIdx.x / DT_LANES;
+    const int per = dk / DT_LANES;  // <= 16
+    const float* A = scratch + size_t(h) * 2 * n * n;
+    const float* B = A + size_t(n) * n;
+    float sr[256 / DT_LANES];
+    for (int m = 0; m < 256 / DT_LANES; ++m)
+        sr[m] = m < per ? state[(size_t(h) * dk + lane + DT_LANES * m) * dv + j] : 0.f;
+    auto group_sum = [&](float v) {
+        for (int o = DT_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+        return v;
+    };
+    for (int t = 0; t < n; ++t) {
+        const float* qt = qkv + size_t(t) * ld + kh * dk;
+        const float* kt = qkv + size_t(t) * ld + kd + kh * dk;
+        float sk = 0, sq = 0;
+        for (int m = 0; m < per; ++m) {
+            const int i = lane + DT_LANES * m;
+            sk += sr[m] * kt[i];
+            sq += sr[m] * qt[i];
+        }
+        sk = group_sum(sk);
+        sq = group_sum(sq);
+        const float bt = beta[size_t(t) * hv + h], eg = expf(gamma[size_t(t) * hv + h]);
+        float sub = 0;
+        for (int s = lane; s < t; s += DT_LANES) sub += A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+        const float ut = bt * qkv[size_t(t) * ld + 2 * kd + h * dv + j] - bt * eg * sk - group_sum(sub);
+        if (lane == t % DT_LANES) u[(size_t(t) * hv + h) * dv + j] = ut;
+        float acc = lane == t % DT_LANES ? B[size_t(t) * n + t] * ut : 0.f;
+        for (int s = lane; s < t; s += DT_LANES) acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+        acc = group_sum(acc);
+        if (lane == 0) out[(size_t(t) * hv + h) * dv + j] = eg * sq + acc;
+    }
+}
+
 // grid (hv, dk): block (h, i) updates row i of head h's state.
 __global__ void delta_tree_commit_kernel(const float* k, const float* u, const float* gamma, int hk, int hv, int dk,
                                          int dv, const int* path, int m, float* state) {
@@ -332,6 +420,13 @@ size_t delta_tree_scratch(int n, int hv) { return size_t(hv) * 2 * n * n; }
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
                 float* gamma, float* k_keep, float* scratch, gpuStream_t s) {
+    if (dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
+        delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
+        delta_tree_pairs_kernel<<<dim3(n, hv), 128, 0, s>>>(qkv, ld, n, hk, hv, dk, beta, visible, gamma, k_keep, scratch);
+        delta_tree_cols_kernel<<<dim3(hv, dv / (256 / DT_LANES)), 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma,
+                                                                             state, scratch, out, u);
+        return;
+    }
     delta_tree_kernel<<<hv, threads_for(dv), 0, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, parent, visible, state, out,
                                                       u, gamma, k_keep, scratch);
 }
