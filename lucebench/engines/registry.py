@@ -98,6 +98,10 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
         argv += ["--keep-ratio", repr(req.keep_ratio)]
     if req.options.get("verify") == "chain":
         argv.append("--chain")
+    if req.options.get("top_k") is not None:
+        argv += ["--top-k", str(req.options["top_k"])]
+    if req.options.get("chain_seed") is not None:
+        argv += ["--chain-seed", "on" if req.options["chain_seed"] else "off"]
     return argv
 
 
@@ -107,7 +111,11 @@ def _launch_bundled(name: str) -> Callable[[LaunchRequest], EngineLaunch]:
 
         arch = req.options.get("arch")
         exe = build_engine(name, backend=req.backend, arch=arch, console=req.console)
-        return EngineLaunch(argv=_bundled_argv(exe, req), build=build_info(name, backend=req.backend, arch=arch))
+        # What the config chose besides the build (draft, verify, top_k, ...) is recorded with the build; the
+        # engine's ready line records the values it actually uses (defaults included).
+        chosen = {k: v for k, v in req.options.items() if k != "arch"}
+        build = build_info(name, backend=req.backend, arch=arch) | ({"options": chosen} if chosen else {})
+        return EngineLaunch(argv=_bundled_argv(exe, req), build=build)
     return launch
 
 

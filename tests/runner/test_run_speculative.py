@@ -37,7 +37,7 @@ def _config(tmp_path: Path, model: Path) -> Path:
           target: {{path: {model}}}
           draft: {{synth: {{draft_for: target, seed: 1, dtype: fp32}}}}
         engines:
-          dflash-tree: {{type: dflash, options: {{draft: draft, budget: 22}}}}
+          dflash-tree: {{type: dflash, options: {{draft: draft, budget: 22, top_k: 3, chain_seed: false}}}}
           dflash-chain: {{type: dflash, options: {{draft: draft, verify: chain}}}}
         matrix:
           engine: [dflash-tree, dflash-chain]
@@ -95,6 +95,13 @@ def test_dflash_runs_with_a_synthetic_draft(tmp_path, tiny_model):
     for cell in cells.values():
         spec = cell.samples[0].spec
         assert spec is not None and sum(spec.al_histogram) == spec.draft_steps >= 1
+    # top_k and chain_seed: chosen in the config (engine.build), used by the engine (its ready line).
+    tree = cells["dflash-tree/target/tg8/kvbf16/b22"]
+    assert tree.engine.build["options"] == {"draft": "draft", "budget": 22, "top_k": 3, "chain_seed": False}
+    assert tree.engine.ready["engine"]["options"]["top_k"] == 3
+    assert tree.engine.ready["engine"]["options"]["chain_seed"] is False
+    chain = cells["dflash-chain/target/tg8/kvbf16"].engine.ready["engine"]["options"]
+    assert chain["chain_seed"] is True and chain["top_k"] == 1
 
 
 def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_model, monkeypatch):
@@ -135,6 +142,7 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
     assert len(cell_launches) == 4
     tree = next(f for f in cell_launches if "--budget" in f and f[f.index("--budget") + 1] == "22")
     assert tree[tree.index("--draft") + 1] == draft.path and "--chain" not in tree
+    assert tree[tree.index("--top-k") + 1] == "3" and tree[tree.index("--chain-seed") + 1] == "off"
     chain = [f for f in cell_launches if "--chain" in f]
     assert len(chain) == 2 and any("--budget" not in f for f in chain)
     # The reply's spec counts became typed samples and metrics: 8 decode tokens in rounds of 3, 3 and 2.
