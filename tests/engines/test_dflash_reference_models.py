@@ -65,6 +65,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def test_chain_rounds_equal_the_reference_loop(dflash_exe, ar_exe, prompts, stop_ids, tmp_path, monkeypatch):
     import torch
+
     from lucebench.models.dflash_reference import load_pair, speculative_greedy
 
     torch.set_num_threads(1)
