@@ -24,7 +24,8 @@ def _dry_run(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
 
 def test_configs_are_found():
     assert {p.name for p in CONFIGS} >= {"cpu-smoke.yaml", "rtx3090.yaml", "rtx3090-synthetic.yaml",
-                                         "h100-dflash.yaml", "h200-dflash.yaml", "cpu-dflash.yaml"}
+                                         "h100-dflash.yaml", "h200-dflash.yaml", "cpu-dflash.yaml",
+                                         "cpu-dflash-reference.yaml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
