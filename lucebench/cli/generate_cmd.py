@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from lucebench.cli import app
+from lucebench.engines.options import MAX_TOP_K
 from lucebench.errors import EngineError, UserError
 
 
@@ -48,6 +49,9 @@ def generate(
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="dflash: DDTree node budget"),
     keep_ratio: Optional[float] = typer.Option(None, "--keep-ratio", help="pflash: share of the prompt kept, in (0, 1]"),
     chain: bool = typer.Option(False, "--chain", help="dflash: verify the top-1 chain instead of a tree"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=MAX_TOP_K, help="dflash: DDTree candidates per depth"),
+    chain_seed: Optional[str] = typer.Option(None, "--chain-seed",
+                                             help="dflash: on|off, grow the tree from the top-1 chain"),
 ) -> None:
     """One greedy generation (ignore EOS, exactly --n-gen tokens); speculative engines take a second model."""
     from lucebench.engines.detect import detect_backend
@@ -58,8 +62,11 @@ def generate(
         raise UserError(f"unknown engine {engine!r}", hint=f"engines: {', '.join(sorted(ENGINE_TYPES))}")
     engine_type = ENGINE_TYPES[engine]
     # The speculative flags, as the engine type's typed options (a flag it does not take is refused here).
+    if chain_seed is not None and chain_seed not in ("on", "off"):
+        raise UserError(f"--chain-seed is on or off, got {chain_seed!r}", where="--chain-seed")
     given = {"draft": draft, "drafter": drafter, "budget": budget, "keep_ratio": keep_ratio,
-             "verify": "chain" if chain else None}
+             "verify": "chain" if chain else None, "top_k": top_k,
+             "chain_seed": None if chain_seed is None else chain_seed == "on"}
     for key, value in given.items():
         if value is not None and key not in engine_type.options:
             flag = "--chain" if key == "verify" else "--" + key.replace("_", "-")

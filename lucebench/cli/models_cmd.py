@@ -88,11 +88,13 @@ def _synth_draft(target: Path, out: Path, *, seed: int, dtype: str) -> None:
 def fetch(
     repo_id: str = typer.Argument(..., help="hub repository, e.g. Qwen/Qwen3.5-0.8B"),
     revision: Optional[str] = typer.Option(None, "--revision", help="branch, tag or commit"),
+    include: Optional[list[str]] = typer.Option(None, "--include",
+                                                help="only files matching this glob (repeatable), e.g. one GGUF"),
 ) -> None:
-    """Download a model into the standard Hugging Face cache."""
+    """Download a model (or some of its files) into the standard Hugging Face cache."""
     from lucebench.models.resolve import fetch_model
 
-    path = fetch_model(repo_id, revision)
+    path = fetch_model(repo_id, revision, include)
     print(path)
 
 

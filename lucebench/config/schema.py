@@ -61,6 +61,9 @@ class ModelSource(_Strict):
     path: str | None = None
     hub: str | None = None
     revision: str | None = None
+    file: str | None = Field(None, description="with hub: one file of the repository, e.g. a GGUF")
+    tokenizer: str | None = Field(None, description="a hub repository or folder with the tokenizer.json that "
+                                  "prompts are encoded with, for a model that is a single GGUF file")
     synth: SynthSpec | None = None
 
     @model_validator(mode="after")
@@ -68,6 +71,10 @@ class ModelSource(_Strict):
         given = [k for k in ("path", "hub", "synth") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of 'path', 'hub' or 'synth' (got {given or 'none'})")
+        if self.file is not None and self.hub is None:
+            raise ValueError("'file' names a file of a hub repository: give it with 'hub'")
+        if self.tokenizer is not None and self.synth is not None:
+            raise ValueError("a synthetic model has its own tokenizer: leave 'tokenizer' out")
         return self
 
 

@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lucebench.errors import UserError
 
+# DDTree candidates per depth: a draft's distribution is a vocabulary row, but more than a few hundred
+# candidates per depth never enter a budget-bounded tree (best-first pops at most `budget` of them).
+MAX_TOP_K = 4096
+
 
 class OptionsBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,6 +51,11 @@ class DFlashOptions(BundledOptions):
     draft: str = Field(description="the `models:` entry of the DFlash draft (z-lab layout or GGUF)")
     budget: int | None = Field(None, ge=1, description="DDTree node budget; the matrix axis `budget` overrides it")
     verify: Literal["tree", "chain"] = Field("tree", description="DDTree verification, or the top-1 chain only")
+    top_k: int | None = Field(None, ge=1, le=MAX_TOP_K,
+                              description="DDTree candidates per depth (the tree uses min(budget, top_k)); "
+                              "default: the engine's, 8")
+    chain_seed: bool | None = Field(None, description="insert the top-1 chain before growing the tree best-first "
+                                    "(`--chain-seed on|off`); default: the engine's, on")
 
 
 class PFlashOptions(BundledOptions):

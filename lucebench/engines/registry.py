@@ -63,6 +63,8 @@ class EngineType:
     options_model: type[OptionsBase] = BundledOptions  # the typed options the config may set
     description: str = ""
     executable: str | None = None  # a bundled engine's CMake executable (engines/), which must exist to run
+    # The backends its executable computes on today, where fewer than `backends` (what configs may name).
+    runs_on: frozenset[str] | None = None
 
     @property
     def options(self) -> frozenset[str]:
@@ -73,6 +75,13 @@ class EngineType:
     def second_model_option(self) -> str | None:
         """The option naming a second `models:` entry (dflash: draft, pflash: drafter), if any."""
         return SECOND_MODEL_OPTION.get(self.options_model)
+
+    def not_on(self, backend: str) -> str | None:
+        """Why this engine's cells are skipped on `backend` although configs may name it there, or None."""
+        if self.runs_on is not None and backend not in self.runs_on:
+            return (f"{self.name} runs on the {', '.join(sorted(self.runs_on))} backend only so far; its {backend} "
+                    "cells are skipped (docs/engines.md)")
+        return None
 
     def unavailable(self) -> str | None:
         """Why this engine cannot run from this checkout (a bundled engine without an executable), or None."""
@@ -98,6 +107,10 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
         argv += ["--keep-ratio", repr(req.keep_ratio)]
     if req.options.get("verify") == "chain":
         argv.append("--chain")
+    if req.options.get("top_k") is not None:
+        argv += ["--top-k", str(req.options["top_k"])]
+    if req.options.get("chain_seed") is not None:
+        argv += ["--chain-seed", "on" if req.options["chain_seed"] else "off"]
     return argv
 
 
@@ -107,7 +120,11 @@ def _launch_bundled(name: str) -> Callable[[LaunchRequest], EngineLaunch]:
 
         arch = req.options.get("arch")
         exe = build_engine(name, backend=req.backend, arch=arch, console=req.console)
-        return EngineLaunch(argv=_bundled_argv(exe, req), build=build_info(name, backend=req.backend, arch=arch))
+        # What the config chose besides the build (draft, verify, top_k, ...) is recorded with the build; the
+        # engine's ready line records the values it actually uses (defaults included).
+        chosen = {k: v for k, v in req.options.items() if k != "arch"}
+        build = build_info(name, backend=req.backend, arch=arch) | ({"options": chosen} if chosen else {})
+        return EngineLaunch(argv=_bundled_argv(exe, req), build=build)
     return launch
 
 
@@ -127,8 +144,15 @@ def _launch_llamacpp(req: LaunchRequest) -> EngineLaunch:
     from lucebench.baselines.llamacpp import build_llamacpp, command, prepare_gguf
 
     build = build_llamacpp(backend=req.backend, arch=req.options.get("arch"), console=req.console)
-    gguf_type = req.options.get("gguf", "f16" if req.backend == "cpu" else "bf16")
-    gguf = prepare_gguf(req.model_dir, dtype=gguf_type, build=build, console=req.console)
+    if Path(req.model_dir).is_file():  # the model is a GGUF already (a published quantisation): run that file
+        if req.options.get("gguf") is not None:
+            raise UserError(f"engine {req.engine!r}: option gguf: {req.options['gguf']!r} converts a checkpoint "
+                            f"folder, but the model is the GGUF file {Path(req.model_dir).name}",
+                            where=f"config engines.{req.engine}.options.gguf", hint="leave `gguf` out")
+        gguf_type, gguf = "as published", Path(req.model_dir)
+    else:
+        gguf_type = req.options.get("gguf", "f16" if req.backend == "cpu" else "bf16")
+        gguf = prepare_gguf(req.model_dir, dtype=gguf_type, build=build, console=req.console)
     argv = command(
         gguf, build=build, mode=req.options.get("mode", "server"), ctx=req.max_ctx,
         kv_k=req.kv_k or "f16", kv_v=req.kv_v or req.kv_k or "f16",
@@ -164,7 +188,8 @@ ENGINE_TYPES: dict[str, EngineType] = {
         EngineType("dflash", "bundled", frozenset({"budget", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("dflash"), DFlashOptions,
                    "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft",
-                   "lucebench-dflash"),
+                   # The GPU backend has no verify forward and the draft no GPU code yet.
+                   "lucebench-dflash", runs_on=frozenset({"cpu"})),
         # CPU only for now: the drafter's scored forward (the importance) has no GPU form yet.
         EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu"}),
                    _launch_bundled("pflash"), PFlashOptions,

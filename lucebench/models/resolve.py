@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +78,60 @@ def resolve_model(spec: Any, *, console: Any = None) -> ResolvedModel:
     if "path" in d:
         return _resolve_path(str(d["path"]))
     if "hub" in d:
+        if d.get("file"):
+            return _resolve_hub_file(str(d["hub"]), str(d["file"]), d.get("revision"))
         return _resolve_hub(str(d["hub"]), d.get("revision"))
     return _resolve_synth(dict(d["synth"]), console=console)
+
+
+def fetch_command(repo_id: str, revision: str | None = None, include: list[str] | None = None) -> str:
+    """The `lucebench models fetch` command line that puts a repository (or some of its files) in the cache."""
+    return (f"lucebench models fetch {repo_id}" + (f" --revision {revision}" if revision else "")
+            + "".join(f" --include {shlex.quote(pattern)}" for pattern in include or []))
+
+
+def _resolve_hub_file(repo_id: str, filename: str, revision: str | None) -> ResolvedModel:
+    """One file of a hub repository (a GGUF checkpoint), from the cache only."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        local = hf_hub_download(repo_id, filename, revision=revision, local_files_only=True)
+    except HFValidationError as exc:
+        raise UserError(f"{repo_id!r} is not a valid hub repository id: {exc}", where="model.hub") from None
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        raise UserError(f"{filename} of {repo_id} is not in the Hugging Face cache", where="model.file",
+                        hint=f"download it with `{fetch_command(repo_id, revision, [filename])}`") from None
+    path = Path(local)  # the snapshot's link, which keeps the file's name (a blob is named by its hash)
+    return ResolvedModel(path=path, kind="hub", name=f"{repo_id}/{filename}", repo_id=repo_id,
+                         revision=revision or path.parent.name)
+
+
+def resolve_tokenizer(source: str) -> Path:
+    """The folder holding tokenizer.json named by a model's `tokenizer:` (a local folder or a cached hub repo)."""
+    local = Path(source).expanduser()
+    if local.is_dir():
+        folder = local
+    else:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+        try:
+            folder = Path(snapshot_download(source, local_files_only=True))
+        except HFValidationError:
+            raise UserError(f"tokenizer {source!r} is neither a folder nor a hub repository id",
+                            where="model.tokenizer") from None
+        except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+            raise UserError(f"tokenizer {source} is not in the Hugging Face cache", where="model.tokenizer",
+                            hint=f"download it with `{fetch_command(source, None, TOKENIZER_FILES)}`") from None
+    if not (folder / "tokenizer.json").is_file():
+        raise UserError(f"tokenizer {source}: {folder} has no tokenizer.json", where="model.tokenizer",
+                        hint=f"download it with `{fetch_command(source, None, TOKENIZER_FILES)}`")
+    return folder
+
+
+# What a tokenizer-only download of a hub repository fetches (the tokenizer, its config, the chat template).
+TOKENIZER_FILES = ["tokenizer*", "*.jinja", "config.json", "generation_config.json"]
 
 
 def _resolve_path(raw: str) -> ResolvedModel:
@@ -271,8 +324,9 @@ def hash_model_files(path: Path | str, *, memo_path: Path | None = None) -> dict
 
 
 # ------------------------------------------------------------------------------------------------ fetch
-def fetch_model(repo_id: str, revision: str | None = None) -> Path:
-    """Download ``repo_id`` into the standard Hugging Face cache (huggingface_hub.snapshot_download).
+def fetch_model(repo_id: str, revision: str | None = None, include: list[str] | None = None) -> Path:
+    """Download ``repo_id`` (only the files matching ``include``'s glob patterns, when given) into the
+    standard Hugging Face cache (huggingface_hub.snapshot_download).
 
     Raises UserError with one line when offline, the repository does not exist, or access is denied.
     """
@@ -286,7 +340,7 @@ def fetch_model(repo_id: str, revision: str | None = None) -> Path:
     )
 
     try:
-        return Path(snapshot_download(repo_id, revision=revision))
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=include or None))
     except HFValidationError as exc:
         raise UserError(f"{repo_id!r} is not a valid hub repository id: {exc}", where="REPO_ID") from None
     except GatedRepoError:

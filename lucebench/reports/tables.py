@@ -151,6 +151,9 @@ def ar_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
     return cands[0] if cands else None
 
 
+UPSTREAM_BUDGET = 22  # the DDTree budget of upstream's published DFlash table
+
+
 def headline_budget(spec: Sequence[CellView]) -> Any:
     """The budget most suites share (the upstream table's 22); None when no cell has a budget."""
     per_suite: dict[str, set[Any]] = {}
@@ -161,7 +164,9 @@ def headline_budget(spec: Sequence[CellView]) -> Any:
     if not counts:
         return None
     top = max(counts.values())
-    return min(b for b, n in counts.items() if n == top)
+    tied = [b for b, n in counts.items() if n == top]
+    # A sweep puts every budget in every suite: then the table shows upstream's headline budget if swept.
+    return UPSTREAM_BUDGET if UPSTREAM_BUDGET in tied else min(tied)
 
 
 def _speedup_text(v: CellView, partner: CellView | None) -> str:
@@ -183,6 +188,8 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
     if hb is not None:
         spec = [v for v in spec if v.cell.params.get("budget", hb) == hb]
     label_keys = ["suite"] + [k for k in C.varying_keys(spec, exclude=["suite", "budget", "gpu"]) if k != "suite"]
+    if len({v.engine for v in spec}) > 1:  # e.g. tree and chain: varying_keys leaves the engine to the caller
+        label_keys.insert(1, "engine")
     partners = {id(v): ar_partner(v, views) for v in spec}
     ar_names = sorted({p.engine for p in partners.values() if p is not None})
     spec_names = sorted({v.engine for v in spec})
@@ -480,12 +487,13 @@ def environment_rows(result: Result, key: str | None = None) -> list[tuple[str, 
     commit = env.lucebench_commit or NA
     dirty = " (dirty tree)" if env.lucebench_dirty else ""
     rows.append(("lucebench", f"{env.lucebench_version}, commit {commit}{dirty}, metrics {result.metrics_version}"))
-    models: dict[str, bool] = {}
+    models: dict[tuple[str, str], bool] = {}  # (role, name) -> synthetic; a speculative cell's second model too
     for c in cells:
-        if c.model is not None:
-            models[c.model.name] = models.get(c.model.name, False) or c.model.synthetic
-    for name, synthetic in models.items():
-        rows.append(("model", name + (" — synthetic weights (random; speed only, not quality)" if synthetic else "")))
+        for role, m in (("model", c.model), ("draft model", c.draft_model)):
+            if m is not None:
+                models[role, m.name] = models.get((role, m.name), False) or m.synthetic
+    for (role, name), synthetic in models.items():
+        rows.append((role, name + (" — synthetic weights (random; speed only, not quality)" if synthetic else "")))
     # The engine build's source hash (bundled engines) names the sources that ran even where the lucebench
     # commit above cannot (a copied tree whose git metadata lags its files); several when a resumed run
     # measured cells with different builds.
@@ -508,7 +516,7 @@ def environment_rows(result: Result, key: str | None = None) -> list[tuple[str, 
 
 def any_synthetic(result: Result) -> bool:
     """True when any cell of the result used synthetic (random) weights."""
-    return any(c.model is not None and c.model.synthetic for c in result.cells)
+    return any(m is not None and m.synthetic for c in result.cells for m in (c.model, c.draft_model))
 
 
 def all_tables(views: Sequence[CellView]) -> list[Table]:

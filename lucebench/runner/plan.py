@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
 from lucebench.config.schema import Config
 from lucebench.engines.registry import ENGINE_TYPES
 from lucebench.matrix import CellSpec
+from lucebench.models.resolve import TOKENIZER_FILES, fetch_command
 
 # Rough throughputs used only for the estimate (tok/s prefill, tok/s decode, seconds to load).
 _ROUGH = {"cpu": (2_000.0, 100.0, 5.0), "cuda": (20_000.0, 300.0, 20.0), "hip": (10_000.0, 200.0, 20.0)}
@@ -44,15 +47,18 @@ def _cell_seconds(config: Config, backend: str, spec: CellSpec) -> float | None:
         return None  # hub or synthetic models may not exist yet: their tokenizer sizes dataset prompts
     try:
         model = ModelCache(config).get(spec.model)
-        w = WorkloadCache(config).get(spec, model.path)
+        w = WorkloadCache(config).get(spec, model.tokenizer_dir)
     except Exception:  # noqa: BLE001 - the plan must print even if a model is missing; the run reports it
         return None
     per_pass = sum(len(p.token_ids) / pp + max(w.n_gen - 1, 0) / tg for p in w.prompts)
     return load + per_pass * passes_of(len(w.prompts))
 
 
-def skip_reason(config: Config, spec: CellSpec, *, allow_power_limit: bool) -> str | None:
+def skip_reason(config: Config, spec: CellSpec, *, allow_power_limit: bool, backend: str) -> str | None:
     """Why a run with these flags would skip the cell without measuring it (None: it runs)."""
+    not_here = ENGINE_TYPES[spec.engine_type].not_on(backend)
+    if not_here is not None:
+        return not_here
     if spec.power_limit_w is not None and not (config.power.allow_set_limit and allow_power_limit):
         need = [w for w, ok in (("power.allow_set_limit: true in the config", config.power.allow_set_limit),
                                 ("--allow-power-limit", allow_power_limit)) if not ok]
@@ -71,7 +77,7 @@ def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Con
     for spec in cells:
         settings = ", ".join(f"{k}={v}" for k, v in spec.params().items()
                              if k not in ("engine", "engine_type", "model", "suite"))
-        why = skip_reason(config, spec, allow_power_limit=allow_power_limit)
+        why = skip_reason(config, spec, allow_power_limit=allow_power_limit, backend=backend)
         seconds = None if why else _cell_seconds(config, backend, spec)
         if why:
             skipped[why] = skipped.get(why, 0) + 1
@@ -85,24 +91,35 @@ def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Con
     for why, n in skipped.items():
         console.print(f"[yellow]{n} of {len(cells)} cells will be skipped:[/] {why}")
     # What CMake builds: the bundled engines, and llama.cpp for its baseline.
-    builds = sorted({c.engine_type for c in cells
-                     if ENGINE_TYPES[c.engine_type].kind == "bundled" or c.engine_type == "llama.cpp"})
+    builds = sorted({c.engine_type for c in cells if ENGINE_TYPES[c.engine_type].not_on(backend) is None
+                     and (ENGINE_TYPES[c.engine_type].kind == "bundled" or c.engine_type == "llama.cpp")})
     console.print(f"builds ({backend}): {', '.join(builds) or 'none'}")
     roles = {c.model: "model" for c in cells}
     for c in cells:
         if c.second_model is not None:
             roles.setdefault(c.second_model, "draft" if c.engine_type == "dflash" else "drafter")
+    fetches: list[str] = []
     for name in sorted(roles):
         src = config.models[name]
         if src.path:
             how = f"path {src.path}"
         elif src.hub:
-            how = f"hub {src.hub}" + (f" revision {src.revision}" if src.revision else "")
+            how = (f"hub {src.hub}" + (f" file {src.file}" if src.file else "")
+                   + (f" revision {src.revision}" if src.revision else ""))
+            fetches.append(fetch_command(src.hub, src.revision, [src.file] if src.file else None))
         else:
             assert src.synth is not None
             what = src.synth.shape or src.synth.config or f"DFlash draft for {src.synth.draft_for}"
             how = f"synthetic {what} seed {src.synth.seed} {src.synth.dtype}"
+        if src.tokenizer:
+            how += f", prompts tokenised by {src.tokenizer}"
+            if not Path(src.tokenizer).expanduser().is_dir():
+                fetches.append(fetch_command(src.tokenizer, None, TOKENIZER_FILES))
         console.print(f"{roles[name]} {name}: {how}")
+    if fetches:
+        console.print("weights from the hub (a run reads the Hugging Face cache only; fetch them first):")
+        for command in dict.fromkeys(fetches):
+            console.print(f"  {command}", soft_wrap=True, markup=False)
     pp, tg, load = _ROUGH[backend]
     note = f" (+{unknown} dataset cells not estimated: their model is not available yet)" if unknown else ""
     minutes = f"{total / 60:.1f} min" if total >= 60 else f"{total:.0f} s"

@@ -24,6 +24,7 @@ from lucebench.suites.base import PreparedWorkload
 class PreparedModel:
     path: Path
     info: ModelInfo
+    tokenizer_dir: Path  # where prompts' tokenizer.json is: the model's folder, or its `tokenizer:` source
 
 
 class ModelCache:
@@ -47,14 +48,23 @@ class ModelCache:
                     resolved = resolve_draft_synth(target, seed=source.synth.seed, dtype=source.synth.dtype,
                                                    console=self.console)
                 else:
-                    resolved = resolve_model(source.model_dump(exclude_none=True), console=self.console)
+                    resolved = resolve_model(source.model_dump(exclude_none=True, exclude={"tokenizer"}),
+                                             console=self.console)
+                tokenizer_dir = resolved.path
+                if source.tokenizer is not None:
+                    from lucebench.models.resolve import resolve_tokenizer
+
+                    tokenizer_dir = resolve_tokenizer(source.tokenizer)
             except UserError as exc:
                 exc.where = exc.where or f"config models.{name}"
                 raise
             path = Path(resolved.path)
             facts = _model_facts(path)
-            self._models[name] = PreparedModel(path=path, info=ModelInfo(
-                name=name, path=str(path), files=hash_model_files(path), synthetic=source.synth is not None
+            files = hash_model_files(path)
+            if source.tokenizer is not None:  # the prompts' token ids depend on it: recorded beside the weights
+                files["tokenizer/tokenizer.json"] = hash_model_files(tokenizer_dir / "tokenizer.json")["tokenizer.json"]
+            self._models[name] = PreparedModel(path=path, tokenizer_dir=Path(tokenizer_dir), info=ModelInfo(
+                name=name, path=str(path), files=files, synthetic=source.synth is not None
                 or (path / "lucebench_synth.json").exists(), arch=facts.get("arch"), dtype=facts.get("dtype")))
         return self._models[name]
 
@@ -163,6 +173,8 @@ def prepare_engines(config: Config, backend: str, cells: list[CellSpec], models:
     wanted: dict[tuple[str, str], CellSpec] = {}
     for spec in cells:
         engine_type, _ = resolve_engine(spec.engine, config.engines)
+        if engine_type.not_on(backend) is not None:
+            continue  # its cells are skipped with the reason
         if engine_type.kind == "bundled" or engine_type.name == "llama.cpp":
             wanted.setdefault((spec.engine, spec.model), spec)
     failures: dict[tuple[str, str], str] = {}

@@ -129,7 +129,7 @@ class Runner:
             # Resolve every model and workload first: a missing model or unknown suite is a config error
             # (exit 2) found before anything is measured, not a failure in cell 17.
             for spec in cells:
-                workloads.get(spec, models.get(spec.model).path)
+                workloads.get(spec, models.get(spec.model).tokenizer_dir)
                 if spec.second_model is not None:
                     check_second_model(spec, models.get(spec.model).path, models.get(spec.second_model).path)
             # Saved before the preparation, so that a Ctrl-C during a build leaves a run that --resume continues.
@@ -268,12 +268,15 @@ class Runner:
         measure = self.config.measure
         deadline = time.monotonic() + measure.timeout_s
         model = models.get(spec.model)
-        workload = workloads.get(spec, model.path)
+        workload = workloads.get(spec, model.tokenizer_dir)
         engine_type, options = resolve_engine(spec.engine, self.config.engines)
         log_file = self.options.out_dir / "logs" / (spec.id.replace("/", "__") + ".log")
         second = models.get(spec.second_model) if spec.second_model is not None else None
         known: dict[str, Any] = {"started": started, "model": model.info, "workload": self._workload_info(workload),
                                  "draft_model": second.info if second is not None else None}
+        not_here = engine_type.not_on(backend)
+        if not_here is not None:
+            return self._failed(spec, "skipped", not_here, status="skipped", **known)
 
         power_state = None
         if spec.gpu is not None:
@@ -364,7 +367,7 @@ class Runner:
         if self._score() and workload.kind == "dataset":
             from lucebench.runner.checks import score_cell
 
-            score_cell(cell, workload, model.path)
+            score_cell(cell, workload, model.tokenizer_dir)
         return cell
 
     def _workload_info(self, w) -> Workload:

@@ -469,3 +469,29 @@ def test_adapter_load_errors(tmp_path: Path) -> None:
     r = subprocess.run(argv[:argv.index("--build") + 1] + [str(tmp_path / "nobuild")] + argv[argv.index("--build") + 2:],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 1 and "build record" in json.loads(r.stdout)["message"]
+
+
+def test_a_gguf_model_runs_as_published(tmp_path, monkeypatch):
+    """A model that is a GGUF file (a published quantisation) is run as it is, not converted; a `gguf:` type
+    to convert to is then a config error."""
+    from types import SimpleNamespace
+
+    import lucebench.baselines.llamacpp as L
+    from lucebench.engines.registry import ENGINE_TYPES, LaunchRequest
+    from lucebench.errors import UserError
+
+    build = SimpleNamespace(to_dict=lambda: {"commit": "c"})
+    monkeypatch.setattr(L, "build_llamacpp", lambda **_: build)
+    monkeypatch.setattr(L, "prepare_gguf", lambda *a, **k: pytest.fail("a GGUF model is not converted"))
+    monkeypatch.setattr(L, "command", lambda gguf, **_: ["llama-server", "-m", str(gguf)])
+    gguf = tmp_path / "Qwen3.5-27B-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF")
+    launch = ENGINE_TYPES["llama.cpp"].launch
+    req = LaunchRequest(engine="llama.cpp-gguf", options={"mode": "server"}, model_dir=gguf, backend="cpu",
+                        device=0, max_ctx=64)
+    out = launch(req)
+    assert out.argv == ["llama-server", "-m", str(gguf)]
+    assert out.build["gguf"] == gguf.name and out.build["gguf_type"] == "as published"
+    with pytest.raises(UserError, match="option gguf: 'q4_k_m' converts a checkpoint folder"):
+        launch(LaunchRequest(engine="x", options={"gguf": "q4_k_m"}, model_dir=gguf, backend="cpu", device=0,
+                             max_ctx=64))

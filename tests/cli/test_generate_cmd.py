@@ -54,6 +54,10 @@ def test_speculative_flags(cli, tmp_path, monkeypatch):
     assert code == 2 and "engine 'ar' takes no --budget" in " ".join(err.split()) and "dflash" in err
     code, _, err = cli([*args, "--engine", "dflash", "--budget", "22"])
     assert code == 2 and "needs --draft" in err
+    code, _, err = cli([*args, "--engine", "ar", "--top-k", "3"])
+    assert code == 2 and "engine 'ar' takes no --top-k" in " ".join(err.split())
+    code, _, err = cli([*args, "--engine", "dflash", "--draft", str(draft), "--chain-seed", "maybe"])
+    assert code == 2 and "--chain-seed is on or off" in err
 
     seen = []
 
@@ -68,5 +72,9 @@ def test_speculative_flags(cli, tmp_path, monkeypatch):
     assert code == 0, err
     flags = seen[-1]
     assert flags[flags.index("--draft") + 1] == str(draft) and flags[flags.index("--budget") + 1] == "22"
-    assert "--chain" in flags
+    assert "--chain" in flags and "--top-k" not in flags and "--chain-seed" not in flags
     assert json.loads(out)["spec"]["accepted_tokens"] == 7
+    code, out, err = cli([*args, "--engine", "dflash", "--draft", str(draft), "--top-k", "3", "--chain-seed", "off"])
+    assert code == 0, err
+    flags = seen[-1]
+    assert flags[flags.index("--top-k") + 1] == "3" and flags[flags.index("--chain-seed") + 1] == "off"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,54 @@ def test_fetch_offline_is_one_clear_error(tmp_path):
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "cannot download Qwen/Qwen3.5-0.8B" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr
+
+
+def test_hub_file_and_tokenizer_found_offline_in_the_hf_cache(tmp_path):
+    """A published GGUF is one file of a hub repository (`file:`); its prompts are tokenised by another
+    repository's tokenizer.json (`tokenizer:`), whose hash is recorded beside the weights'."""
+    hub = tmp_path / "hf" / "hub"
+    commit = _fake_hub_cache(hub, "unsloth/Qwen3.5-27B-GGUF", {"Qwen3.5-27B-Q4_K_M.gguf": "GGUF...",
+                                                               "Qwen3.5-27B-Q8_0.gguf": "other"})
+    _fake_hub_cache(hub, "Qwen/Qwen3.5-27B", {"tokenizer.json": '{"tok": 1}', "config.json": "{}"})
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    code = textwrap.dedent("""\
+        from lucebench.config.schema import Config
+        from lucebench.errors import UserError
+        from lucebench.runner.prepare import ModelCache
+        config = Config.model_validate({"name": "t", "models": {
+            "t": {"hub": "unsloth/Qwen3.5-27B-GGUF", "file": "Qwen3.5-27B-Q4_K_M.gguf", "tokenizer": "Qwen/Qwen3.5-27B"},
+            "gone": {"hub": "unsloth/Qwen3.5-27B-GGUF", "file": "Qwen3.5-27B-BF16.gguf"},
+            "notok": {"hub": "unsloth/Qwen3.5-27B-GGUF", "file": "Qwen3.5-27B-Q8_0.gguf", "tokenizer": "Qwen/Nope"}},
+            "matrix": {"engine": ["ar"], "model": ["t"], "suite": ["tg8"]}})
+        m = ModelCache(config).get("t")
+        print(m.path); print(m.tokenizer_dir); print(sorted(m.info.files))
+        for name in ("gone", "notok"):
+            try:
+                ModelCache(config).get(name)
+            except UserError as e:
+                print("USERERROR", e.message, "|", e.hint)
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    snap = hub / "models--unsloth--Qwen3.5-27B-GGUF" / "snapshots" / commit
+    assert Path(lines[0]) == snap / "Qwen3.5-27B-Q4_K_M.gguf"  # the snapshot's link keeps the .gguf name
+    assert Path(lines[1]).parent.parent.name == "models--Qwen--Qwen3.5-27B"
+    assert lines[2] == "['Qwen3.5-27B-Q4_K_M.gguf', 'tokenizer/tokenizer.json']"
+    assert ("USERERROR Qwen3.5-27B-BF16.gguf of unsloth/Qwen3.5-27B-GGUF is not in the Hugging Face cache | download "
+            "it with `lucebench models fetch unsloth/Qwen3.5-27B-GGUF --include Qwen3.5-27B-BF16.gguf`") in lines
+    assert any(line.startswith("USERERROR tokenizer Qwen/Nope is not in the Hugging Face cache")
+               and "lucebench models fetch Qwen/Nope --include 'tokenizer*'" in line for line in lines)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ({"path": "/m", "file": "x.gguf"}, "'file' names a file of a hub repository"),
+    ({"synth": {"shape": "tiny"}, "tokenizer": "Qwen/Qwen3.5-0.8B"}, "has its own tokenizer"),
+])
+def test_file_and_tokenizer_keys_are_checked(source, message):
+    from pydantic import ValidationError
+
+    from lucebench.config.schema import ModelSource
+
+    with pytest.raises(ValidationError, match=message):
+        ModelSource.model_validate(source)

@@ -185,3 +185,31 @@ def test_compressed_prefill_and_retention_tables(fab):
     assert lost[4].startswith("80.0") and lost[5:10] == ["1/1", "1/1", "1/1", "1/1", "0/1"]
     kept = next(r for r in ret.rows if r[0] == "16,384" and r[2] == "f16")
     assert kept[4].startswith("100.0")
+
+
+def test_speculative_table_as_a_run_records_params(fab):
+    """A run's params carry engine_type (ar vs dflash) and a sweep puts every budget in every suite:
+    the AR partner is still found, the headline is upstream's 22, and tree and chain get a Method each."""
+    result = fab.gpu_result()
+    extra = []
+    for cell in result.cells:
+        engine = cell.params.get("engine")
+        cell.params["engine_type"] = engine
+        if engine == "dflash" and cell.params.get("budget") == 22:
+            chain = cell.model_copy(deep=True)
+            chain.id = cell.id.replace("dflash", "dflash-chain")
+            chain.params["engine"] = "dflash-chain"
+            extra.append(chain)
+        if engine == "dflash" and cell.params.get("budget") == 22 and cell.params.get("suite") != "humaneval":
+            for budget in (15, 30, 40):  # every swept budget in every suite: a tie
+                other = cell.model_copy(deep=True)
+                other.id = cell.id.replace("b22", f"b{budget}")
+                other.params["budget"] = budget
+                extra.append(other)
+    result.cells += extra
+    t = T.speculative_table(C.collect([result]))
+    assert t is not None and "DDTree budget 22" in t.notes
+    assert t.headers[:3] == ["Benchmark", "Method", "AR ar (tok/s)"]
+    assert {(r[0], r[1]) for r in t.rows} == {(s, e) for s in ("gsm8k", "humaneval", "math500")
+                                             for e in ("dflash", "dflash-chain")}
+    assert all(r[2] != "n/a" for r in t.rows)

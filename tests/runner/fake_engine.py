@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--draft")
     p.add_argument("--budget", type=int)
     p.add_argument("--chain", action="store_true")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--chain-seed", choices=["on", "off"])
     p.add_argument("--max-ctx", type=int)
     p.add_argument("--backend")
     p.add_argument("--device")

@@ -37,7 +37,7 @@ def _config(tmp_path: Path, model: Path) -> Path:
           target: {{path: {model}}}
           draft: {{synth: {{draft_for: target, seed: 1, dtype: fp32}}}}
         engines:
-          dflash-tree: {{type: dflash, options: {{draft: draft, budget: 22}}}}
+          dflash-tree: {{type: dflash, options: {{draft: draft, budget: 22, top_k: 3, chain_seed: false}}}}
           dflash-chain: {{type: dflash, options: {{draft: draft, verify: chain}}}}
         matrix:
           engine: [dflash-tree, dflash-chain]
@@ -95,6 +95,13 @@ def test_dflash_runs_with_a_synthetic_draft(tmp_path, tiny_model):
     for cell in cells.values():
         spec = cell.samples[0].spec
         assert spec is not None and sum(spec.al_histogram) == spec.draft_steps >= 1
+    # top_k and chain_seed: chosen in the config (engine.build), used by the engine (its ready line).
+    tree = cells["dflash-tree/target/tg8/kvbf16/b22"]
+    assert tree.engine.build["options"] == {"draft": "draft", "budget": 22, "top_k": 3, "chain_seed": False}
+    assert tree.engine.ready["engine"]["options"]["top_k"] == 3
+    assert tree.engine.ready["engine"]["options"]["chain_seed"] is False
+    chain = cells["dflash-chain/target/tg8/kvbf16"].engine.ready["engine"]["options"]
+    assert chain["chain_seed"] is True and chain["top_k"] == 1
 
 
 def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_model, monkeypatch):
@@ -135,7 +142,36 @@ def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_mode
     assert len(cell_launches) == 4
     tree = next(f for f in cell_launches if "--budget" in f and f[f.index("--budget") + 1] == "22")
     assert tree[tree.index("--draft") + 1] == draft.path and "--chain" not in tree
+    assert tree[tree.index("--top-k") + 1] == "3" and tree[tree.index("--chain-seed") + 1] == "off"
     chain = [f for f in cell_launches if "--chain" in f]
     assert len(chain) == 2 and any("--budget" not in f for f in chain)
     # The reply's spec counts became typed samples and metrics: 8 decode tokens in rounds of 3, 3 and 2.
     assert cell.samples[0].spec.al_histogram == [0, 0, 1, 2] and cell.metrics["acceptance_length"].median == 8 / 3
+
+
+def test_dflash_cells_on_a_backend_it_does_not_compute_on_are_skipped(tmp_path, tiny_model, monkeypatch):
+    """lucebench-dflash computes on the cpu backend only: on another backend its cells are skipped with the
+    reason (here: the engine type told it runs on cuda only), nothing is built for it, the run goes on."""
+    from typer.testing import CliRunner
+
+    from lucebench.cli import app
+    from lucebench.engines import registry
+
+    def launch(req):
+        raise AssertionError("a skipped engine is neither built nor launched")
+
+    monkeypatch.setitem(registry.ENGINE_TYPES, "dflash", dataclasses.replace(
+        registry.ENGINE_TYPES["dflash"], launch=launch, runs_on=frozenset({"cuda"})))
+    monkeypatch.setenv("LUCEBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(_config(tmp_path, tiny_model)), "--out", str(out), "--no-report"])
+    assert res.exit_code == 0, res.output
+    result = Result.model_validate_json((out / "results.json").read_text())
+    assert len(result.cells) == 4
+    for cell in result.cells:
+        assert cell.status == "skipped" and cell.error is not None
+        assert cell.error.message == ("dflash runs on the cuda backend only so far; its cpu cells are skipped "
+                                      "(docs/engines.md)")
+    plan = CliRunner().invoke(app, ["run", str(_config(tmp_path, tiny_model)), "--dry-run", "--out", str(out)])
+    assert plan.exit_code == 0 and "4 of 4 cells will be skipped: dflash runs on the cuda backend only" in " ".join(
+        plan.output.split())

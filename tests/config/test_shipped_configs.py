@@ -1,0 +1,63 @@
+"""Every config under configs/ validates and dry-runs; the DFlash configs name the weights they would fetch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lucebench.config.load import load_config
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+
+
+def _dry_run(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    # A dry run prints the plan of a GPU config on any machine (a warning says this one cannot run it).
+    return subprocess.run([sys.executable, "-m", "lucebench", "run", str(path), "--dry-run", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "250", "HF_HUB_OFFLINE": "1",
+                               "LUCEBENCH_CACHE": str(tmp_path / "cache")})
+
+
+def test_configs_are_found():
+    assert {p.name for p in CONFIGS} >= {"cpu-smoke.yaml", "rtx3090.yaml", "rtx3090-synthetic.yaml",
+                                         "h100-dflash.yaml", "h200-dflash.yaml", "cpu-dflash.yaml",
+                                         "cpu-dflash-reference.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_config_validates_and_dry_runs(path, tmp_path):
+    load_config(path)
+    proc = _dry_run(path, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "cells on" in proc.stderr
+    assert not (tmp_path / "out").exists()  # a plan writes nothing
+
+
+@pytest.mark.parametrize("name", ["rtx3090.yaml", "h100-dflash.yaml", "h200-dflash.yaml"])
+def test_dflash_configs_show_the_published_weights(name, tmp_path):
+    text = " ".join(_dry_run(CONFIGS[0].parent / name, tmp_path).stderr.split())
+    assert "model qwen3.5-27b-q4km: hub unsloth/Qwen3.5-27B-GGUF file Qwen3.5-27B-Q4_K_M.gguf" in text
+    assert "draft qwen3.5-27b-dflash: hub z-lab/Qwen3.5-27B-DFlash" in text
+    assert "lucebench models fetch unsloth/Qwen3.5-27B-GGUF --include Qwen3.5-27B-Q4_K_M.gguf" in text
+    assert "lucebench models fetch z-lab/Qwen3.5-27B-DFlash" in text
+    assert "lucebench models fetch Qwen/Qwen3.5-27B --include 'tokenizer*'" in text
+    # The DFlash cells of a GPU config: skipped with the reason, not built, not a traceback.
+    assert "dflash runs on the cpu backend only so far; its cuda cells are skipped" in text
+    assert "builds (cuda): ar, llama.cpp" in text
+    for suite in ("humaneval", "gsm8k", "math500"):
+        assert f"dflash/qwen3.5-27b-q4km/{suite}/kvbf16/b22" in text
+        assert f"dflash-chain/qwen3.5-27b-q4km/{suite}/kvbf16/b40" in text
+        assert f"ar/qwen3.5-27b-q4km/{suite}/kvbf16" in text and f"llama.cpp-gguf/qwen3.5-27b-q4km/{suite}" in text
+    assert "dflash/qwen3.5-27b-q4km/tg256/ctx131072/kvq4_0/b22" in text
+
+
+@pytest.mark.parametrize("name", ["rtx3090-synthetic.yaml", "h100-dflash-synthetic.yaml",
+                                  "h200-dflash-synthetic.yaml"])
+def test_synthetic_twins_use_random_weights(name):
+    config = load_config(CONFIGS[0].parent / name).config
+    assert all(source.synth is not None for source in config.models.values())
+    assert "synthetic" in config.description
