@@ -13,6 +13,7 @@
 
 #include "../backend.h"
 #include "../errors.h"
+#include "../verify_plan.h"
 #include "ops.h"
 
 namespace lb {
@@ -130,33 +131,15 @@ public:
     }
 
     void verify(const VerifyRequest& req, VerifyResult* out) override {
-        const int n = int(req.tokens.size());
         pending_.n = 0;
-        if (n < 1) fail("bad_request", "verify needs at least one token");
-        if (len_ + n > max_ctx_)
-            fail("context_overflow", "verify of " + std::to_string(n) + " rows at length " + std::to_string(len_) +
-                                         " exceeds max_ctx " + std::to_string(max_ctx_));
-        if (int(req.positions.size()) != n) fail("bad_request", "verify: one position per token");
-        if (!req.parents.empty() && int(req.parents.size()) != n) fail("bad_request", "verify: one parent per token (or none)");
+        VerifyPlan plan = plan_verify(req, cfg_, len_, max_ctx_);
         Rows rows;
-        rows.n = n;
+        rows.n = plan.n;
         rows.verify = true;
         rows.positions = req.positions;
-        rows.parent.resize(size_t(n));
-        for (int t = 0; t < n; ++t) {
-            const int p = req.parents.empty() ? t - 1 : req.parents[size_t(t)];
-            if (p < -1 || p >= t) fail("bad_request", "verify: row " + std::to_string(t) + " has parent " + std::to_string(p) + " (must be -1 or an earlier row)");
-            if (req.tokens[size_t(t)] < 0 || req.tokens[size_t(t)] >= cfg_.vocab) fail("bad_request", "verify: token outside the vocabulary");
-            rows.parent[size_t(t)] = p;
-        }
-        rows.visible.assign(size_t(n) * n, 0);
-        for (int t = 0; t < n; ++t)
-            for (int s = t; s >= 0; s = rows.parent[size_t(s)]) rows.visible[size_t(t) * n + s] = 1;
-        std::vector<int> out_rows = req.out_rows;
-        if (out_rows.empty()) { out_rows.resize(size_t(n)); std::iota(out_rows.begin(), out_rows.end(), 0); }
-        for (int r : out_rows) if (r < 0 || r >= n) fail("bad_request", "verify: out row " + std::to_string(r) + " outside [0, n)");
-        for (int l : req.feature_layers) if (l < 0 || l >= cfg_.n_layers) fail("bad_request", "verify: feature layer " + std::to_string(l) + " outside the model");
-        if (req.top_k < 0 || req.top_k > cfg_.vocab) fail("bad_request", "verify: top_k outside [0, vocab]");
+        rows.parent = std::move(plan.parent);
+        rows.visible = std::move(plan.visible);
+        const std::vector<int>& out_rows = plan.out_rows;
 
         *out = VerifyResult{};
         std::vector<float> x = run_layers(req.tokens.data(), rows, out_rows, req.feature_layers, &out->features);
@@ -165,38 +148,13 @@ public:
             std::vector<float> logits;
             out->argmax.push_back(head(&x[size_t(r) * cfg_.hidden], &logits));
             if (req.want_logits) out->logits.insert(out->logits.end(), logits.begin(), logits.end());
-            if (req.top_k > 0) {
-                float mx = *std::max_element(logits.begin(), logits.end());
-                double sum = 0;
-                for (float v : logits) sum += std::exp(double(v) - mx);
-                const float lse = mx + float(std::log(sum));
-                std::vector<int> idx(static_cast<size_t>(V));
-                std::iota(idx.begin(), idx.end(), 0);
-                std::partial_sort(idx.begin(), idx.begin() + req.top_k, idx.end(), [&](int a, int b) {
-                    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-                });
-                for (int i = 0; i < req.top_k; ++i) {
-                    out->top_ids.push_back(idx[size_t(i)]);
-                    out->top_logprobs.push_back(logits[size_t(idx[size_t(i)])] - lse);
-                }
-            }
+            if (req.top_k > 0) append_top_k(logits.data(), V, req.top_k, &out->top_ids, &out->top_logprobs);
         }
         pending_ = std::move(rows);
     }
 
     void commit(const std::vector<int>& path) override {
-        const int n = pending_.n;
-        if (n == 0) fail("bad_request", "commit without a verify before it (or after a forward that discarded it)");
-        for (size_t i = 0; i < path.size(); ++i) {
-            const int r = path[i];
-            if (r < 0 || r >= n) fail("bad_request", "commit: row " + std::to_string(r) + " outside the verify's rows");
-            const int want_parent = i == 0 ? -1 : path[i - 1];
-            if (pending_.parent[size_t(r)] != want_parent)
-                fail("bad_request", "commit: row " + std::to_string(r) + " is not the child of the previous row of the path");
-            if (pending_.positions[size_t(r)] != len_ + int(i))
-                fail("bad_request", "commit: row " + std::to_string(r) + " has position " + std::to_string(pending_.positions[size_t(r)]) +
-                                        ", not " + std::to_string(len_ + int(i)));
-        }
+        check_commit_path(path, pending_.n, pending_.parent, pending_.positions, len_);
         const int m = int(path.size());
         for (int l = 0; l < cfg_.n_layers; ++l) {
             if (cfg_.is_attention(l)) {

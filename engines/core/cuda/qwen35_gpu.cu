@@ -24,6 +24,7 @@
 #include "../backend.h"
 #include "../tuning.h"
 #include "../half.h"
+#include "../verify_plan.h"
 #include "gpu_ops.h"
 #include "qwen35_forward.h"
 #include "verify_forward.h"
@@ -256,28 +257,10 @@ public:
         if (!plain_kv(kt_) || !plain_kv(vt_))
             fail("unsupported", std::string("the ") + LB_GPU_NAME + " verify forward takes an f32, f16 or bf16 KV cache, not " +
                                     dtype_name(plain_kv(kt_) ? vt_ : kt_) + " (--kv-k / --kv-v)");
-        if (n < 1) fail("bad_request", "verify needs at least one token");
-        if (len_ + n > max_ctx_)
-            fail("context_overflow", "verify of " + std::to_string(n) + " rows at length " + std::to_string(len_) +
-                                         " exceeds max_ctx " + std::to_string(max_ctx_));
-        if (int(req.positions.size()) != n) fail("bad_request", "verify: one position per token");
-        if (!req.parents.empty() && int(req.parents.size()) != n) fail("bad_request", "verify: one parent per token (or none)");
-        std::vector<int> parent(static_cast<size_t>(n));
-        for (int t = 0; t < n; ++t) {
-            const int p = req.parents.empty() ? t - 1 : req.parents[size_t(t)];
-            if (p < -1 || p >= t) fail("bad_request", "verify: row " + std::to_string(t) + " has parent " + std::to_string(p) + " (must be -1 or an earlier row)");
-            if (req.tokens[size_t(t)] < 0 || req.tokens[size_t(t)] >= cfg_.vocab) fail("bad_request", "verify: token outside the vocabulary");
-            parent[size_t(t)] = p;
-        }
-        std::vector<int> out_rows = req.out_rows;
-        if (out_rows.empty()) { out_rows.resize(size_t(n)); std::iota(out_rows.begin(), out_rows.end(), 0); }
-        for (int r : out_rows) if (r < 0 || r >= n) fail("bad_request", "verify: out row " + std::to_string(r) + " outside [0, n)");
-        for (int l : req.feature_layers) if (l < 0 || l >= cfg_.n_layers) fail("bad_request", "verify: feature layer " + std::to_string(l) + " outside the model");
-        if (req.top_k < 0 || req.top_k > cfg_.vocab) fail("bad_request", "verify: top_k outside [0, vocab]");
-
-        std::vector<unsigned char> visible(size_t(n) * n, 0);
-        for (int t = 0; t < n; ++t)
-            for (int s = t; s >= 0; s = parent[size_t(s)]) visible[size_t(t) * n + s] = 1;
+        VerifyPlan plan = plan_verify(req, cfg_, len_, max_ctx_);
+        const std::vector<int>& parent = plan.parent;
+        const std::vector<uint8_t>& visible = plan.visible;
+        const std::vector<int>& out_rows = plan.out_rows;
         vws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
         GPU_CHECK(gpuMemcpyAsync(vws_.tokens, req.tokens.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
         GPU_CHECK(gpuMemcpyAsync(vws_.positions, req.positions.data(), sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
@@ -322,43 +305,18 @@ public:
                 const float* src = &feats[(size_t(slot_of[size_t(l)]) * n + size_t(out_rows[i])) * H];
                 out->features.insert(out->features.end(), src, src + H);
             }
-        for (size_t i = 0; i < R && req.top_k > 0; ++i) {
-            const float* row = &logits[i * V];
-            const float mx = *std::max_element(row, row + V);
-            double sum = 0;
-            for (size_t j = 0; j < V; ++j) sum += std::exp(double(row[j]) - mx);
-            const float lse = mx + float(std::log(sum));
-            std::vector<int> idx(V);
-            std::iota(idx.begin(), idx.end(), 0);
-            std::partial_sort(idx.begin(), idx.begin() + req.top_k, idx.end(), [&](int a, int b) {
-                return row[a] > row[b] || (row[a] == row[b] && a < b);
-            });
-            for (int k = 0; k < req.top_k; ++k) {
-                out->top_ids.push_back(idx[size_t(k)]);
-                out->top_logprobs.push_back(row[idx[size_t(k)]] - lse);
-            }
-        }
+        for (size_t i = 0; i < R && req.top_k > 0; ++i)
+            append_top_k(&logits[i * V], int(V), req.top_k, &out->top_ids, &out->top_logprobs);
         if (req.want_logits) out->logits = std::move(logits);
         pending_n_ = n;
-        pending_parent_ = std::move(parent);
+        pending_parent_ = std::move(plan.parent);
         pending_positions_ = req.positions;
     }
 
     // Commit (backend.h): gpu::commit_path (KV rows compacted, DeltaNet and conv state set to the last row's).
     void commit(const std::vector<int>& path) override {
         gpu::ContextScope bind(ctx_);
-        const int n = pending_n_;
-        if (n == 0) fail("bad_request", "commit without a verify before it (or after a forward that discarded it)");
-        for (size_t i = 0; i < path.size(); ++i) {
-            const int r = path[i];
-            if (r < 0 || r >= n) fail("bad_request", "commit: row " + std::to_string(r) + " outside the verify's rows");
-            const int want_parent = i == 0 ? -1 : path[i - 1];
-            if (pending_parent_[size_t(r)] != want_parent)
-                fail("bad_request", "commit: row " + std::to_string(r) + " is not the child of the previous row of the path");
-            if (pending_positions_[size_t(r)] != len_ + int(i))
-                fail("bad_request", "commit: row " + std::to_string(r) + " has position " +
-                                        std::to_string(pending_positions_[size_t(r)]) + ", not " + std::to_string(len_ + int(i)));
-        }
+        check_commit_path(path, pending_n_, pending_parent_, pending_positions_, len_);
         const int m = int(path.size());
         if (m > 0) {
             GPU_CHECK(gpuMemcpyAsync(vws_.path, path.data(), sizeof(int) * path.size(), gpuMemcpyHostToDevice, s_));
