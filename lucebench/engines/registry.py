@@ -105,6 +105,8 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
         argv += ["--budget", str(req.budget)]
     if req.keep_ratio is not None:
         argv += ["--keep-ratio", repr(req.keep_ratio)]
+    if "min_prompt_tokens" in req.options:
+        argv += ["--min-prompt-tokens", str(int(req.options["min_prompt_tokens"]))]
     if req.options.get("verify") == "chain":
         argv.append("--chain")
     if req.options.get("top_k") is not None:
