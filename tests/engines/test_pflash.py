@@ -279,3 +279,34 @@ def test_generate_cli(models):
     assert out["pflash"]["output_ids"] == out["ar"]["output_ids"]
     pf = out["pflash"]["prefill"]
     assert pf["kept_tokens_target"] == pf["prompt_tokens"] == out["ar"]["n_prompt"]
+
+
+def test_retention_script_reproduces_the_engine_selection(start, models):
+    """scripts/pflash_retention.py re-applies the selection and the bridge in Python for its controls: on the
+    engine's own importance they give the engine's kept ranges, and needle chunks map through the offsets."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pflash_retention", ROOT / "scripts" / "pflash_retention.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    target, drafter = models
+    bridge = PFlashBridge(target, drafter)
+    text = long_text(90, seed=7)
+    # the prompt's end quotes a passage from its middle: anchors force chunks there
+    ids = bridge.target.encode(text + " " + text[len(text) // 2:len(text) // 2 + 200], add_special_tokens=False).ids
+    fields = bridge.fields(ids)
+    for keep in (0.1, 0.3):
+        e = start(target, drafter, "--keep-ratio", str(keep), "--max-ctx", str(len(ids) + 8), "--min-prompt-tokens", "0")
+        r = e.generate(ids, 2, return_importance=True, **fields)
+        means = script.chunk_means(r["importance_smoothed"], len(fields["drafter_ids"]))
+        kept = script.select(means, fields["drafter_ids"], keep)
+        assert len(kept) == r["prefill"]["kept_chunks"]
+        assert script.bridge(kept, fields["drafter_offsets"], fields["target_offsets"]) == r["prefill"]["kept_ranges"]
+        assert r["prefill"]["forced_chunks"] > 8 + 24  # the quoted passage's chunks are anchors
+        no_anchors = script.select(means, fields["drafter_ids"], keep, anchors=False)
+        n = len(means)
+        assert len(no_anchors) == max(min(32, n), max(1, int(n * keep)))
+    span = {"needles": [{"token_span": [10, 20]}]}
+    chunks = script.needle_chunks(span, fields["drafter_offsets"], fields["target_offsets"])[0]
+    a, b = fields["target_offsets"][10][0], fields["target_offsets"][19][1]
+    assert chunks == sorted({i // 32 for i, (s, t) in enumerate(fields["drafter_offsets"]) if s < b and t > a})
