@@ -72,6 +72,7 @@ const SpecFlagInfo kSpecFlags[] = {
     {"--budget", kFlagBudget, "the DDTree node budget"},
     {"--keep-ratio", kFlagKeepRatio, "the PFlash keep ratio"},
     {"--chain", kFlagChain, "chain verification"},
+    {"--min-prompt-tokens", kFlagMinPromptTokens, "the PFlash compression threshold"},
 };
 
 std::string program_name(const char* argv0) {
@@ -143,6 +144,10 @@ EngineOptions parse_engine_flags(int argc, char** argv, unsigned accepted) {
             o.keep_ratio = to_double(value);
             if (!(o.keep_ratio > 0.0 && o.keep_ratio <= 1.0))
                 fail("bad_request", "--keep-ratio must be in (0, 1], got " + value);
+        } else if (flag == "--min-prompt-tokens") {
+            o.min_prompt_tokens = to_int(value);
+            if (o.min_prompt_tokens < 0)
+                fail("bad_request", "--min-prompt-tokens must be an integer >= 0, got " + value);
         } else fail("bad_request", "unknown flag " + flag);
     }
     if (!have_model) fail("bad_request", "--model is required");

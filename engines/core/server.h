@@ -20,6 +20,7 @@ enum SpecFlag : unsigned {
     kFlagBudget = 1u << 2,     // --budget N: DDTree node budget, N >= 1 (the root is not counted)
     kFlagKeepRatio = 1u << 3,  // --keep-ratio R: share of the prompt PFlash keeps, 0 < R <= 1
     kFlagChain = 1u << 4,      // --chain: verify the draft's top-1 chain instead of a tree
+    kFlagMinPromptTokens = 1u << 5,  // --min-prompt-tokens N: PFlash compresses prompts of >= N tokens only
 };
 
 struct EngineOptions {
@@ -33,6 +34,7 @@ struct EngineOptions {
     std::string drafter;
     int budget = 0;
     double keep_ratio = 0.0;
+    int min_prompt_tokens = -1;  // -1: not given (the engine's default applies)
     bool chain = false;
 };
 

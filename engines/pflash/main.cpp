@@ -47,31 +47,49 @@ public:
         target_.synchronize();
         g.t_prefill_start = monotonic_ns();
         Timer clock;
+        std::vector<float> raw, smoothed;  // the importance, when the prompt was scored
 
-        // Score: the drafter over the whole prompt, the tail rows' attention captured in the last forward.
-        if (nd > drafter_ctx_) {
-            drafter_ctx_ = nd;
-            drafter_.allocate(drafter_ctx_, opt_.kv_k, opt_.kv_v);
-        }
-        drafter_.reset();
-        const int n_tail = std::min(rule_.n_tail, nd);
-        for (int a = 0; a < nd - n_tail; a += kDrafterChunk)
-            drafter_.forward(req.drafter_ids.data() + a, std::min(kDrafterChunk, nd - n_tail - a), nullptr);
-        TailScores scores;
-        drafter_.forward_scored(req.drafter_ids.data() + nd - n_tail, n_tail, n_tail, &scores);
-        const std::vector<float> raw = pflash::importance(scores);
-        const std::vector<float> smoothed = pflash::smooth(raw, rule_.pool);
-        const double score_ms = clock.lap();
-
-        const pflash::Selection sel = pflash::select_chunks(smoothed, req.drafter_ids, opt_.keep_ratio, rule_);
-        const double select_ms = clock.lap();
-
-        const pflash::Bridged kept = pflash::bridge(sel.kept, rule_.chunk, req.drafter_offsets, req.target_offsets);
+        // Prompts shorter than the threshold are not compressed (upstream: 32,000 tokens): the target prefills
+        // all of them, and the reply says so (kept = all, no drafter forward).
+        const bool compress = nt >= opt_.min_prompt_tokens;
+        double score_ms = 0, select_ms = 0, bridge_ms = 0;
+        pflash::Selection sel;
+        pflash::Bridged kept;
         std::vector<int> ids;
-        ids.reserve(kept.target_positions.size());
-        for (int p : kept.target_positions) ids.push_back(req.prompt_ids[size_t(p)]);
-        if (ids.empty()) fail("internal", "the bridge kept no target token (the offsets do not cover the same text?)");
-        const double bridge_ms = clock.lap();
+        if (compress) {
+            // Score: the drafter over the whole prompt, the tail rows' attention captured in the last forward.
+            if (nd > drafter_ctx_) {
+                drafter_ctx_ = nd;
+                drafter_.allocate(drafter_ctx_, opt_.kv_k, opt_.kv_v);
+            }
+            drafter_.reset();
+            const int n_tail = std::min(rule_.n_tail, nd);
+            for (int a = 0; a < nd - n_tail; a += kDrafterChunk)
+                drafter_.forward(req.drafter_ids.data() + a, std::min(kDrafterChunk, nd - n_tail - a), nullptr);
+            TailScores scores;
+            drafter_.forward_scored(req.drafter_ids.data() + nd - n_tail, n_tail, n_tail, &scores);
+            raw = pflash::importance(scores);
+            smoothed = pflash::smooth(raw, rule_.pool);
+            score_ms = clock.lap();
+
+            sel = pflash::select_chunks(smoothed, req.drafter_ids, opt_.keep_ratio, rule_);
+            select_ms = clock.lap();
+
+            kept = pflash::bridge(sel.kept, rule_.chunk, req.drafter_offsets, req.target_offsets);
+            ids.reserve(kept.target_positions.size());
+            for (int p : kept.target_positions) ids.push_back(req.prompt_ids[size_t(p)]);
+            if (ids.empty()) fail("internal", "the bridge kept no target token (the offsets do not cover the same text?)");
+            bridge_ms = clock.lap();
+        } else {
+            ids = req.prompt_ids;
+            kept.kept_drafter = nd;
+            kept.target_positions.resize(size_t(nt));
+            for (int p = 0; p < nt; ++p) kept.target_positions[size_t(p)] = p;
+            kept.char_spans.push_back({0, req.target_offsets.back()});  // the whole text, as the bridge spans it
+            sel.n_chunks = (nd + rule_.chunk - 1) / rule_.chunk;
+            for (int c = 0; c < sel.n_chunks; ++c) sel.kept.push_back(c);
+            clock.lap();
+        }
 
         // The target prefills the kept prompt at positions 0.. (original positions are not kept).
         target_.reset();
@@ -96,6 +114,7 @@ public:
         Json r = generation_reply(req, g, target_.decode_bytes(mean_ctx),
                                   std::max(target_.peak_mem_bytes(), drafter_.peak_mem_bytes()));
         Json pf = Json::object();
+        pf["compressed"] = compress;
         pf["prompt_tokens"] = nt;
         pf["drafter_prompt_tokens"] = nd;
         pf["kept_tokens_drafter"] = kept.kept_drafter;
@@ -112,7 +131,7 @@ public:
         t["target_prefill"] = target_ms;
         pf["time_ms"] = t;
         r["prefill"] = pf;
-        if (req.return_importance) {
+        if (req.return_importance && compress) {
             Json a = Json::array(), b = Json::array();
             for (float v : raw) a.push_back(Json(double(v)));
             for (float v : smoothed) b.push_back(Json(double(v)));
@@ -146,13 +165,14 @@ private:
 int run(int argc, char** argv) {
     EngineOptions opt;
     try {
-        opt = parse_engine_flags(argc, argv, kFlagDrafter | kFlagKeepRatio);
+        opt = parse_engine_flags(argc, argv, kFlagDrafter | kFlagKeepRatio | kFlagMinPromptTokens);
         if (opt.drafter.empty()) fail("bad_request", "lucebench-pflash needs --drafter PATH (a Qwen3 checkpoint)");
     } catch (const EngineError& e) {
         emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
         return 2;
     }
     if (opt.keep_ratio == 0.0) opt.keep_ratio = 0.05;  // upstream's default
+    if (opt.min_prompt_tokens < 0) opt.min_prompt_tokens = 32000;  // upstream compresses above 32,000 tokens
     const std::string backend = opt.backend.empty() ? "cpu" : opt.backend;
     std::unique_ptr<Backend> target, drafter;
     ModelConfig tcfg, dcfg;
@@ -177,10 +197,12 @@ int run(int argc, char** argv) {
         drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
     });
     if (!loaded) return 1;
-    fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g\n", arch_name(tcfg.arch),
-            tcfg.n_layers, arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio);
+    fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens\n",
+            arch_name(tcfg.arch), tcfg.n_layers, arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio,
+            opt.min_prompt_tokens);
     Json options = kv_options(opt, target->weight_dtype());
     options["keep_ratio"] = opt.keep_ratio;
+    options["min_prompt_tokens"] = opt.min_prompt_tokens;
     options["importance"] = "pre-RoPE attention of the last 8 prompt tokens, causal, max over layers and heads, "
                             "mean over rows, average pool 13";
     options["chunk"] = 32;

@@ -122,7 +122,7 @@ static bool parse_fails(std::vector<std::string> args, unsigned accepted, const 
 
 static void test_engine_flags() {
     const unsigned dflash = lb::kFlagDraft | lb::kFlagBudget | lb::kFlagChain;
-    const unsigned pflash = lb::kFlagDrafter | lb::kFlagKeepRatio;
+    const unsigned pflash = lb::kFlagDrafter | lb::kFlagKeepRatio | lb::kFlagMinPromptTokens;
     std::vector<std::string> args = {"lucebench-dflash", "--model", "t", "--draft=d", "--budget", "22", "--chain",
                                      "--kv-k=q8_0"};
     std::vector<char*> argv;
@@ -134,7 +134,13 @@ static void test_engine_flags() {
     argv.clear();
     for (auto& a : args) argv.push_back(a.data());
     o = lb::parse_engine_flags(int(argv.size()), argv.data(), pflash);
-    CHECK(o.drafter == "q" && o.keep_ratio == 0.05 && !o.chain && o.budget == 0, "pflash flags");
+    CHECK(o.drafter == "q" && o.keep_ratio == 0.05 && !o.chain && o.budget == 0 && o.min_prompt_tokens == -1,
+          "pflash flags");
+    args = {"lucebench-pflash", "--drafter", "q", "--min-prompt-tokens", "32000", "--model=t"};
+    argv.clear();
+    for (auto& a : args) argv.push_back(a.data());
+    CHECK(lb::parse_engine_flags(int(argv.size()), argv.data(), pflash).min_prompt_tokens == 32000,
+          "--min-prompt-tokens 32000");
     args = {"e", "--chain=false", "--model", "t"};
     argv.clear();
     for (auto& a : args) argv.push_back(a.data());
@@ -145,6 +151,10 @@ static void test_engine_flags() {
     CHECK(parse_fails({"e", "--model", "t", "--keep-ratio", "0"}, pflash, "bad_request", "(0, 1]"), "keep 0");
     CHECK(parse_fails({"e", "--model", "t", "--keep-ratio=1.5"}, pflash, "bad_request", "(0, 1]"), "keep 1.5");
     CHECK(parse_fails({"e", "--model", "t", "--keep-ratio=nan"}, pflash, "bad_request", "number"), "keep nan");
+    CHECK(parse_fails({"e", "--model", "t", "--min-prompt-tokens=-1"}, pflash, "bad_request", ">= 0"), "min -1");
+    CHECK(parse_fails({"e", "--model", "t", "--min-prompt-tokens=1.5"}, pflash, "bad_request", "integer"), "min 1.5");
+    CHECK(parse_fails({"x", "--model", "t", "--min-prompt-tokens=0"}, dflash, "unsupported", "--min-prompt-tokens"),
+          "dflash min-prompt-tokens");
     CHECK(parse_fails({"e", "--model", "t", "--chain=maybe"}, dflash, "bad_request", "--chain"), "chain=maybe");
     CHECK(parse_fails({"e", "--model", "t", "--draft="}, dflash, "bad_request", "path"), "empty draft");
     // Each engine refuses the others' flags, naming the flag and the program.

@@ -48,6 +48,8 @@ def generate(
     drafter: Optional[Path] = typer.Option(None, "--drafter", help="pflash: the drafter (Qwen3 folder)"),
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="dflash: DDTree node budget"),
     keep_ratio: Optional[float] = typer.Option(None, "--keep-ratio", help="pflash: share of the prompt kept, in (0, 1]"),
+    min_prompt_tokens: Optional[int] = typer.Option(
+        None, "--min-prompt-tokens", min=0, help="pflash: compress only prompts of at least N tokens (default 32000)"),
     chain: bool = typer.Option(False, "--chain", help="dflash: verify the top-1 chain instead of a tree"),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=MAX_TOP_K, help="dflash: DDTree candidates per depth"),
     chain_seed: Optional[str] = typer.Option(None, "--chain-seed",
@@ -65,7 +67,7 @@ def generate(
     if chain_seed is not None and chain_seed not in ("on", "off"):
         raise UserError(f"--chain-seed is on or off, got {chain_seed!r}", where="--chain-seed")
     given = {"draft": draft, "drafter": drafter, "budget": budget, "keep_ratio": keep_ratio,
-             "verify": "chain" if chain else None, "top_k": top_k,
+             "min_prompt_tokens": min_prompt_tokens, "verify": "chain" if chain else None, "top_k": top_k,
              "chain_seed": None if chain_seed is None else chain_seed == "on"}
     for key, value in given.items():
         if value is not None and key not in engine_type.options:

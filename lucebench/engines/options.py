@@ -62,6 +62,9 @@ class PFlashOptions(BundledOptions):
     drafter: str = Field(description="the `models:` entry of the drafter (a Qwen3 checkpoint with its tokenizer)")
     keep_ratio: float | None = Field(None, gt=0.0, le=1.0,
                                      description="share of the prompt kept; the matrix axis `keep_ratio` overrides it")
+    # Upstream compresses only long prompts; a shorter one is prefilled whole (kept = all, recorded).
+    min_prompt_tokens: int = Field(32000, ge=0, description="compress only prompts of at least this many target "
+                                   "tokens (upstream: 32,000); 0 compresses every prompt")
 
 
 # The option naming a second model, per option class.

@@ -105,6 +105,8 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
         argv += ["--budget", str(req.budget)]
     if req.keep_ratio is not None:
         argv += ["--keep-ratio", repr(req.keep_ratio)]
+    if "min_prompt_tokens" in req.options:
+        argv += ["--min-prompt-tokens", str(int(req.options["min_prompt_tokens"]))]
     if req.options.get("verify") == "chain":
         argv.append("--chain")
     if req.options.get("top_k") is not None:
@@ -190,11 +192,11 @@ ENGINE_TYPES: dict[str, EngineType] = {
                    "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft",
                    # The GPU backend has no verify forward and the draft no GPU code yet.
                    "lucebench-dflash", runs_on=frozenset({"cpu"})),
-        # CPU only for now: the drafter's scored forward (the importance) has no GPU form yet.
-        EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu"}),
+        EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("pflash"), PFlashOptions,
                    "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept",
-                   "lucebench-pflash"),
+                   # The drafter's scored forward (the importance) has no GPU form yet.
+                   "lucebench-pflash", runs_on=frozenset({"cpu"})),
         EngineType("hf", "baseline", frozenset({"context"}), frozenset({"cpu", "cuda"}), _launch_hf, HfOptions,
                    "PyTorch + transformers' Qwen3.5, greedy"),
         EngineType("llama.cpp", "baseline", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),

@@ -138,6 +138,7 @@ def pool_prefill(stats: list[PrefillStats | None]) -> PrefillStats | None:
     depths = [s.needle_depths for s in parts]
     return PrefillStats(
         prompt_tokens=sum(s.prompt_tokens for s in parts),
+        compressed=None if any(s.compressed is None for s in parts) else all(s.compressed for s in parts),
         drafter_prompt_tokens=total([s.drafter_prompt_tokens for s in parts]),
         kept_tokens_drafter=total([s.kept_tokens_drafter for s in parts]),
         kept_tokens_target=sum(s.kept_tokens_target for s in parts), time_ms=times,

@@ -212,6 +212,9 @@ class PrefillStats(_Strict):
     """A compressed prefill's counts for one request: the reply's ``prefill`` object (docs/protocol.md)."""
 
     prompt_tokens: int = Field(ge=1, description="the request's prompt, in target tokens")
+    compressed: bool | None = Field(
+        None, description="whether the prompt was compressed; false: shorter than the engine's min_prompt_tokens, "
+                          "prefilled whole (kept = all)")
     drafter_prompt_tokens: int | None = Field(None, ge=1, description="the same prompt in the drafter's tokens")
     kept_tokens_drafter: int | None = Field(None, ge=0, description="drafter tokens kept")
     kept_tokens_target: int = Field(ge=0, description="target tokens the target prefilled (after the bridge)")

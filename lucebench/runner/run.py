@@ -317,7 +317,7 @@ class Runner:
             from lucebench.engines.bridge import PFlashBridge
 
             try:
-                bridge = PFlashBridge(model.path, second.path)
+                bridge = PFlashBridge(model.tokenizer_dir, second.path)  # a GGUF target: its `tokenizer:`
             except UserError as exc:
                 return self._failed(spec, "config", str(exc), **known)
             request_fields = lambda p: bridge.fields(p.token_ids)  # noqa: E731

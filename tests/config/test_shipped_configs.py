@@ -1,4 +1,5 @@
-"""Every config under configs/ validates and dry-runs; the DFlash configs name the weights they would fetch."""
+"""Every config under configs/ validates and dry-runs; the DFlash and PFlash configs name the weights they would
+fetch."""
 
 from __future__ import annotations
 
@@ -53,6 +54,33 @@ def test_dflash_configs_show_the_published_weights(name, tmp_path):
         assert f"dflash-chain/qwen3.5-27b-q4km/{suite}/kvbf16/b40" in text
         assert f"ar/qwen3.5-27b-q4km/{suite}/kvbf16" in text and f"llama.cpp-gguf/qwen3.5-27b-q4km/{suite}" in text
     assert "dflash/qwen3.5-27b-q4km/tg256/ctx131072/kvq4_0/b22" in text
+
+
+@pytest.mark.parametrize("name", ["rtx3090.yaml", "rtx3090-synthetic.yaml"])
+def test_pflash_table_of_the_rtx3090_configs(name, tmp_path):
+    """64K and 128K, keep 0.05 and 0.02, against llama.cpp's full prefill with flash attention on the same GGUF
+    and KV type; the pflash cells skipped on the GPU with the reason."""
+    config = load_config(CONFIGS[0].parent / name).config
+    cells = [c for c in config.include if c.get("suite") == "needle-lucebox"]
+    pflash = {(c["context"], c["keep_ratio"]) for c in cells if c["engine"] == "pflash"}
+    assert pflash == {(65536, 0.05), (65536, 0.02), (131072, 0.05), (131072, 0.02)}
+    full = [c for c in cells if c["engine"] != "pflash"]
+    assert {c["context"] for c in full} == {65536, 131072}
+    assert {c["kv"] for c in cells} == {"q4_0"} and len({c["model"] for c in cells}) == 1
+    for c in full:
+        variant = config.engines[c["engine"]]
+        assert variant.type == "llama.cpp" and variant.options["flash_attn"] is True
+    text = " ".join(_dry_run(CONFIGS[0].parent / name, tmp_path).stderr.split())
+    assert "4 of" in text and "pflash runs on the cpu backend only so far; its cuda cells are skipped" in text
+    if name == "rtx3090.yaml":  # the real published weights
+        assert ("model qwen3.6-27b-q4km: hub unsloth/Qwen3.6-27B-GGUF file Qwen3.6-27B-Q4_K_M.gguf, prompts "
+                "tokenised by Qwen/Qwen3.6-27B") in text
+        assert "drafter qwen3-0.6b: hub Qwen/Qwen3-0.6B" in text
+        assert "lucebench models fetch unsloth/Qwen3.6-27B-GGUF --include Qwen3.6-27B-Q4_K_M.gguf" in text
+        assert "lucebench models fetch Qwen/Qwen3-0.6B" in text
+    for ctx in (65536, 131072):
+        for keep in (0.05, 0.02):
+            assert f"pflash/{cells[0]['model']}/needle-lucebox/ctx{ctx}/kvq4_0/k{keep:g}" in text
 
 
 @pytest.mark.parametrize("name", ["rtx3090-synthetic.yaml", "h100-dflash-synthetic.yaml",

@@ -112,7 +112,8 @@ def synthetic_request(nd: int, nt: int, seed: int, vocab_d: int, vocab_t: int) -
 @pytest.mark.parametrize("nd", [5, 150, 2071])  # fewer rows than the tail; one forward; several forwards
 def test_importance_matches_reference(start, models, nd):
     target, drafter = models
-    e = start(target, drafter, "--kv-k", "f32", "--kv-v", "f32", "--keep-ratio", "0.5", "--max-ctx", "256")
+    e = start(target, drafter, "--kv-k", "f32", "--kv-v", "f32", "--keep-ratio", "0.5", "--max-ctx", "256",
+              "--min-prompt-tokens", "0")
     req = synthetic_request(nd, min(nd, 40), seed=nd, vocab_d=777, vocab_t=1024)
     r = e.generate(req.pop("prompt_ids"), 2, return_importance=True, **req)
     assert r["type"] == "result", r
@@ -176,7 +177,7 @@ def test_compressed_prefill_is_the_kept_prompt(start, engine, models):
     bridge = PFlashBridge(target, drafter)
     ids = bridge.target.encode(long_text(70), add_special_tokens=False).ids
     fields = bridge.fields(ids)
-    e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", str(len(ids) + 16))
+    e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", str(len(ids) + 16), "--min-prompt-tokens", "0")
     r = e.generate(ids, 12, **fields)
     assert r["type"] == "result", r
     pf = r["prefill"]
@@ -210,11 +211,36 @@ def test_keep_ratio_one_is_ar(start, engine, models):
     assert r["output_ids"] == ref["output_ids"]
 
 
+def test_prompts_below_min_prompt_tokens_are_not_compressed(start, engine, models):
+    """--min-prompt-tokens N: a prompt of N - 1 target tokens is prefilled whole (kept = all, the `ar`
+    engine's tokens, no drafter phase, `compressed: false`); one of N tokens is compressed."""
+    target, drafter = models
+    bridge = PFlashBridge(target, drafter)
+    ids = bridge.target.encode(long_text(50, seed=5), add_special_tokens=False).ids
+    fields = bridge.fields(ids)
+    below = start(target, drafter, "--keep-ratio", "0.1", "--max-ctx", str(len(ids) + 16),
+                  "--min-prompt-tokens", str(len(ids) + 1))
+    assert below.ready["engine"]["options"]["min_prompt_tokens"] == len(ids) + 1
+    r = below.generate(ids, 12, **fields)
+    pf = r["prefill"]
+    assert pf["compressed"] is False and pf["kept_ranges"] == [[0, len(ids)]]
+    assert pf["kept_tokens_target"] == pf["prompt_tokens"] == len(ids)
+    assert pf["kept_tokens_drafter"] == pf["drafter_prompt_tokens"] and pf["kept_chunks"] == pf["n_chunks"]
+    assert pf["time_ms"]["score"] == pf["time_ms"]["select"] == pf["time_ms"]["bridge"] == 0
+    assert kept_from_chars(pf["kept_char_ranges"], fields["target_offsets"]) == list(range(len(ids)))
+    assert r["output_ids"] == engine(target, "--max-ctx", str(len(ids) + 16)).generate(ids, 12)["output_ids"]
+    at = start(target, drafter, "--keep-ratio", "0.1", "--max-ctx", str(len(ids) + 16),
+               "--min-prompt-tokens", str(len(ids)))
+    pf = at.generate(ids, 12, **fields)["prefill"]
+    assert pf["compressed"] is True and pf["kept_tokens_target"] < 0.7 * len(ids) and pf["time_ms"]["score"] > 0
+
+
 def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe):
     target, drafter = models
     e = start(target, drafter)
     options = e.ready["engine"]["options"]
     assert options["keep_ratio"] == 0.05 and options["bridge"] == "character offsets"
+    assert options["min_prompt_tokens"] == 32000  # upstream's threshold
     assert options["backends"].startswith("cpu only") and options["drafter_model"]["arch"] == "qwen3"
     r = e.generate([1, 2, 3], 2)
     assert r["type"] == "error" and r["kind"] == "bad_request" and "drafter_ids" in r["message"]
@@ -229,6 +255,7 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     assert e.close() == 0
     for flags, what in ((["--drafter", str(target)], "dense Qwen3 drafter"), ([], "needs --drafter"),
                         (["--drafter", str(drafter), "--budget", "3"], "does not take --budget"),
+                        (["--drafter", str(drafter), "--min-prompt-tokens", "-5"], "--min-prompt-tokens must be"),
                         (["--drafter", str(drafter), "--backend", "cuda"], "cpu backend only")):
         proc = subprocess.run([str(pflash_exe), "--model", str(target), *flags], capture_output=True, text=True,
                               input="", timeout=60)
@@ -252,3 +279,34 @@ def test_generate_cli(models):
     assert out["pflash"]["output_ids"] == out["ar"]["output_ids"]
     pf = out["pflash"]["prefill"]
     assert pf["kept_tokens_target"] == pf["prompt_tokens"] == out["ar"]["n_prompt"]
+
+
+def test_retention_script_reproduces_the_engine_selection(start, models):
+    """scripts/pflash_retention.py re-applies the selection and the bridge in Python for its controls: on the
+    engine's own importance they give the engine's kept ranges, and needle chunks map through the offsets."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pflash_retention", ROOT / "scripts" / "pflash_retention.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    target, drafter = models
+    bridge = PFlashBridge(target, drafter)
+    text = long_text(90, seed=7)
+    # the prompt's end quotes a passage from its middle: anchors force chunks there
+    ids = bridge.target.encode(text + " " + text[len(text) // 2:len(text) // 2 + 200], add_special_tokens=False).ids
+    fields = bridge.fields(ids)
+    for keep in (0.1, 0.3):
+        e = start(target, drafter, "--keep-ratio", str(keep), "--max-ctx", str(len(ids) + 8), "--min-prompt-tokens", "0")
+        r = e.generate(ids, 2, return_importance=True, **fields)
+        means = script.chunk_means(r["importance_smoothed"], len(fields["drafter_ids"]))
+        kept = script.select(means, fields["drafter_ids"], keep)
+        assert len(kept) == r["prefill"]["kept_chunks"]
+        assert script.bridge(kept, fields["drafter_offsets"], fields["target_offsets"]) == r["prefill"]["kept_ranges"]
+        assert r["prefill"]["forced_chunks"] > 8 + 24  # the quoted passage's chunks are anchors
+        no_anchors = script.select(means, fields["drafter_ids"], keep, anchors=False)
+        n = len(means)
+        assert len(no_anchors) == max(min(32, n), max(1, int(n * keep)))
+    span = {"needles": [{"token_span": [10, 20]}]}
+    chunks = script.needle_chunks(span, fields["drafter_offsets"], fields["target_offsets"])[0]
+    a, b = fields["target_offsets"][10][0], fields["target_offsets"][19][1]
+    assert chunks == sorted({i // 32 for i, (s, t) in enumerate(fields["drafter_offsets"]) if s < b and t > a})

@@ -24,7 +24,7 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
           tiny: {synth: {shape: tiny, seed: 0, dtype: fp32}}
           drafter: {synth: {shape: tiny-qwen3-odd, seed: 1, dtype: fp32}}
         engines:
-          pflash: {type: pflash, options: {drafter: drafter, keep_ratio: 0.1}}
+          pflash: {type: pflash, options: {drafter: drafter, keep_ratio: 0.1, min_prompt_tokens: 0}}
         matrix: {engine: [ar, pflash], model: [tiny], suite: [needle], context: [2048]}
         suites: {needle: {n_gen: 4}}
         measure: {repetitions: 1, warmups: 0, timeout_s: 300}
@@ -39,9 +39,10 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
     result = Result.model_validate_json((out / "results.json").read_text())
     cell = next(c for c in result.cells if c.params["engine"] == "pflash")
     assert cell.status == "ok" and cell.params["keep_ratio"] == 0.1
+    assert cell.engine.ready["engine"]["options"]["min_prompt_tokens"] == 0  # the option reached the engine
     for s in cell.samples:
         pf = s.prefill
-        assert pf is not None and pf.prompt_tokens == s.n_prompt == 2048
+        assert pf is not None and pf.prompt_tokens == s.n_prompt == 2048 and pf.compressed is True
         assert 0 < pf.kept_tokens_target < pf.prompt_tokens and pf.kept_tokens_drafter and pf.drafter_prompt_tokens
         assert pf.needles_kept is not None and len(pf.needles_kept) == 1 and pf.needle_depths is not None
         assert set(pf.time_ms) == {"score", "select", "bridge", "target_prefill"}
