@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lucebench.models.dflash_draft import default_target_layer_ids
+from lucebench.models.dflash_draft import parse_draft_config
 
 
 @dataclass
@@ -84,28 +84,17 @@ class DFlashConfig:
 
     @classmethod
     def from_json(cls, cfg: dict[str, Any]) -> DFlashConfig:
-        """Reads the z-lab layout; block_size, mask_token_id and target_layer_ids may sit at the top level or
-        inside dflash_config (producers differ)."""
-        inner = cfg.get("dflash_config") or {}
-
-        def pick(key: str, default: Any = None) -> Any:
-            return inner.get(key, cfg.get(key, default))
-
-        n_layers = cfg["num_hidden_layers"]
-        n_target = cfg["num_target_layers"]
-        ids = pick("target_layer_ids")
-        rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e6)
+        """Reads the z-lab layout through `dflash_draft.parse_draft_config` (both placements of block_size,
+        mask_token_id and target_layer_ids; every key checked, a UserError naming the bad one)."""
+        d = parse_draft_config(cfg)
         return cls(
-            hidden_size=cfg["hidden_size"], num_hidden_layers=n_layers,
-            num_attention_heads=cfg["num_attention_heads"], num_key_value_heads=cfg["num_key_value_heads"],
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
-            intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
-            num_target_layers=n_target,
-            target_layer_ids=list(ids) if ids is not None else default_target_layer_ids(n_target, n_layers),
-            mask_token_id=int(pick("mask_token_id")), block_size=int(pick("block_size", 16)),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(rope),
-            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
-            layer_types=list(cfg.get("layer_types") or []),
+            hidden_size=d.hidden_size, num_hidden_layers=d.num_hidden_layers,
+            num_attention_heads=d.num_attention_heads, num_key_value_heads=d.num_key_value_heads,
+            head_dim=d.head_dim, intermediate_size=d.intermediate_size, vocab_size=d.vocab_size,
+            num_target_layers=d.num_target_layers, target_layer_ids=list(d.target_layer_ids),
+            mask_token_id=d.mask_token_id, block_size=d.block_size, rms_norm_eps=d.rms_norm_eps,
+            rope_theta=d.rope_theta, max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            layer_types=list(d.layer_types),
         )
 
 
