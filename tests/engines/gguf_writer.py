@@ -39,16 +39,7 @@ def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32",
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     nk, nv, dv, dk = cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_key_head_dim
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w = _writer(path, "qwen35", cfg)
     w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters.get("partial_rotary_factor", 0.25)))
     w.add_uint32("qwen35.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
     w.add_uint32("qwen35.ssm.state_size", dk)
@@ -56,17 +47,7 @@ def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32",
     w.add_uint32("qwen35.ssm.time_step_rank", nv)
     w.add_uint32("qwen35.ssm.inner_size", nv * dv)
 
-    def add(name: str, arr: np.ndarray, matrix: bool) -> None:
-        arr = np.ascontiguousarray(arr.astype(np.float32))
-        if raw and name in raw:
-            w.add_tensor(name, raw[name][0], raw_dtype=raw[name][1])
-        elif matrix and qtype == "f16":
-            w.add_tensor(name, arr.astype(np.float16))
-        elif matrix and qtype in ("bf16", "q8_0"):
-            q = gguf.GGMLQuantizationType.BF16 if qtype == "bf16" else gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
-        else:
-            w.add_tensor(name, arr)
+    add = _tensor_adder(w, qtype, raw)
 
     add("token_embd.weight", sd["model.embed_tokens.weight"], True)
     add("output_norm.weight", sd["model.norm.weight"] + 1, False)
@@ -100,11 +81,7 @@ def write_qwen35_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32",
         add(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"], True)
         add(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"], True)
         add(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"], True)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _finish(w, path)
 
 
 def write_qwen3_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") -> Path:
@@ -112,24 +89,9 @@ def write_qwen3_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") -> 
     llama.cpp's NEOX rotary needs no q/k permutation). `qtype` as in write_qwen35_gguf."""
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w = _writer(path, "qwen3", cfg)
 
-    def add(name: str, arr: np.ndarray, matrix: bool) -> None:
-        arr = np.ascontiguousarray(arr.astype(np.float32))
-        if matrix and qtype == "q8_0":
-            q = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
-        else:
-            w.add_tensor(name, arr)
+    add = _tensor_adder(w, qtype)
 
     add("token_embd.weight", sd["model.embed_tokens.weight"], True)
     add("output_norm.weight", sd["model.norm.weight"], False)
@@ -145,6 +107,44 @@ def write_qwen3_gguf(model: torch.nn.Module, path: Path, qtype: str = "f32") -> 
         add(b + "attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"], False)
         for hf, gg in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
             add(b + gg + ".weight", sd[p + "mlp." + hf + ".weight"], True)
+    return _finish(w, path)
+
+
+def _writer(path: Path, arch: str, cfg) -> gguf.GGUFWriter:
+    """A GGUF writer for `arch` with the header keys every transformer of these families has."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    return w
+
+
+def _tensor_adder(w: gguf.GGUFWriter, qtype: str, raw: dict | None = None):
+    """add(name, array, matrix): matrices in `qtype` (f32, f16, bf16, q8_0), other tensors f32; a tensor named
+    in `raw` is written from its given blocks and type instead."""
+
+    def add(name: str, arr: np.ndarray, matrix: bool) -> None:
+        arr = np.ascontiguousarray(arr.astype(np.float32))
+        if raw and name in raw:
+            w.add_tensor(name, raw[name][0], raw_dtype=raw[name][1])
+        elif matrix and qtype == "f16":
+            w.add_tensor(name, arr.astype(np.float16))
+        elif matrix and qtype in ("bf16", "q8_0"):
+            q = gguf.GGMLQuantizationType.BF16 if qtype == "bf16" else gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(arr, q), raw_dtype=q)
+        else:
+            w.add_tensor(name, arr)
+
+    return add
+
+
+def _finish(w: gguf.GGUFWriter, path: Path) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
