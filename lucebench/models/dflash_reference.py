@@ -213,7 +213,9 @@ def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *,
     stop_ids = set(eos if isinstance(eos, list) else [eos])
     bs = draft.config.block_size
     report: dict[str, Any] = {"n_prompts": n_prompts, "n_gen": n_gen, "block_size": bs,
-                              "stop_ids": sorted(stop_ids), "datasets": {}}
+                              "stop_ids": sorted(stop_ids), "dtype": "float32",
+                              "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
+                              "datasets": {}}
     for name in datasets:
         prompts = eval_prompts(Path(datasets_dir), name, n_prompts)
         per_prompt = []
@@ -243,3 +245,38 @@ def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *,
             "prompts": per_prompt,
         }
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lucebench.models.dflash_reference --models DIR --datasets DIR [--sets humaneval ...]
+    [--device cuda] --out FILE`: `measure_acceptance` without the CLI's dependencies (the GPU machine runs
+    one process per set; scripts/device/train_reference.sh)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lucebench.models.dflash_reference", description=main.__doc__)
+    ap.add_argument("--models", type=Path, required=True, help="folder holding target/ and draft/")
+    ap.add_argument("--datasets", type=Path, required=True)
+    ap.add_argument("--sets", nargs="+", default=list(PROMPT_FORMATS), choices=list(PROMPT_FORMATS))
+    ap.add_argument("--n-prompts", type=int, default=20)
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda"):
+        # float32 as on the CPU: no TF32 in matmuls or in the DeltaNet's convolution.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    else:
+        torch.set_num_threads(1)
+    report = measure_acceptance(args.models / "target", args.models / "draft", args.datasets,
+                                n_prompts=args.n_prompts, n_gen=args.n_gen, datasets=tuple(args.sets),
+                                device=args.device)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    for name, r in report["datasets"].items():
+        print(f"{name}: AL {r['al']:.3f} over {r['rounds']} rounds, accepted at depth 1/2/3 "
+              f"{r['accepted_at_depth'][:3]}, lossless {r['lossless_prompts']}/{args.n_prompts}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
