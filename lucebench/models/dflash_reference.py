@@ -201,9 +201,13 @@ def eval_prompts(datasets_dir: Path, name: str, n: int, seed: int = 42) -> list[
 
 def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *, n_prompts: int = 20,
                        n_gen: int = 128, datasets: tuple[str, ...] = ("humaneval", "gsm8k", "math500"),
-                       device: str = "cpu", progress=None) -> dict[str, Any]:
+                       device: str = "cpu", progress=None, max_seconds: float | None = None) -> dict[str, Any]:
     """Chain AL of the reference loop per dataset, its histogram and per-depth acceptance, and losslessness
-    against the target's greedy decoding (token by token, first divergence)."""
+    against the target's greedy decoding (token by token, first divergence). With `max_seconds`, no prompt is
+    started after that time; each set records how many prompts it measured (`prompts_measured`)."""
+    import time
+
+    t0 = time.perf_counter()
     from tokenizers import Tokenizer
 
     target, draft = load_pair(target_dir, draft_dir, device=device)
@@ -221,6 +225,8 @@ def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *,
         per_prompt = []
         hist = [0] * (bs + 1)
         for j, text in enumerate(prompts):
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                break
             ids = tok.encode(text, add_special_tokens=False).ids
             spec = speculative_greedy(target, draft, ids, n_gen, stop_ids)
             ar = greedy_reference(target, ids, n_gen, stop_ids)
@@ -241,6 +247,7 @@ def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *,
             "tokens_after_first": committed,
             "histogram": hist,
             "accepted_at_depth": depth,
+            "prompts_measured": len(per_prompt),
             "lossless_prompts": sum(p["first_divergence"] is None for p in per_prompt),
             "prompts": per_prompt,
         }
@@ -260,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-prompts", type=int, default=20)
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-seconds", type=float, default=None, help="start no prompt after this time")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.device.startswith("cuda"):
@@ -270,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
     report = measure_acceptance(args.models / "target", args.models / "draft", args.datasets,
                                 n_prompts=args.n_prompts, n_gen=args.n_gen, datasets=tuple(args.sets),
-                                device=args.device)
+                                device=args.device, max_seconds=args.max_seconds)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     for name, r in report["datasets"].items():
         print(f"{name}: AL {r['al']:.3f} over {r['rounds']} rounds, accepted at depth 1/2/3 "
-              f"{r['accepted_at_depth'][:3]}, lossless {r['lossless_prompts']}/{args.n_prompts}", flush=True)
+              f"{r['accepted_at_depth'][:3]}, lossless {r['lossless_prompts']}/{r['prompts_measured']} "
+              f"({r['prompts_measured']} of {args.n_prompts} prompts measured)", flush=True)
     return 0
 
 

@@ -47,14 +47,16 @@ echo "pipeline exit status $rc after $(( $(date +%s) - start )) s" | tee -a "$OU
 
 # Chain AL of the reference loop, one process per set on the same GPU (each is a chain of small forwards).
 if [ -f "$WORK/draft/model.safetensors" ] && [ -f "$WORK/target/model.safetensors" ]; then
-    left=$(( 520 - ($(date +%s) - start) ))
-    limit=$(( left < 150 ? left : 150 ))
+    left=$(( 480 - ($(date +%s) - start) ))
+    limit=$(( left < 130 ? left : 130 ))
     if [ "$limit" -gt 20 ]; then
         echo "reference loop: 3 sets in parallel, limit $limit s" | tee "$OUTDIR/al.log"
         pids=()
         for set in humaneval gsm8k math500; do
-            timeout "$limit" python3 -m lucebench.models.dflash_reference --models "$WORK" --datasets "$DATASETS" \
-                --sets "$set" --device "$DEVICE" --out "$WORK/al-$set.json" > "$WORK/al-$set.log" 2>&1 &
+            # --max-seconds ends each set cleanly after the prompt in progress; timeout is the backstop.
+            timeout $(( limit + 30 )) python3 -m lucebench.models.dflash_reference --models "$WORK" \
+                --datasets "$DATASETS" --sets "$set" --device "$DEVICE" --max-seconds "$limit" \
+                --out "$WORK/al-$set.json" > "$WORK/al-$set.log" 2>&1 &
             pids+=($!)
         done
         for p in "${pids[@]}"; do wait "$p" || echo "a reference-loop process ended with status $?" | tee -a "$OUTDIR/al.log"; done
@@ -106,7 +108,8 @@ if al.is_file():
     r = json.loads(al.read_text())
     for name, v in r["datasets"].items():
         print(f"reference loop {name}: AL {v['al']} over {v['rounds']} rounds, depth 1/2/3 "
-              f"{v['accepted_at_depth'][:3]}, lossless {v['lossless_prompts']}/{r['n_prompts']} ({r['device']})")
+              f"{v['accepted_at_depth'][:3]}, lossless {v['lossless_prompts']}/{v['prompts_measured']} "
+              f"({v['prompts_measured']} of {r['n_prompts']} prompts; {r['device']})")
 EOF
 cp "$WORK"/train_report.json "$WORK"/corpus_manifest.json "$WORK"/reference_al.json "$OUTDIR"/ 2>/dev/null
 tar -C "$(dirname "$WORK")" -czf - "$(basename "$WORK")" | split -b 12M - "$OUTDIR/reference-models.tar.gz.part-"
