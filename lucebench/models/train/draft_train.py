@@ -149,8 +149,10 @@ def greedy_continuations(target: FeatureTarget, prefixes: np.ndarray, *, gen_len
     """The target's greedy continuation of each prefix (batched, with the model's cache) and the features of
     the draft's target layers at every position but the last, kept as they are computed.
 
-    Returns (seqs [m, prefix_len + gen_len] int64 on the CPU, feats [m, T - 1, n_layers * hidden] bf16 on
-    `device`, stopped_by_guard); m < len(prefixes) only when the time guard ended generation early."""
+    Returns (seqs [m, prefix_len + gen_len] int64 on the CPU, feats [m, T - 1, n_layers * hidden] bf16,
+    stopped_by_guard); m < len(prefixes) only when the time guard ended generation early. The features stay
+    on `device` when they take under half of its free memory (a training step then gathers its batch there),
+    else in the CPU's memory."""
     from transformers import DynamicCache
 
     model = target.model.eval()
@@ -158,7 +160,12 @@ def greedy_continuations(target: FeatureTarget, prefixes: np.ndarray, *, gen_len
     t = p + gen_len
     width = model.config.hidden_size * len(target.layer_ids)
     seqs = torch.empty(n, t, dtype=torch.long)
-    feats = torch.empty(n, t - 1, width, dtype=torch.bfloat16, device=device)
+    store = device
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # what the target's training left cached counts as free here
+        if 2 * n * (t - 1) * width > 0.5 * torch.cuda.mem_get_info(device)[0]:
+            store = "cpu"
+    feats = torch.empty(n, t - 1, width, dtype=torch.bfloat16, device=store)
     t0 = time.perf_counter()
     done = 0
     while done < n:
@@ -169,12 +176,15 @@ def greedy_continuations(target: FeatureTarget, prefixes: np.ndarray, *, gen_len
         f = feats[done:done + b]
         cache = DynamicCache(config=model.config)
         logits = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        f[:, :p] = target.features()
+        f[:, :p] = target.features().to(torch.bfloat16).to(store)
+        steps = []
         toks = [logits[:, -1].argmax(-1)]
-        for j in range(gen_len - 1):
+        for _ in range(gen_len - 1):
             logits = model(input_ids=toks[-1][:, None], past_key_values=cache, use_cache=True).logits
-            f[:, p + j] = target.features()[:, 0]
+            steps.append(target.features()[:, 0].to(torch.bfloat16))
             toks.append(logits[:, -1].argmax(-1))
+        if steps:
+            f[:, p:] = torch.stack(steps, dim=1).to(store)
         seqs[done:done + b] = torch.cat([x, torch.stack(toks, dim=1)], dim=1).cpu()
         done += b
     return seqs, feats, False

@@ -207,7 +207,7 @@ def train_reference(out: Path, *, recipe: Recipe, datasets_dir: Path, device: st
                  "stream_prefixes": len(rand), "tokens_per_continuation": dr.prefix_len + dr.gen_len,
                  "stopped_by_guard": gen_stopped, "seconds": round(t_gen, 1),
                  "features": "stored bf16 from the generation forwards (target layers "
-                             f"{ft.layer_ids}), {feats.numel() * 2 / 2**30:.1f} GiB"},
+                             f"{ft.layer_ids}), {feats.numel() * 2 / 2**30:.1f} GiB on {feats.device.type}"},
     }
     log(f"draft: {report['draft']['n_params']:,} parameters, target layers {draft.config.target_layer_ids}")
     report["draft"]["train"] = train_draft(ft, draft, seqs, feats, dr, device=device, seed=recipe.seed + 4, log=log)
