@@ -254,9 +254,6 @@ public:
         gpu::ContextScope bind(ctx_);
         const int n = int(req.tokens.size());
         pending_n_ = 0;
-        if (!plain_kv(kt_) || !plain_kv(vt_))
-            fail("unsupported", std::string("the ") + LB_GPU_NAME + " verify forward takes an f32, f16 or bf16 KV cache, not " +
-                                    dtype_name(plain_kv(kt_) ? vt_ : kt_) + " (--kv-k / --kv-v)");
         VerifyPlan plan = plan_verify(req, cfg_, len_, max_ctx_);
         const std::vector<int>& parent = plan.parent;
         const std::vector<uint8_t>& visible = plan.visible;
@@ -294,13 +291,14 @@ public:
                                          gpuMemcpyDeviceToHost, s_));
         }
         std::vector<float> feats;
-        if (slots > 0) {
+        if (slots > 0 && !req.features_on_device) {
             feats.resize(size_t(slots) * n * H);
             GPU_CHECK(gpuMemcpyAsync(feats.data(), feat_, sizeof(float) * feats.size(), gpuMemcpyDeviceToHost, s_));
         }
         GPU_CHECK(gpuStreamSynchronize(s_));
         for (int r : out_rows) out->argmax.push_back(argmax[size_t(r)]);
-        for (size_t i = 0; i < R && slots > 0; ++i)
+        if (req.features_on_device) out->device_features = slots > 0 ? feat_ : nullptr;
+        for (size_t i = 0; i < R && slots > 0 && !req.features_on_device; ++i)
             for (int l : req.feature_layers) {
                 const float* src = &feats[(size_t(slot_of[size_t(l)]) * n + size_t(out_rows[i])) * H];
                 out->features.insert(out->features.end(), src, src + H);
@@ -360,6 +358,21 @@ public:
         }
     }
 
+    DeviceHead device_head() override {
+        DeviceHead h;
+        h.stream = (void*)s_;
+        h.device = device_;
+        h.embed = [this](const int* d_tokens, int n, float* d_x) {
+            gpu::ContextScope bind(ctx_);
+            gpu::embed(d_tokens, n, W(w_.embed), cfg_.hidden, d_x, s_);
+        };
+        h.lm_head = [this](const float* d_x, int n, float* d_logits) {
+            gpu::ContextScope bind(ctx_);
+            gpu::matmul(d_x, n, cfg_.hidden, W(w_.lm_head), cfg_.vocab, d_logits, false, s_);
+        };
+        return h;
+    }
+
     MemoryReport memory() const override {
         MemoryReport m;
         m.weights = weight_bytes_;
@@ -395,7 +408,6 @@ public:
     }
 
 private:
-    static bool plain_kv(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
     size_t state_elems() const { return size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim; }
     size_t conv_elems() const { return size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1); }
     gpu::VerifyCaches vcaches() { return gpu::VerifyCaches{kc_, vc_, kt_, vt_, ssm_, conv_}; }

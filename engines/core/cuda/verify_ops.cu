@@ -6,17 +6,13 @@
 
 #include <cmath>
 
+#include "common.cuh"
+
 namespace lb::gpu {
 namespace {
 
-__device__ __forceinline__ float kv_load(const void* row, DType t, int e) {
-    switch (t) {
-        case DType::F16: return __half2float(((const __half*)row)[e]);
-        case DType::BF16: return __uint_as_float(uint32_t(((const unsigned short*)row)[e]) << 16);
-        default: return ((const float*)row)[e];
-    }
-}
-
+// Plain (f32, f16, bf16) cache elements one thread at a time; quantised rows go through common.cuh's
+// kv_store_warp (a warp per 32-value block, quant.cpp's rounding). Loads: common.cuh's kv_load, every type.
 __device__ __forceinline__ void kv_store(void* row, DType t, int e, float v) {
     switch (t) {
         case DType::F16: ((__half*)row)[e] = __float2half_rn(v); return;
@@ -31,12 +27,7 @@ __device__ __forceinline__ void kv_store(void* row, DType t, int e, float v) {
     }
 }
 
-__device__ __forceinline__ size_t kv_row_bytes(DType t, int hd) { return size_t(hd) * (t == DType::F32 ? 4 : 2); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = LB_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
+__device__ __forceinline__ bool kv_quantised(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
 
 // Sum over the block (blockDim a multiple of the warp size, at most 1024 threads).
 __device__ float block_sum(float v, float* red) {
@@ -87,9 +78,17 @@ __global__ void attn_prep_tree_kernel(float* qkv, int ld, int nh, int nkv, int h
         const float* v = row + q_rows + nkv * hd + j * hd;
         void* krow = (char*)kcache + slot * kv_row_bytes(kt, hd);
         void* vrow = (char*)vcache + slot * kv_row_bytes(vt, hd);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            kv_store(krow, kt, i, sh[i]);
-            kv_store(vrow, vt, i, v[i]);
+        if (kv_quantised(kt) || kv_quantised(vt)) {
+            __syncthreads();
+            if (threadIdx.x < LB_WARP) {
+                kv_store_warp(sh, hd, kt, krow);
+                kv_store_warp(v, hd, vt, vrow);
+            }
+        } else {
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                kv_store(krow, kt, i, sh[i]);
+                kv_store(vrow, vt, i, v[i]);
+            }
         }
     }
 }
