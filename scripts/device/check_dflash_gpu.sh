@@ -6,6 +6,7 @@
 #                                       against DraftModelCpu (the trained reference draft and a random
 #                                       0.8B-shape draft)
 #   lucebench-verify-kernels-check      the verify kernels, now with q8_0 / q4_0 KV rows
+#   lucebench-verify-gpu-check          GPU verify + commit == AR (scripted trees), now also with a q8_0 KV cache
 #   check_dflash_gpu.py lossless-synth  SYNTHETIC: dflash == ar greedy on full-shape synthetic Qwen3.5-0.8B, chain
 #                                       and tree at budgets 8/22/40, KV bf16 and q8_0 (first divergence otherwise)
 #   check_dflash_gpu.py reference       TRAINED REFERENCE: the fixture pair, HumanEval / GSM8K / MATH-500 prompts:
@@ -27,7 +28,7 @@ mkdir -p "$DEST"
 BUILD=/tmp/lb-dflash-build
 t0=$(date +%s)
 build_engines engines "$BUILD" dflash "" lucebench-ar lucebench-dflash lucebench-dflash-gpu-check \
-  lucebench-verify-kernels-check > "$DEST/build.log" 2>&1 || { tail -40 "$DEST/build.log"; exit 1; }
+  lucebench-verify-kernels-check lucebench-verify-gpu-check > "$DEST/build.log" 2>&1 || { tail -40 "$DEST/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$DEST/card.txt"
 synth_08b || { echo "synthetic 0.8B checkpoint: FAILED"; exit 1; }
@@ -41,6 +42,8 @@ cat "$DEST/dflash_gpu_check.txt"
 stdbuf -oL "$BUILD/lucebench-verify-kernels-check" > "$DEST/verify_kernels_check.txt" 2>&1 || rc=1
 tail -4 "$DEST/verify_kernels_check.txt"
 grep -E "FAIL" "$DEST/verify_kernels_check.txt" | head -10
+stdbuf -oL "$BUILD/lucebench-verify-gpu-check" > "$DEST/verify_gpu_check.txt" 2>&1 || rc=1
+tail -12 "$DEST/verify_gpu_check.txt"
 parts=()
 for p in ${PARTS:-lossless-synth reference speed}; do parts+=(--part "$p"); done
 baseline=()
