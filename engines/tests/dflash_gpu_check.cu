@@ -223,7 +223,7 @@ static void check_forward(const std::string& dir) {
         double max_lp = 0;
         for (int d = 0; d < D; ++d) {
             const auto c = dflash::top_k_logprobs(&logits[size_t(d) * V], V, 8);
-            if (c.logprobs[0] - c.logprobs[1] > 0.05f) {  // top-1 away from a near-tie
+            if (c.logprobs[0] - c.logprobs[1] > 0.1f) {  // top-1 away from a near-tie
                 ++compared;
                 agree += got[size_t(d)].tokens[0] == c.tokens[0];
             }
