@@ -330,23 +330,25 @@ private:
 //   --chain-seed on|off        insert the top-1 chain before growing best-first (default on)
 //   --force-accept-length A    benchmark only: commit A tokens a round on average (1 <= A <= min(budget,
 //                              block_size - 1) + 1) instead of walking the target's argmax (top of this file)
+//   --prefill-chunk N          prompt rows per prefill verify, N >= 1 (default: the whole prompt on the CPU,
+//                              256 on a GPU, where a verify holds [rows, vocab] logits)
 std::vector<char*> take_own_flags(int argc, char** argv, LoopOptions* loop) {
     std::vector<char*> rest;
     DDTreeOptions* tree = &loop->tree;
     for (int i = 0; i < argc; ++i) {
         std::string a = argv[i], value, flag;
-        for (const char* f : {"--top-k", "--chain-seed", "--force-accept-length"})
+        for (const char* f : {"--top-k", "--chain-seed", "--force-accept-length", "--prefill-chunk"})
             if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
         if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
         if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
         else if (i + 1 < argc) value = argv[++i];
         else fail("bad_request", flag + " needs a value");
-        if (flag == "--top-k") {
+        if (flag == "--top-k" || flag == "--prefill-chunk") {
             char* end = nullptr;
             const long k = std::strtol(value.c_str(), &end, 10);
             if (value.empty() || *end || k < 1 || k > 1 << 20)
-                fail("bad_request", "--top-k must be an integer >= 1, got '" + value + "'");
-            tree->top_k = int(k);
+                fail("bad_request", flag + " must be an integer >= 1, got '" + value + "'");
+            (flag == "--top-k" ? tree->top_k : loop->prefill_chunk) = int(k);
         } else if (flag == "--chain-seed") {
             if (value != "on" && value != "off") fail("bad_request", "--chain-seed must be on or off, got '" + value + "'");
             tree->chain_seed = value == "on";
@@ -361,7 +363,8 @@ std::vector<char*> take_own_flags(int argc, char** argv, LoopOptions* loop) {
     return rest;
 }
 
-// Prompt rows per prefill verify on a GPU: bounds the verify's [rows, vocab] logits (256 MB at 248K vocab).
+// Prompt rows per prefill verify on a GPU by default: bounds the verify's [rows, vocab] logits (254 MB at
+// the 248K vocabulary).
 constexpr int kGpuPrefillChunk = 256;
 
 int run(int argc, char** argv) {
@@ -437,10 +440,10 @@ int run(int argc, char** argv) {
                     if (dc.target_layer_ids[i] == dc.target_layer_ids[j])
                         fail("unsupported", "draft " + opt.draft + ": target layer " + std::to_string(dc.target_layer_ids[i]) +
                                                 " is listed twice in target_layer_ids (the GPU draft takes distinct layers)");
-            loop.prefill_chunk = kGpuPrefillChunk;
+            if (loop.prefill_chunk == 0) loop.prefill_chunk = kGpuPrefillChunk;
             gpu_draft = std::make_unique<DraftModelGpu>(be->device_head());
             gpu_draft->load(*dsrc, dc);
-            gpu_draft->allocate(opt.max_ctx + dc.block_size, kGpuPrefillChunk, cfg.vocab);
+            gpu_draft->allocate(opt.max_ctx + dc.block_size, loop.prefill_chunk, cfg.vocab);
             draft_weight_bytes = gpu_draft->weight_bytes();
             draft_buffer_bytes = gpu_draft->buffer_bytes();
             drafter = std::make_unique<GpuDrafter>(*gpu_draft);

@@ -106,7 +106,8 @@ def test_lossless_against_ar(dflash_exe, pair, ar_tokens, kv, mode):
 
 @pytest.mark.parametrize("flag,value", [("--top-k", "0"), ("--top-k", "x"), ("--chain-seed", "maybe"),
                                         ("--chain-seed", None), ("--force-accept-length", "0.5"),
-                                        ("--force-accept-length", "nan"), ("--force-accept-length", "x")])
+                                        ("--force-accept-length", "nan"), ("--force-accept-length", "x"),
+                                        ("--prefill-chunk", "0")])
 def test_bad_tree_flags(dflash_exe, pair, flag, value):
     proc = subprocess.run([str(dflash_exe), "--model", str(pair[0]), "--draft", str(pair[1]), flag,
                            *([value] if value is not None else [])], capture_output=True, text=True, timeout=60)
@@ -141,6 +142,18 @@ def test_forced_acceptance_beyond_the_tree_is_refused(dflash_exe, pair):
                            "--force-accept-length", "6"], capture_output=True, text=True, timeout=60)
     [line] = [json.loads(s) for s in proc.stdout.splitlines()]
     assert proc.returncode == 1 and "exceeds what a round can commit here: 5" in line["message"]
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_chunked_prefill_is_lossless(dflash_exe, pair, ar_tokens, chunk):
+    """--prefill-chunk N (a GPU's default is 256): the prompt in verifies of N rows, features of every row kept;
+    the output equals ar's, with return_logits too (the last token's own verify)."""
+    e = Engine(dflash_exe, pair[0], "--draft", str(pair[1]), "--prefill-chunk", str(chunk))
+    assert e.ready["engine"]["options"]["prefill_chunk"] == chunk
+    for prompt, want in zip(PROMPTS, ar_tokens["bf16"]):
+        assert e.generate(prompt, N_GEN)["output_ids"] == want
+    assert e.generate(PROMPTS[2], 9, return_logits=True)["output_ids"] == ar_tokens["bf16"][2][:9]
+    assert e.close() == 0
 
 
 def test_ready_line_of_the_real_walk(dflash_exe, pair):
