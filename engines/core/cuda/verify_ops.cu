@@ -4,30 +4,15 @@
 // reference on random inputs.
 #include "verify_ops.h"
 
-#include <cmath>
-
 #include "common.cuh"
+
+#include <cmath>
 
 namespace lb::gpu {
 namespace {
 
-// Plain (f32, f16, bf16) cache elements one thread at a time; quantised rows go through common.cuh's
-// kv_store_warp (a warp per 32-value block, quant.cpp's rounding). Loads: common.cuh's kv_load, every type.
-__device__ __forceinline__ void kv_store(void* row, DType t, int e, float v) {
-    switch (t) {
-        case DType::F16: ((__half*)row)[e] = __float2half_rn(v); return;
-        case DType::BF16: {  // round to nearest even, as half.h's f32_to_bf16
-            uint32_t u = __float_as_uint(v);
-            if ((u & 0x7fffffffu) > 0x7f800000u) { ((unsigned short*)row)[e] = (unsigned short)((u >> 16) | 0x40); return; }
-            u += 0x7fffu + ((u >> 16) & 1u);
-            ((unsigned short*)row)[e] = (unsigned short)(u >> 16);
-            return;
-        }
-        default: ((float*)row)[e] = v;
-    }
-}
-
-__device__ __forceinline__ bool kv_quantised(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
+// KV rows are read and written with common.cuh's kv_load / kv_store_warp, the attention prologue's own
+// encoding, so a verify row holds the bytes an append forward would have written (quantised types too).
 
 // Sum over the block (blockDim a multiple of the warp size, at most 1024 threads).
 __device__ float block_sum(float v, float* red) {
@@ -72,24 +57,12 @@ __global__ void attn_prep_tree_kernel(float* qkv, int ld, int nh, int nkv, int h
     }
     __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = sh[i];
-    if (!is_q) {
-        const int j = head - nh;
+    if (!is_q) {  // warp 0 encodes the K row, warp 1 the V row (a quantised block takes a whole warp)
+        const int j = head - nh, warp = threadIdx.x / LB_WARP;
         const size_t slot = size_t(len + t) * nkv + j;
         const float* v = row + q_rows + nkv * hd + j * hd;
-        void* krow = (char*)kcache + slot * kv_row_bytes(kt, hd);
-        void* vrow = (char*)vcache + slot * kv_row_bytes(vt, hd);
-        if (kv_quantised(kt) || kv_quantised(vt)) {
-            __syncthreads();
-            if (threadIdx.x < LB_WARP) {
-                kv_store_warp(sh, hd, kt, krow);
-                kv_store_warp(v, hd, vt, vrow);
-            }
-        } else {
-            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-                kv_store(krow, kt, i, sh[i]);
-                kv_store(vrow, vt, i, v[i]);
-            }
-        }
+        if (warp == 0) kv_store_warp(sh, hd, kt, (char*)kcache + slot * kv_row_bytes(kt, hd));
+        if (warp == 1) kv_store_warp(v, hd, vt, (char*)vcache + slot * kv_row_bytes(vt, hd));
     }
 }
 
@@ -395,7 +368,7 @@ int threads_for(int n) { return n >= 256 ? 256 : ((n + LB_WARP - 1) / LB_WARP) *
 void attn_prep_tree(float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int rot, float theta,
                     const float* q_gain, const float* k_gain, float eps, const int* positions, int len, void* kcache,
                     DType kt, void* vcache, DType vt, gpuStream_t s) {
-    const int threads = hd >= 128 ? 128 : 64;
+    const int threads = hd >= 128 ? 128 : 2 * LB_WARP;  // at least two warps: K and V rows are stored by one each
     attn_prep_tree_kernel<<<dim3(n, nh + nkv), threads, sizeof(float) * (hd + 32), s>>>(
         qkv, ld, nh, nkv, hd, gated, rot, theta, q_gain, k_gain, eps, positions, len, kcache, kt, vcache, vt);
 }
