@@ -206,9 +206,13 @@ def main() -> int:
     backend = ["--backend", a.backend] if a.backend else []
     for part in a.part or ["lossless-synth", "reference", "speed"]:
         t0 = time.time()
-        {"lossless-synth": lambda: part_lossless_synth(exe, a.out, backend),
-         "reference": lambda: part_reference(exe, a.out, backend, a.cpu_baseline),
-         "speed": lambda: part_speed(exe, a.out, backend)}[part]()
+        try:  # a part that fails (an engine error, a crash) is reported and the next part still runs
+            {"lossless-synth": lambda: part_lossless_synth(exe, a.out, backend),
+             "reference": lambda: part_reference(exe, a.out, backend, a.cpu_baseline),
+             "speed": lambda: part_speed(exe, a.out, backend)}[part]()
+        except Exception as exc:  # noqa: BLE001
+            say(f"  {part}: FAILED with {type(exc).__name__}: {exc}")
+            failures.append(f"{part}: {type(exc).__name__}: {exc}")
         say(f"  ({part}: {time.time() - t0:.0f} s)")
     say("FAILED: " + " | ".join(failures) if failures else "all dflash checks passed")
     (a.out / "summary.md").write_text("\n".join(summary) + "\n")
