@@ -31,6 +31,7 @@ build_engines engines "$BUILD" dflash "" lucebench-ar lucebench-dflash lucebench
   lucebench-verify-kernels-check lucebench-verify-gpu-check > "$DEST/build.log" 2>&1 || { tail -40 "$DEST/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$DEST/card.txt"
+{ git rev-parse HEAD 2>/dev/null || echo "(no git)"; date -u; } > "$DEST/provenance.txt"
 synth_08b || { echo "synthetic 0.8B checkpoint: FAILED"; exit 1; }
 export PYTHONPATH=.:tests/engines
 python3 -c "from pathlib import Path; from lucebench.models.dflash_draft import synthesize_draft as s; \
@@ -49,6 +50,6 @@ for p in ${PARTS:-lossless-synth reference speed}; do parts+=(--part "$p"); done
 baseline=()
 [ -f scripts/device/dflash_reference_cpu.json ] && baseline=(--cpu-baseline scripts/device/dflash_reference_cpu.json)
 OUT="$DEST" stdbuf -oL python3 scripts/device/check_dflash_gpu.py --build "$BUILD" --out "$DEST" "${parts[@]}" \
-  "${baseline[@]}" || rc=1
+  ${baseline[@]+"${baseline[@]}"} || rc=1
 echo "total $(( $(date +%s) - t0 )) s"
 exit $rc
