@@ -40,6 +40,8 @@ struct VerifyRequest {
     int top_k = 0;                    // > 0: the k largest log-probabilities of each out row
     std::vector<int> feature_layers;  // layer ids whose output (the residual stream after the layer,
                                       // HF's hidden_states[id + 1]) is returned at the out rows
+    bool features_on_device = false;  // GPU backends: leave the features in device memory
+                                      // (VerifyResult::device_features) instead of copying them to the host
 };
 
 struct VerifyResult {
@@ -48,6 +50,19 @@ struct VerifyResult {
     std::vector<int> top_ids;            // [out rows, top_k], largest first
     std::vector<float> top_logprobs;     // [out rows, top_k]
     std::vector<float> features;         // [out rows, feature layers, hidden]
+    // features_on_device: [distinct feature layers (first-appearance order), every row of the verify,
+    // hidden] fp32 in the backend's device memory, valid until its next verify or forward.
+    const float* device_features = nullptr;
+};
+
+// What a second model on the same GPU (a speculative draft) borrows from the target, as device operations
+// on the backend's stream (the draft enqueues on that stream too, so nothing waits across streams). The
+// target's embedding and LM head run as the backend stores them, whatever their format.
+struct DeviceHead {
+    void* stream = nullptr;  // the backend's gpuStream_t
+    int device = 0;
+    std::function<void(const int* d_tokens, int n, float* d_x)> embed;      // d_x[n, hidden] = embedding rows
+    std::function<void(const float* d_x, int n, float* d_logits)> lm_head;  // d_logits[n, vocab] = LM head of d_x
 };
 
 // PFlash importance (docs/engines.md, "PFlash"): a forward that also returns, for every attention layer,
@@ -146,6 +161,8 @@ public:
         fail("unsupported", "the " + name() + " backend cannot export its state");
     }
     virtual MemoryReport memory() const { return {}; }
+    // GPU backends: the target's embedding and LM head for a draft on the same device (DeviceHead).
+    virtual DeviceHead device_head() { fail("unsupported", "the " + name() + " backend has no device head"); }
 };
 
 using Qwen35Backend = Backend;  // the name the Qwen3.5-only GPU code uses

@@ -154,63 +154,23 @@ DraftConfig draft_config_from_source(const TensorSource& src) {
     return c;
 }
 
-// ------------------------------------------------------------------------------------------- attention
-
-void draft_attention(const float* q, int n, int nh, int nkv, int hd, int qpos0, const float* k_ctx,
-                     const float* v_ctx, int n_ctx, const float* k_blk, const float* v_blk, bool causal, int window,
-                     float* out) {
-    const int group = nh / nkv;
-    const float scale = 1.0f / std::sqrt(float(hd));
-    const int n_keys = n_ctx + n;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int t = 0; t < n; ++t)
-        for (int h = 0; h < nh; ++h) {
-            const int kvh = h / group, qp = qpos0 + t;
-            const float* qh = q + (int64_t(t) * nh + h) * hd;
-            std::vector<float> p(size_t(n_keys), -INFINITY);
-            float mx = -INFINITY;
-            for (int s = 0; s < n_keys; ++s) {
-                const int kp = s < n_ctx ? s : qpos0 + (s - n_ctx);
-                bool visible = !causal || kp <= qp;
-                if (window > 0) visible = visible && qp - kp < window && (causal || kp - qp < window);
-                if (!visible) continue;
-                const float* ks = s < n_ctx ? k_ctx + (int64_t(s) * nkv + kvh) * hd
-                                            : k_blk + (int64_t(s - n_ctx) * nkv + kvh) * hd;
-                float d = 0;
-                for (int i = 0; i < hd; ++i) d += qh[i] * ks[i];
-                p[size_t(s)] = d * scale;
-                mx = std::fmax(mx, p[size_t(s)]);
-            }
-            float sum = 0;
-            for (int s = 0; s < n_keys; ++s) {
-                p[size_t(s)] = p[size_t(s)] == -INFINITY ? 0.f : std::exp(p[size_t(s)] - mx);
-                sum += p[size_t(s)];
-            }
-            float* oh = out + (int64_t(t) * nh + h) * hd;
-            for (int i = 0; i < hd; ++i) oh[i] = 0;
-            for (int s = 0; s < n_keys; ++s) {
-                if (p[size_t(s)] == 0.f) continue;
-                const float w = p[size_t(s)] / sum;
-                const float* vs = s < n_ctx ? v_ctx + (int64_t(s) * nkv + kvh) * hd
-                                            : v_blk + (int64_t(s - n_ctx) * nkv + kvh) * hd;
-                for (int i = 0; i < hd; ++i) oh[i] += w * vs[i];
-            }
-        }
-}
-
 // ------------------------------------------------------------------------------------------- the model
+
+std::vector<float> read_draft_tensor(const TensorSource& src, const std::string& name, std::vector<int64_t> shape,
+                                     uint64_t* bytes) {
+    const TensorInfo& t = need(src, prefix_of(src) + name);
+    check_shape(t, std::move(shape));
+    *bytes += t.nbytes;
+    return src.read_f32(t);
+}
 
 void DraftModelCpu::load(const TensorSource& src, const DraftConfig& cfg) {
     cfg_ = cfg;
-    const std::string p = prefix_of(src);
     const int64_t H = cfg.hidden, hd = cfg.head_dim, qd = int64_t(cfg.n_heads) * hd, kvd = int64_t(cfg.n_kv_heads) * hd;
     const int64_t I = cfg.intermediate;
     weight_bytes_ = 0;
     auto read = [&](const std::string& name, std::vector<int64_t> shape) {
-        const TensorInfo& t = need(src, p + name);
-        check_shape(t, std::move(shape));
-        weight_bytes_ += t.nbytes;
-        return src.read_f32(t);
+        return read_draft_tensor(src, name, std::move(shape), &weight_bytes_);
     };
     fc_ = read("fc.weight", {H, cfg.feature_width()});
     hidden_norm_ = read("hidden_norm.weight", {H});
@@ -285,7 +245,7 @@ void DraftModelCpu::forward_block(const float* block_embed, float* hidden_out) c
         cpu::rope(q.data(), n, nh, hd, hd, cfg_.rope_theta, start);
         cpu::rope(k.data(), n, nkv, hd, hd, cfg_.rope_theta, start);
         const int window = cfg_.sliding[size_t(l)] ? cfg_.sliding_window : 0;
-        draft_attention(q.data(), n, nh, nkv, hd, start, kcache_[size_t(l)].data(), vcache_[size_t(l)].data(), n_ctx_,
+        cpu::draft_attention(q.data(), n, nh, nkv, hd, start, kcache_[size_t(l)].data(), vcache_[size_t(l)].data(), n_ctx_,
                         k.data(), v.data(), cfg_.causal[size_t(l)], window, att.data());
         cpu::matmul(att.data(), n, qd, L.wo.data(), H, y.data());
         for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];

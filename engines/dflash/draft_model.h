@@ -48,15 +48,10 @@ DraftConfig draft_config_from_source(const TensorSource& src);
 // round, half to even) for n draft layers over L target layers; L / 2 for one layer.
 std::vector<int> default_target_layer_ids(int n_target_layers, int n_draft_layers);
 
-// The attention of the draft: queries q[n, nh, hd] at positions qpos0..qpos0+n-1 (the block) over the
-// cached context rows k_ctx/v_ctx [n_ctx, nkv, hd] at positions 0..n_ctx-1 followed by the block's rows
-// k_blk/v_blk [n, nkv, hd] at qpos0... A key at position kp is visible to a query at qp when
-// (!causal || kp <= qp) and (window == 0 || (qp - kp < window && (causal || kp - qp < window))), as the
-// z-lab mask. GQA: query head h reads kv head h / (nh / nkv). out[n, nh, hd].
-// It belongs with the core's CPU operations (core/cpu/) and moves there when this engine is merged.
-void draft_attention(const float* q, int n, int nh, int nkv, int hd, int qpos0, const float* k_ctx,
-                     const float* v_ctx, int n_ctx, const float* k_blk, const float* v_blk, bool causal, int window,
-                     float* out);
+// The draft tensor `name` (without the checkpoint's prefix) in fp32, its shape checked; adds its file
+// bytes to *bytes. Throws EngineError("load") for a missing or misshapen tensor.
+std::vector<float> read_draft_tensor(const TensorSource& src, const std::string& name, std::vector<int64_t> shape,
+                                     uint64_t* bytes);
 
 class DraftModelCpu {
 public:

@@ -9,13 +9,25 @@
 //   commit  the accepted slots become the sequence (KV compacted, DeltaNet state of the last accepted
 //           node); their features enter the draft cache
 // Greedy verification makes the output autoregressive greedy decoding's, token for token. Prefill is a
-// verify + commit of the prompt as a chain, so the prompt's features come from the same forward.
+// verify + commit of the prompt as a chain (in chunks of prefill_chunk rows on a GPU, which bounds the verify
+// workspace: its logits are [rows, vocab]), so the prompt's features come from the same forward.
+// On a GPU backend the draft runs on the GPU too (DraftModelGpu, on the target's stream with the target's
+// embedding and LM head): the verify's feature rows stay in device memory and only the per-depth top-K
+// candidates come to the host for the tree. On the cpu backend the draft is DraftModelCpu.
+//
+// --force-accept-length A (benchmark only, as vLLM's and llama.cpp's synthetic acceptance): instead of the
+// walk, round r accepts floor((r + 1) A) - floor(r A) - 1 draft tokens along the tree's first-child path
+// (its top-1 chain), so that a request's rounds commit A tokens on average whatever the weights. The output
+// is then not the target's greedy decoding; the reply's spec.forced_acceptance_length marks it, and such
+// results measure speed against AL only (synthetic weights), never acceptance or losslessness.
 // Logs go to stderr; stdout carries only protocol lines.
 //
 // LB_DFLASH_TRACE=FILE appends one JSON line per round to FILE: the bonus token's position ("start"), the
 // draft's top-1 token at each depth ("proposal") and the draft tokens accepted ("accepted"). The tests
 // compare it with a reference loop round by round.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -30,6 +42,9 @@
 #include "core/tuning.h"
 #include "dflash/ddtree.h"
 #include "dflash/draft_model.h"
+#if defined(LB_HAVE_GPU)
+#include "dflash/draft_model_gpu.h"
+#endif
 #include "dflash/walk.h"
 
 namespace lb {
@@ -40,12 +55,15 @@ using dflash::DDTree;
 using dflash::DDTreeOptions;
 using dflash::DraftConfig;
 using dflash::DraftModelCpu;
+#if defined(LB_HAVE_GPU)
+using dflash::DraftModelGpu;
+#endif
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The target's embedding table and LM head in fp32, which the draft borrows. The backend keeps its own
+// The target's embedding table and LM head in fp32, which the CPU draft borrows. The backend keeps its own
 // copy: this one is read again from the checkpoint, keeping only those two matrices.
 struct TargetHead {
     std::deque<std::vector<float>> storage;
@@ -65,11 +83,104 @@ struct TargetHead {
     }
 };
 
+// The draft as the loop sees it: context rows taken from a verify, and one round's per-depth candidates.
+class Drafter {
+public:
+    virtual ~Drafter() = default;
+    virtual const DraftConfig& config() const = 0;
+    virtual void reset() = 0;
+    // Whether verifies should leave their features on the device (VerifyRequest::features_on_device).
+    virtual bool device_features() const = 0;
+    // The features of the verify rows `rows` (every row of an n-row verify was an out row) become context.
+    virtual void add_rows(const VerifyResult& r, int n_rows, const std::vector<int>& rows) = 0;
+    // The candidates of depths 1..block_size - 1 after `bonus`, k per depth.
+    virtual std::vector<dflash::DepthCandidates> propose(int bonus, int k) = 0;
+};
+
+class CpuDrafter : public Drafter {
+public:
+    CpuDrafter(DraftModelCpu& draft, const TargetHead& head, const ModelConfig& cfg)
+        : draft_(draft), head_(head), H_(cfg.hidden), V_(cfg.vocab) {}
+    const DraftConfig& config() const override { return draft_.config(); }
+    void reset() override { draft_.reset(); }
+    bool device_features() const override { return false; }
+    void add_rows(const VerifyResult& r, int n_rows, const std::vector<int>& rows) override {
+        const size_t fw = size_t(draft_.config().feature_width());
+        std::vector<float> feats(rows.size() * fw);
+        for (size_t i = 0; i < rows.size(); ++i)
+            std::copy(&r.features[size_t(rows[i]) * fw], &r.features[size_t(rows[i]) * fw] + fw, &feats[i * fw]);
+        draft_.add_context(feats.data(), int(rows.size()));
+    }
+    std::vector<dflash::DepthCandidates> propose(int bonus, int k) override {
+        const DraftConfig& dc = draft_.config();
+        const int D = dc.block_size - 1;
+        block_.resize(size_t(dc.block_size) * H_);
+        hidden_.resize(size_t(D) * H_);
+        logits_.resize(size_t(D) * V_);
+        for (int i = 0; i < dc.block_size; ++i) {
+            const int tok = i == 0 ? bonus : dc.mask_token_id;
+            std::copy(head_.embed + int64_t(tok) * H_, head_.embed + int64_t(tok + 1) * H_, &block_[size_t(i) * H_]);
+        }
+        draft_.forward_block(block_.data(), hidden_.data());
+        draft_.logits(hidden_.data(), D, head_.lm_head, V_, logits_.data());
+        std::vector<dflash::DepthCandidates> depths;
+        for (int d = 0; d < D; ++d) depths.push_back(dflash::top_k_logprobs(&logits_[size_t(d) * V_], V_, k));
+        return depths;
+    }
+
+private:
+    DraftModelCpu& draft_;
+    const TargetHead& head_;
+    int H_, V_;
+    std::vector<float> block_, hidden_, logits_;
+};
+
+#if defined(LB_HAVE_GPU)
+class GpuDrafter : public Drafter {
+public:
+    explicit GpuDrafter(DraftModelGpu& draft) : draft_(draft) {}
+    const DraftConfig& config() const override { return draft_.config(); }
+    void reset() override { draft_.reset(); }
+    bool device_features() const override { return true; }
+    void add_rows(const VerifyResult& r, int n_rows, const std::vector<int>& rows) override {
+        if (!r.device_features) fail("internal", "the verify left no device features");
+        draft_.add_verify_rows(r.device_features, n_rows, rows);
+    }
+    std::vector<dflash::DepthCandidates> propose(int bonus, int k) override { return draft_.propose(bonus, k); }
+
+private:
+    DraftModelGpu& draft_;
+};
+#endif
+
+// The benchmark-only forced acceptance (see the top of this file): tokens committed by round r.
+int forced_commit(double accept_length, int64_t round) {
+    const double eps = 1e-9;  // 8.31 * 100 is 830.9999...: count the schedule's exact multiples as reached
+    return int(std::floor(double(round + 1) * accept_length + eps) - std::floor(double(round) * accept_length + eps));
+}
+
+// The forced walk: `accepted` nodes down the tree's first-child path (the first child of a slot is its best
+// candidate: slots are in insertion order), fewer where the path ends; the bonus is the target's argmax there.
+dflash::WalkResult forced_walk(const DDTree& tree, const int* target_argmax, int accepted) {
+    const std::vector<std::vector<int>> children = tree.children();
+    dflash::WalkResult w;
+    w.path.push_back(0);
+    while (int(w.path.size()) <= accepted && !children[size_t(w.path.back())].empty())
+        w.path.push_back(children[size_t(w.path.back())].front());
+    w.bonus = target_argmax[w.path.back()];
+    return w;
+}
+
+struct LoopOptions {
+    DDTreeOptions tree;
+    double force_accept_length = 0;  // 0: the real walk
+    int prefill_chunk = 0;           // rows per prefill verify; 0: the whole prompt in one
+};
+
 class DFlashHandler : public RequestHandler {
 public:
-    DFlashHandler(Backend& be, const ModelConfig& cfg, DraftModelCpu& draft, const TargetHead& head,
-                  const DDTreeOptions& tree_opt, int max_ctx)
-        : be_(be), cfg_(cfg), draft_(draft), head_(head), tree_opt_(tree_opt), max_ctx_(max_ctx) {
+    DFlashHandler(Backend& be, const ModelConfig& cfg, Drafter& draft, const LoopOptions& opt, int max_ctx)
+        : be_(be), cfg_(cfg), draft_(draft), opt_(opt), tree_opt_(opt.tree), max_ctx_(max_ctx) {
         if (const std::string& path = tuning().dflash_trace; !path.empty()) trace_ = fopen(path.c_str(), "a");
     }
     ~DFlashHandler() override {
@@ -92,20 +203,23 @@ public:
         be_.reset();
         draft_.reset();
 
-        // Prefill: the prompt as a chain, features of every position for the draft's context. The logits
-        // asked for by return_logits come from a second, one-row verify of the last token, so the first
-        // never holds [n_prompt, vocab] logits.
+        // Prefill: the prompt as a chain (in chunks), features of every position for the draft's context.
+        // The logits asked for by return_logits come from a last, one-row verify of the last token, so no
+        // verify holds [n_prompt, vocab] logits for them.
         g.t_prefill_start = monotonic_ns();
         be_.timer_start();
-        const int n_first = req.return_logits && n_prompt > 1 ? n_prompt - 1 : n_prompt;
+        const int n_split = req.return_logits && n_prompt > 1 ? n_prompt - 1 : n_prompt;
+        const int chunk = opt_.prefill_chunk > 0 ? opt_.prefill_chunk : n_prompt;
         int next = -1;
         for (int begin = 0; begin < n_prompt;) {
-            const int n = begin == 0 ? n_first : n_prompt - begin;
+            const int end = begin < n_split ? std::min(begin + chunk, n_split) : n_prompt;
+            const int n = end - begin;
             VerifyRequest pre;
-            pre.tokens.assign(req.prompt_ids.begin() + begin, req.prompt_ids.begin() + begin + n);
+            pre.tokens.assign(req.prompt_ids.begin() + begin, req.prompt_ids.begin() + end);
             for (int i = 0; i < n; ++i) pre.positions.push_back(begin + i);
             pre.feature_layers = dc.target_layer_ids;
-            pre.want_logits = req.return_logits && begin + n == n_prompt;
+            pre.features_on_device = draft_.device_features();
+            pre.want_logits = req.return_logits && end == n_prompt;
             if (pre.want_logits) pre.out_rows = {n - 1};
             VerifyResult pr;
             be_.verify(pre, &pr);
@@ -113,9 +227,9 @@ public:
             for (int i = 0; i < n; ++i) path[size_t(i)] = i;
             be_.commit(path);
             if (pre.want_logits) g.logits = std::move(pr.logits);  // out_rows {n - 1} = the whole of n = 1
-            draft_.add_context(pr.features.data(), n);
+            draft_.add_rows(pr, n, path);
             next = pr.argmax.back();
-            begin += n;
+            begin = end;
         }
         g.out.push_back(next);
         g.prefill_ms = be_.timer_stop_ms();
@@ -125,22 +239,13 @@ public:
         if (stopped) g.stop = "eos";
         if (!stopped && req.n_gen > 1) {
             be_.timer_start();
-            const int H = cfg_.hidden, V = cfg_.vocab;
-            std::vector<float> block(size_t(dc.block_size) * H), hidden(size_t(D) * H), logits(size_t(D) * V);
             const int K = tree_opt_.chain ? 1 : std::min(tree_opt_.budget, tree_opt_.top_k);
             while (!stopped && int(g.out.size()) < req.n_gen) {
                 const int bonus = g.out.back();
                 const int length = be_.length();
                 // Draft.
                 auto t0 = std::chrono::steady_clock::now();
-                for (int i = 0; i < dc.block_size; ++i) {
-                    const int tok = i == 0 ? bonus : dc.mask_token_id;
-                    std::copy(head_.embed + int64_t(tok) * H, head_.embed + int64_t(tok + 1) * H, &block[size_t(i) * H]);
-                }
-                draft_.forward_block(block.data(), hidden.data());
-                draft_.logits(hidden.data(), D, head_.lm_head, V, logits.data());
-                std::vector<dflash::DepthCandidates> depths;
-                for (int d = 0; d < D; ++d) depths.push_back(dflash::top_k_logprobs(&logits[size_t(d) * V], V, K));
+                std::vector<dflash::DepthCandidates> depths = draft_.propose(bonus, K);
                 stats.draft_ms += ms_since(t0);
                 Json trace = Json::object();
                 if (trace_) {
@@ -160,18 +265,20 @@ public:
                 for (int d : tree.depth) vr.positions.push_back(length + d);
                 vr.parents = tree.parent;
                 vr.feature_layers = dc.target_layer_ids;
+                vr.features_on_device = draft_.device_features();
                 VerifyResult res;
                 be_.verify(vr, &res);
                 stats.verify_ms += ms_since(t0);
-                // Walk, commit, feature rows of the accepted path.
+                // Walk, commit, feature rows of the accepted path. The device work is waited for, so that
+                // the commit's time is its own, not the next draft's.
                 t0 = std::chrono::steady_clock::now();
-                dflash::WalkResult w = dflash::walk_tree(tree, res.argmax.data());
+                dflash::WalkResult w =
+                    opt_.force_accept_length > 0
+                        ? forced_walk(tree, res.argmax.data(), forced_commit(opt_.force_accept_length, stats.rounds) - 1)
+                        : dflash::walk_tree(tree, res.argmax.data());
                 be_.commit(w.path);
-                const size_t fw = size_t(dc.feature_width());
-                std::vector<float> feats(w.path.size() * fw);
-                for (size_t i = 0; i < w.path.size(); ++i)
-                    std::copy(&res.features[size_t(w.path[i]) * fw], &res.features[size_t(w.path[i]) * fw] + fw, &feats[i * fw]);
-                draft_.add_context(feats.data(), int(w.path.size()));
+                draft_.add_rows(res, tree.size(), w.path);
+                be_.synchronize();
                 stats.commit_ms += ms_since(t0);
                 // Output: cut at n_gen and at the first stop token.
                 int committed = 0;
@@ -198,15 +305,17 @@ public:
         Json out = Json::object();
         for (auto& [k, v] : reply.members())
             if (k != "bytes_per_token") out[k] = v;
-        out["spec"] = stats.to_json();
+        Json spec = stats.to_json();
+        if (opt_.force_accept_length > 0) spec["forced_acceptance_length"] = opt_.force_accept_length;
+        out["spec"] = spec;
         return out;
     }
 
 private:
     Backend& be_;
     const ModelConfig& cfg_;
-    DraftModelCpu& draft_;
-    const TargetHead& head_;
+    Drafter& draft_;
+    LoopOptions opt_;
     DDTreeOptions tree_opt_;
     int max_ctx_;
     FILE* trace_ = nullptr;
@@ -216,39 +325,54 @@ private:
 #define LB_DEFAULT_BACKEND "cpu"
 #endif
 
-// This engine's own tree flags, taken out of argv before the common parser sees it:
-//   --top-k N            candidates per depth, N >= 1 (default 8; the tree uses min(budget, N))
-//   --chain-seed on|off  insert the top-1 chain before growing best-first (default on)
-std::vector<char*> take_tree_flags(int argc, char** argv, DDTreeOptions* tree) {
+// This engine's own flags, taken out of argv before the common parser sees it:
+//   --top-k N                  candidates per depth, N >= 1 (default 8; the tree uses min(budget, N))
+//   --chain-seed on|off        insert the top-1 chain before growing best-first (default on)
+//   --force-accept-length A    benchmark only: commit A tokens a round on average (1 <= A <= min(budget,
+//                              block_size - 1) + 1) instead of walking the target's argmax (top of this file)
+//   --prefill-chunk N          prompt rows per prefill verify, N >= 1 (default: the whole prompt on the CPU,
+//                              256 on a GPU, where a verify holds [rows, vocab] logits)
+std::vector<char*> take_own_flags(int argc, char** argv, LoopOptions* loop) {
     std::vector<char*> rest;
+    DDTreeOptions* tree = &loop->tree;
     for (int i = 0; i < argc; ++i) {
-        std::string a = argv[i], value;
-        const bool top_k = a == "--top-k" || a.rfind("--top-k=", 0) == 0;
-        const bool seed = a == "--chain-seed" || a.rfind("--chain-seed=", 0) == 0;
-        if (i == 0 || (!top_k && !seed)) { rest.push_back(argv[i]); continue; }
-        const std::string flag = top_k ? "--top-k" : "--chain-seed";
+        std::string a = argv[i], value, flag;
+        for (const char* f : {"--top-k", "--chain-seed", "--force-accept-length", "--prefill-chunk"})
+            if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
+        if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
         if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
         else if (i + 1 < argc) value = argv[++i];
         else fail("bad_request", flag + " needs a value");
-        if (top_k) {
+        if (flag == "--top-k" || flag == "--prefill-chunk") {
             char* end = nullptr;
             const long k = std::strtol(value.c_str(), &end, 10);
             if (value.empty() || *end || k < 1 || k > 1 << 20)
-                fail("bad_request", "--top-k must be an integer >= 1, got '" + value + "'");
-            tree->top_k = int(k);
-        } else {
+                fail("bad_request", flag + " must be an integer >= 1, got '" + value + "'");
+            (flag == "--top-k" ? tree->top_k : loop->prefill_chunk) = int(k);
+        } else if (flag == "--chain-seed") {
             if (value != "on" && value != "off") fail("bad_request", "--chain-seed must be on or off, got '" + value + "'");
             tree->chain_seed = value == "on";
+        } else {
+            char* end = nullptr;
+            const double x = std::strtod(value.c_str(), &end);
+            if (value.empty() || *end || !std::isfinite(x) || x < 1.0)
+                fail("bad_request", "--force-accept-length must be a number >= 1, got '" + value + "'");
+            loop->force_accept_length = x;
         }
     }
     return rest;
 }
 
+// Prompt rows per prefill verify on a GPU by default: bounds the verify's [rows, vocab] logits (254 MB at
+// the 248K vocabulary).
+constexpr int kGpuPrefillChunk = 256;
+
 int run(int argc, char** argv) {
     EngineOptions opt;
-    DDTreeOptions tree_opt;
+    LoopOptions loop;
+    DDTreeOptions& tree_opt = loop.tree;
     try {
-        std::vector<char*> rest = take_tree_flags(argc, argv, &tree_opt);
+        std::vector<char*> rest = take_own_flags(argc, argv, &loop);
         opt = parse_engine_flags(int(rest.size()), rest.data(), kFlagDraft | kFlagBudget | kFlagChain);
         if (opt.draft.empty()) fail("bad_request", "lucebench-dflash needs --draft PATH (a DFlash draft checkpoint)");
     } catch (const EngineError& e) {
@@ -259,12 +383,24 @@ int run(int argc, char** argv) {
     std::unique_ptr<Backend> be;
     ModelConfig cfg;
     LoadStats stats;
-    DraftModelCpu draft;
+    DraftModelCpu cpu_draft;
     TargetHead head;
+    std::unique_ptr<Drafter> drafter;
+    uint64_t draft_weight_bytes = 0, draft_buffer_bytes = 0;
+#if defined(LB_HAVE_GPU)
+    std::unique_ptr<DraftModelGpu> gpu_draft;
+#endif
     const bool loaded = load_or_report([&] {
-        if (backend != "cpu")
-            fail("unsupported", "lucebench-dflash runs on the cpu backend so far (the GPU draft is not written yet)");
-        be = make_cpu_backend();
+        if (backend == "cpu") be = make_cpu_backend();
+        else {
+#if defined(LB_HAVE_GPU)
+            if (backend != LB_DEFAULT_BACKEND)
+                fail("unsupported", "this binary was built for " + std::string(LB_DEFAULT_BACKEND) + ", not " + backend);
+            be = make_gpu_backend(opt.device);
+#else
+            fail("unsupported", "this binary was built for the cpu backend only; rebuild with --backend " + backend);
+#endif
+        }
         fprintf(stderr, "[dflash] loading %s and draft %s on %s\n", opt.model.c_str(), opt.draft.c_str(), backend.c_str());
         auto src = open_checkpoint(opt.model);
         cfg = config_from_source(*src);
@@ -282,19 +418,44 @@ int run(int argc, char** argv) {
                              " outside the target's vocabulary of " + std::to_string(cfg.vocab));
         tree_opt.chain = opt.chain;
         tree_opt.budget = opt.budget > 0 ? opt.budget : (opt.chain ? dc.block_size - 1 : 22);
+        const int deepest = std::min(tree_opt.budget, dc.block_size - 1);
+        if (loop.force_accept_length > deepest + 1)
+            fail("bad_request", "--force-accept-length " + std::to_string(loop.force_accept_length) +
+                                    " exceeds what a round can commit here: " + std::to_string(deepest + 1) +
+                                    " (min(budget, block_size - 1) + 1)");
         be->load(*src, cfg, &stats);
-        head.load(*src, cfg);
-        draft.load(*dsrc, dc);
         // The verify rows sit after the committed sequence: room for the largest tree past max_ctx.
         be->allocate(opt.max_ctx + tree_opt.budget + 1, opt.kv_k, opt.kv_v);
-        draft.allocate(opt.max_ctx + dc.block_size);
+        if (backend == "cpu") {
+            head.load(*src, cfg);
+            cpu_draft.load(*dsrc, dc);
+            cpu_draft.allocate(opt.max_ctx + dc.block_size);
+            draft_weight_bytes = cpu_draft.weight_bytes();
+            drafter = std::make_unique<CpuDrafter>(cpu_draft, head, cfg);
+        } else {
+#if defined(LB_HAVE_GPU)
+            // The device features hold one slot per distinct layer; the draft reads them in its own order.
+            for (size_t i = 0; i < dc.target_layer_ids.size(); ++i)
+                for (size_t j = 0; j < i; ++j)
+                    if (dc.target_layer_ids[i] == dc.target_layer_ids[j])
+                        fail("unsupported", "draft " + opt.draft + ": target layer " + std::to_string(dc.target_layer_ids[i]) +
+                                                " is listed twice in target_layer_ids (the GPU draft takes distinct layers)");
+            if (loop.prefill_chunk == 0) loop.prefill_chunk = kGpuPrefillChunk;
+            gpu_draft = std::make_unique<DraftModelGpu>(be->device_head());
+            gpu_draft->load(*dsrc, dc);
+            gpu_draft->allocate(opt.max_ctx + dc.block_size, loop.prefill_chunk, cfg.vocab);
+            draft_weight_bytes = gpu_draft->weight_bytes();
+            draft_buffer_bytes = gpu_draft->buffer_bytes();
+            drafter = std::make_unique<GpuDrafter>(*gpu_draft);
+#endif
+        }
     });
     if (!loaded) return 1;
-    const DraftConfig& dc = draft.config();
+    const DraftConfig& dc = drafter->config();
     fprintf(stderr, "[dflash] target %s: %d layers, hidden %d, vocab %d; draft: %d layers, block %d, features of layers",
             arch_name(cfg.arch), cfg.n_layers, cfg.hidden, cfg.vocab, dc.n_layers, dc.block_size);
     for (int id : dc.target_layer_ids) fprintf(stderr, " %d", id);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "; draft weights %.1f MB, buffers %.1f MB\n", draft_weight_bytes / 1e6, draft_buffer_bytes / 1e6);
     Json options = kv_options(opt, be->weight_dtype());
     options["draft"] = opt.draft;
     options["budget"] = tree_opt.budget;
@@ -302,11 +463,14 @@ int run(int argc, char** argv) {
     options["chain_seed"] = tree_opt.chain_seed;
     options["top_k"] = tree_opt.chain ? 1 : std::min(tree_opt.budget, tree_opt.top_k);
     options["block_size"] = dc.block_size;
-    options["draft_dtype"] = "f32";
+    // The draft computes in fp32 on the CPU; on a GPU its matrices are in the backend's matrix type.
+    options["draft_dtype"] = backend == "cpu" ? std::string("f32") : be->weight_dtype();
+    options["prefill_chunk"] = loop.prefill_chunk;  // 0: the whole prompt in one verify
+    options["force_accept_length"] = loop.force_accept_length > 0 ? Json(loop.force_accept_length) : Json();
     const MemoryReport mem = be->memory();
     emit(ready_line("dflash", backend, options, cfg, stats, be->device(), opt.max_ctx, mem.weights ? &mem : nullptr));
 
-    DFlashHandler handler(*be, cfg, draft, head, tree_opt, opt.max_ctx);
+    DFlashHandler handler(*be, cfg, *drafter, loop, opt.max_ctx);
     return serve(handler);
 }
 

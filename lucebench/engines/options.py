@@ -56,6 +56,12 @@ class DFlashOptions(BundledOptions):
                               "default: the engine's, 8")
     chain_seed: bool | None = Field(None, description="insert the top-1 chain before growing the tree best-first "
                                     "(`--chain-seed on|off`); default: the engine's, on")
+    force_accept_length: float | None = Field(
+        None, ge=1.0, le=16.0,
+        description="BENCHMARK ONLY: rounds commit this many tokens on average on a fixed schedule instead of the "
+                    "target's greedy walk (`--force-accept-length`, as vLLM's and llama.cpp's synthetic acceptance); "
+                    "the output is not the model's and the cell's AL is forced: for speed against AL on synthetic "
+                    "weights, reported apart from real acceptance")
 
 
 class PFlashOptions(BundledOptions):

@@ -113,6 +113,8 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
         argv += ["--top-k", str(req.options["top_k"])]
     if req.options.get("chain_seed") is not None:
         argv += ["--chain-seed", "on" if req.options["chain_seed"] else "off"]
+    if req.options.get("force_accept_length") is not None:
+        argv += ["--force-accept-length", repr(float(req.options["force_accept_length"]))]
     return argv
 
 
@@ -190,8 +192,7 @@ ENGINE_TYPES: dict[str, EngineType] = {
         EngineType("dflash", "bundled", frozenset({"budget", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("dflash"), DFlashOptions,
                    "DFlash block-diffusion drafting with DDTree (or chain) verification; a second model: the draft",
-                   # The GPU backend has no verify forward and the draft no GPU code yet.
-                   "lucebench-dflash", runs_on=frozenset({"cpu"})),
+                   "lucebench-dflash"),
         EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("pflash"), PFlashOptions,
                    "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept",

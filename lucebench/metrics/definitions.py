@@ -116,6 +116,8 @@ def pool_spec(stats: list[SpecStats | None]) -> SpecStats | None:
         out.al_histogram = _add_lists(out.al_histogram, s.al_histogram)
         for k, v in s.time_ms.items():
             out.time_ms[k] = out.time_ms.get(k, 0.0) + v
+        if s.forced_acceptance_length is not None:  # one forced request marks the pool as forced
+            out.forced_acceptance_length = s.forced_acceptance_length
     out.acceptance_length = _ratio(out.accepted_tokens, out.draft_steps)
     return out
 

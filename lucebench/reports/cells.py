@@ -92,6 +92,12 @@ def is_speculative(v: CellView) -> bool:
     return "budget" in v.cell.params or v.median("acceptance_length") is not None
 
 
+def is_forced(v: CellView) -> bool:
+    """A benchmark-only forced-acceptance cell (dflash --force-accept-length): its AL is a setting, not a
+    measurement, and its output is not the model's; reported apart from real acceptance."""
+    return any(s.spec is not None and s.spec.forced_acceptance_length is not None for s in v.cell.samples)
+
+
 def is_compressed(v: CellView) -> bool:
     """A compressed-prefill cell (PFlash): has a keep ratio or measured tokens kept."""
     return "keep_ratio" in v.cell.params or v.median("kept_pct") is not None

@@ -55,6 +55,16 @@ def _metric_cell(v: CellView | None, metric: str) -> str:
     return fmt_summary(v.cell.metrics.get(metric) if v is not None else None, metric)
 
 
+FORCED_NOTE = ("AL marked 'forced': benchmark-only forced acceptance (dflash --force-accept-length): the rounds "
+               "committed that many tokens on a fixed schedule, so the row is speed at that AL, not a measured "
+               "acceptance, and its output is not the model's")
+
+
+def _al_cell(v: CellView) -> str:
+    """The AL, marked when it was forced rather than measured."""
+    return _metric_cell(v, "acceptance_length") + (" forced" if C.is_forced(v) else "")
+
+
 # ---------------------------------------------------------------------------------------------- throughput
 def _throughput_views(views: Sequence[CellView]) -> list[CellView]:
     return [v for v in _ok(views) if not C.is_speculative(v) and not C.is_context(v) and not C.is_dataset(v)]
@@ -204,15 +214,15 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
     for v in sorted(spec, key=lambda v: C.key_of(v, label_keys).__repr__()):
         p = partners[id(v)]
         row = [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))] + [
-            _metric_cell(p, "decode_tok_s"), _metric_cell(v, "decode_tok_s"), _metric_cell(v, "acceptance_length"),
-            _speedup_text(v, p)]
+            _metric_cell(p, "decode_tok_s"), _metric_cell(v, "decode_tok_s"), _al_cell(v), _speedup_text(v, p)]
         if with_energy:
             row += [_metric_cell(p, "decode_tok_per_j"), _metric_cell(v, "decode_tok_per_j")]
         rows.append(row)
     notes = [f"DDTree budget {hb}" if hb is not None else "",
              "speedup = speculative decode tok/s over AR decode tok/s on the same prompts",
              "AL = tokens committed per draft+verify round, bonus token included (docs/metrics.md)",
-             "tok/J = decode tokens per joule of the decode phase, gross" if with_energy else ""]
+             "tok/J = decode tokens per joule of the decode phase, gross" if with_energy else "",
+             FORCED_NOTE if any(C.is_forced(v) for v in spec) else ""]
     return Table("speculative", "Speculative decoding", headers, rows, notes=[n for n in notes if n])
 
 
@@ -252,12 +262,13 @@ def budget_sweep_table(views: Sequence[CellView]) -> Table | None:
         best = max(members, key=lambda v: v.median("decode_tok_s") or float("-inf"))
         for v in sorted(members, key=lambda v: float(v.cell.params["budget"])):
             rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, key)] + [
-                str(v.cell.params["budget"]), _metric_cell(v, "acceptance_length"), _metric_cell(v, "decode_tok_s"),
+                str(v.cell.params["budget"]), _al_cell(v), _metric_cell(v, "decode_tok_s"),
                 _speedup_text(v, ar_partner(v, views)), "★ fastest" if v is best else ""])
     if not rows:
         return None
     headers = [_header(k) for k in label_keys] + ["Budget", "AL", "Decode (tok/s)", "Speedup", ""]
-    return Table("budget_sweep", "DDTree budget sweep", headers, rows)
+    forced = any(C.is_forced(v) for v in spec)
+    return Table("budget_sweep", "DDTree budget sweep", headers, rows, notes=[FORCED_NOTE] if forced else [])
 
 
 ACCEPTANCE_DEPTHS = (1, 2, 3, 4, 6, 8, 11, 15)
@@ -267,7 +278,8 @@ def acceptance_table(views: Sequence[CellView]) -> Table | None:
     """Acceptance per draft depth and the AL histogram's shape, for speculative cells with per-depth counts."""
     from lucebench.metrics import acceptance_per_depth, al_histogram
 
-    spec = [v for v in _ok(views) if C.is_speculative(v) and acceptance_per_depth(v.cell.samples)]
+    # forced-acceptance cells have no acceptance to show: their per-depth counts follow the forced schedule
+    spec = [v for v in _ok(views) if C.is_speculative(v) and not C.is_forced(v) and acceptance_per_depth(v.cell.samples)]
     if not spec:
         return None
     label_keys = _label_keys(spec, exclude=["gpu"], always=("engine", "suite"))

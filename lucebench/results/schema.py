@@ -174,6 +174,10 @@ class SpecStats(_Strict):
         default_factory=list, description="[k]: rounds that committed exactly k tokens (entry 0 is always 0)")
     time_ms: dict[str, float] = Field(
         default_factory=dict, description="summed over the request's rounds: draft, tree, verify, commit")
+    forced_acceptance_length: float | None = Field(
+        None, description="set by a benchmark-only forced-acceptance run (dflash --force-accept-length): the rounds "
+                          "followed a fixed schedule, so the counts measure nothing about acceptance and the output "
+                          "is not the model's greedy decoding")
 
     def problems(self) -> list[str]:
         """Inconsistencies between the counts (each round commits at least its bonus token; the histogram,

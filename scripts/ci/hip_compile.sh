@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Compile check of the HIP backend in CI (no AMD GPU there, nothing is run): installs Debian's hipcc when it
-# is missing, then configures engines/ with LUCEBENCH_BACKEND=hip and builds lucebench-ar and
-# lucebench-megakernel (core library, GPU kernels for one wave32 gfx target, link against libamdhip64) in
-# a fresh folder. Fails when any step fails.
+# is missing, then configures engines/ with LUCEBENCH_BACKEND=hip and builds lucebench-ar,
+# lucebench-megakernel and lucebench-dflash (core library and the GPU draft: GPU kernels for one wave32 gfx
+# target, link against libamdhip64) in a fresh folder. Fails when any step fails.
 #
 #   HIP_ARCH=gfx1030           the gfx target (Debian 12's hipcc 5.2.3 with clang 15: gfx1030 and the other
 #                              gfx103x, gfx90a, gfx908...; not gfx1100/gfx1151, see docs/engines.md)
@@ -30,8 +30,9 @@ echo "$(command -v hipcc): $(hipcc --version | head -n 1), target $ARCH, $JOBS j
 rm -rf "$BUILD"
 t0=$(date +%s)
 cmake -S "$ROOT/engines" -B "$BUILD" -DLUCEBENCH_BACKEND=hip -DCMAKE_BUILD_TYPE=Release -DCMAKE_HIP_ARCHITECTURES="$ARCH"
-cmake --build "$BUILD" -j "$JOBS" --target lucebench-ar lucebench-megakernel
+cmake --build "$BUILD" -j "$JOBS" --target lucebench-ar lucebench-megakernel lucebench-dflash
 test -x "$BUILD/lucebench-ar"
+test -x "$BUILD/lucebench-dflash"
 test -x "$BUILD/lucebench-megakernel"
 rm -rf "$BUILD"
 echo "hip compile check ($ARCH): configure + build $(( $(date +%s) - t0 )) s, step $(( $(date +%s) - start )) s wall"

@@ -46,9 +46,9 @@ def test_dflash_configs_show_the_published_weights(name, tmp_path):
     assert "lucebench models fetch unsloth/Qwen3.5-27B-GGUF --include Qwen3.5-27B-Q4_K_M.gguf" in text
     assert "lucebench models fetch z-lab/Qwen3.5-27B-DFlash" in text
     assert "lucebench models fetch Qwen/Qwen3.5-27B --include 'tokenizer*'" in text
-    # The DFlash cells of a GPU config: skipped with the reason, not built, not a traceback.
-    assert "dflash runs on the cpu backend only so far; its cuda cells are skipped" in text
-    assert "builds (cuda): ar, llama.cpp" in text
+    # The DFlash cells of a GPU config run on cuda: built like the other bundled engines.
+    assert "dflash runs on" not in text
+    assert "builds (cuda): ar, dflash, llama.cpp" in text
     for suite in ("humaneval", "gsm8k", "math500"):
         assert f"dflash/qwen3.5-27b-q4km/{suite}/kvbf16/b22" in text
         assert f"dflash-chain/qwen3.5-27b-q4km/{suite}/kvbf16/b40" in text

@@ -105,12 +105,62 @@ def test_lossless_against_ar(dflash_exe, pair, ar_tokens, kv, mode):
 
 
 @pytest.mark.parametrize("flag,value", [("--top-k", "0"), ("--top-k", "x"), ("--chain-seed", "maybe"),
-                                        ("--chain-seed", None)])
+                                        ("--chain-seed", None), ("--force-accept-length", "0.5"),
+                                        ("--force-accept-length", "nan"), ("--force-accept-length", "x"),
+                                        ("--prefill-chunk", "0")])
 def test_bad_tree_flags(dflash_exe, pair, flag, value):
     proc = subprocess.run([str(dflash_exe), "--model", str(pair[0]), "--draft", str(pair[1]), flag,
                            *([value] if value is not None else [])], capture_output=True, text=True, timeout=60)
     [line] = [json.loads(s) for s in proc.stdout.splitlines()]
     assert proc.returncode == 2 and line["kind"] == "load" and flag in line["message"]
+
+
+@pytest.mark.parametrize("flags,forced,schedule", [
+    (["--budget", "22"], 8.31, None),
+    (["--chain"], 3.5, [3, 4, 3, 4]),       # floor((r + 1) 3.5) - floor(r 3.5)
+    (["--budget", "8"], 9.0, [9, 9, 9]),    # the deepest a budget of 8 reaches: 8 draft tokens + the bonus
+])
+def test_forced_acceptance(dflash_exe, pair, flags, forced, schedule):
+    """--force-accept-length: the rounds commit the forced schedule whatever the draft proposes (benchmark only):
+    recorded in the ready line and in the reply's spec, with consistent counts."""
+    e = Engine(dflash_exe, pair[0], "--draft", str(pair[1]), "--force-accept-length", str(forced), *flags)
+    assert e.ready["engine"]["options"]["force_accept_length"] == forced
+    r = e.generate(PROMPTS[1], 1 + 200)
+    spec = r["spec"]
+    assert spec["forced_acceptance_length"] == forced
+    check_spec(spec, len(r["output_ids"]), DRAFT_SHAPE["block"])
+    # every round but the last (cut at n_gen) follows the schedule: the AL is the forced one to 1/rounds
+    assert abs(spec["acceptance_length"] - forced) <= forced / spec["draft_steps"] + 1e-6
+    if schedule:
+        hist = spec["al_histogram"]
+        assert sum(hist[k] for k in set(schedule)) >= spec["draft_steps"] - 1
+    assert e.close() == 0
+
+
+def test_forced_acceptance_beyond_the_tree_is_refused(dflash_exe, pair):
+    proc = subprocess.run([str(dflash_exe), "--model", str(pair[0]), "--draft", str(pair[1]), "--budget", "4",
+                           "--force-accept-length", "6"], capture_output=True, text=True, timeout=60)
+    [line] = [json.loads(s) for s in proc.stdout.splitlines()]
+    assert proc.returncode == 1 and "exceeds what a round can commit here: 5" in line["message"]
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_chunked_prefill_is_lossless(dflash_exe, pair, ar_tokens, chunk):
+    """--prefill-chunk N (a GPU's default is 256): the prompt in verifies of N rows, features of every row kept;
+    the output equals ar's, with return_logits too (the last token's own verify)."""
+    e = Engine(dflash_exe, pair[0], "--draft", str(pair[1]), "--prefill-chunk", str(chunk))
+    assert e.ready["engine"]["options"]["prefill_chunk"] == chunk
+    for prompt, want in zip(PROMPTS, ar_tokens["bf16"]):
+        assert e.generate(prompt, N_GEN)["output_ids"] == want
+    assert e.generate(PROMPTS[2], 9, return_logits=True)["output_ids"] == ar_tokens["bf16"][2][:9]
+    assert e.close() == 0
+
+
+def test_ready_line_of_the_real_walk(dflash_exe, pair):
+    e = Engine(dflash_exe, pair[0], "--draft", str(pair[1]))
+    opts = e.ready["engine"]["options"]
+    assert opts["force_accept_length"] is None and opts["prefill_chunk"] == 0 and opts["draft_dtype"] == "f32"
+    assert e.close() == 0
 
 
 def test_stop_token_cuts_the_round(dflash_exe, pair, ar_tokens):

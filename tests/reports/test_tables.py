@@ -213,3 +213,24 @@ def test_speculative_table_as_a_run_records_params(fab):
     assert {(r[0], r[1]) for r in t.rows} == {(s, e) for s in ("gsm8k", "humaneval", "math500")
                                              for e in ("dflash", "dflash-chain")}
     assert all(r[2] != "n/a" for r in t.rows)
+
+
+def test_forced_acceptance_is_marked_and_kept_out_of_acceptance(fab):
+    """A forced-acceptance cell (dflash --force-accept-length) shows its AL marked 'forced' with the note, stays
+    out of the acceptance table, and gets no token agreement against AR."""
+    from lucebench.runner.checks import token_match
+
+    result = fab.gpu_result()
+    forced = next(c for c in result.cells if c.params.get("engine") == "dflash" and c.params.get("budget") == 22
+                  and c.params.get("suite") == "humaneval")
+    for s in forced.samples:
+        s.spec.forced_acceptance_length = 8.31
+    views = C.collect([result])
+    t = T.speculative_table(views)
+    row = next(r for r in t.rows if r[0] == "humaneval")
+    assert row[3].endswith(" forced") and T.FORCED_NOTE in t.notes
+    assert all(not r[3].endswith("forced") for r in t.rows if r[0] != "humaneval")
+    acc = T.acceptance_table(views)
+    assert not any(r[1] == "humaneval" and r[2] == "22" for r in acc.rows)
+    ar = next(c for c in result.cells if c.params.get("engine") == "ar" and c.params.get("suite") == "humaneval")
+    assert token_match(forced, ar) is None

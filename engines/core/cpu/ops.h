@@ -69,6 +69,15 @@ void attention(const float* q, int n, int nh, int nkv, int hd, int pos0, const v
 void tree_attention(const float* q, int n, int nh, int nkv, int hd, int ctx0, const void* kcache, DType kt,
                     const void* vcache, DType vt, const uint8_t* visible, float* out);
 
+// The DFlash draft's attention: queries q[n, nh, hd] at positions qpos0..qpos0+n-1 (the block) over the
+// cached context rows k_ctx/v_ctx [n_ctx, nkv, hd] at positions 0..n_ctx-1 followed by the block's rows
+// k_blk/v_blk [n, nkv, hd] at qpos0... A key at position kp is visible to a query at qp when
+// (!causal || kp <= qp) and (window == 0 || (qp - kp < window && (causal || kp - qp < window))), as the
+// z-lab mask. GQA: query head h reads kv head h / (nh / nkv). out[n, nh, hd].
+void draft_attention(const float* q, int n, int nh, int nkv, int hd, int qpos0, const float* k_ctx,
+                     const float* v_ctx, int n_ctx, const float* k_blk, const float* v_blk, bool causal, int window,
+                     float* out);
+
 // PFlash importance: probs[t, s] = max over query heads h of softmax_s(q[t, h] . K[s, h / (nh / nkv)] / sqrt(hd))
 // over the positions s <= pos[t] (0 beyond). q[n_tail, nh, hd], K[ctx, nkv, hd] fp32, probs[n_tail, ctx].
 void tail_attention_probs(const float* q, const int* pos, int n_tail, int nh, int nkv, int hd, const float* K,

@@ -291,13 +291,14 @@ public:
                                          gpuMemcpyDeviceToHost, s_));
         }
         std::vector<float> feats;
-        if (slots > 0) {
+        if (slots > 0 && !req.features_on_device) {
             feats.resize(size_t(slots) * n * H);
             GPU_CHECK(gpuMemcpyAsync(feats.data(), feat_, sizeof(float) * feats.size(), gpuMemcpyDeviceToHost, s_));
         }
         GPU_CHECK(gpuStreamSynchronize(s_));
         for (int r : out_rows) out->argmax.push_back(argmax[size_t(r)]);
-        for (size_t i = 0; i < R && slots > 0; ++i)
+        if (req.features_on_device) out->device_features = slots > 0 ? feat_ : nullptr;
+        for (size_t i = 0; i < R && slots > 0 && !req.features_on_device; ++i)
             for (int l : req.feature_layers) {
                 const float* src = &feats[(size_t(slot_of[size_t(l)]) * n + size_t(out_rows[i])) * H];
                 out->features.insert(out->features.end(), src, src + H);
@@ -355,6 +356,21 @@ public:
                 GPU_CHECK(gpuMemcpy(out->conv[li].data(), conv_[li], sizeof(float) * conv_elems(), gpuMemcpyDeviceToHost));
             }
         }
+    }
+
+    DeviceHead device_head() override {
+        DeviceHead h;
+        h.stream = (void*)s_;
+        h.device = device_;
+        h.embed = [this](const int* d_tokens, int n, float* d_x) {
+            gpu::ContextScope bind(ctx_);
+            gpu::embed(d_tokens, n, W(w_.embed), cfg_.hidden, d_x, s_);
+        };
+        h.lm_head = [this](const float* d_x, int n, float* d_logits) {
+            gpu::ContextScope bind(ctx_);
+            gpu::matmul(d_x, n, cfg_.hidden, W(w_.lm_head), cfg_.vocab, d_logits, false, s_);
+        };
+        return h;
     }
 
     MemoryReport memory() const override {

@@ -1,0 +1,203 @@
+// The DFlash draft's GPU operations (draft_ops.h). CPU references: ../cpu/draft_attention.cpp and
+// engines/dflash/ddtree.cpp's top_k_logprobs.
+#include <cmath>
+
+#include "common.cuh"
+#include "draft_ops.h"
+
+namespace lb::gpu {
+
+namespace {
+
+constexpr int kWarps = 16;     // warps a draft_attention block: keys are walked one a warp at a time
+constexpr int kMaxPerLane = 16;  // head_dim up to 16 * warp size
+
+// grid (n, nh): block (t, h) takes query row t, head h; warp w walks the visible keys lo + w, lo + w + kWarps,
+// ... with an online softmax, then the warps' partial results are merged.
+__global__ void draft_attention_kernel(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx,
+                                       const float* kc, const float* vc, int causal, int window, float* out) {
+    __shared__ float m_s[kWarps], l_s[kWarps];
+    extern __shared__ float acc_s[];  // [kWarps, hd]
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP;
+    const int kvh = h / (nh / nkv), qp = n_ctx + t;
+    // the mask as a key range: causal keys end at the query; a window starts qp - window + 1 and, when not
+    // causal, ends before qp + window
+    int lo = 0, hi = n_ctx + n;
+    if (causal) hi = qp + 1;
+    if (window > 0) {
+        lo = max(0, qp - window + 1);
+        if (!causal) hi = min(hi, qp + window);
+    }
+    const float* qh = q + size_t(t) * ldq + size_t(h) * hd;
+    const int per = (hd + LB_WARP - 1) / LB_WARP;
+    float qr[kMaxPerLane], acc[kMaxPerLane];
+    for (int e = 0; e < per; ++e) {
+        const int i = lane + e * LB_WARP;
+        qr[e] = i < hd ? qh[i] : 0.f;
+        acc[e] = 0.f;
+    }
+    const float scale = 1.0f / sqrtf(float(hd));
+    float m = -INFINITY, l = 0.f;
+    for (int key = lo + warp; key < hi; key += kWarps) {
+        const float* kr = kc + (size_t(key) * nkv + kvh) * hd;
+        float d = 0;
+        for (int e = 0; e < per; ++e) {
+            const int i = lane + e * LB_WARP;
+            if (i < hd) d += qr[e] * kr[i];
+        }
+        const float sc = warp_sum(d) * scale;
+        const float m_new = fmaxf(m, sc);
+        const float corr = expf(m - m_new), p = expf(sc - m_new);
+        l = l * corr + p;
+        const float* vr = vc + (size_t(key) * nkv + kvh) * hd;
+        for (int e = 0; e < per; ++e) {
+            const int i = lane + e * LB_WARP;
+            acc[e] = acc[e] * corr + (i < hd ? p * vr[i] : 0.f);
+        }
+        m = m_new;
+    }
+    if (lane == 0) { m_s[warp] = m; l_s[warp] = l; }
+    for (int e = 0; e < per; ++e) {
+        const int i = lane + e * LB_WARP;
+        if (i < hd) acc_s[warp * hd + i] = acc[e];
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) if (l_s[w] > 0) mx = fmaxf(mx, m_s[w]);
+    float denom = 0;
+    for (int w = 0; w < kWarps; ++w) if (l_s[w] > 0) denom += l_s[w] * expf(m_s[w] - mx);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0;
+        for (int w = 0; w < kWarps; ++w) if (l_s[w] > 0) o += acc_s[w * hd + i] * expf(m_s[w] - mx);
+        out[size_t(t) * nh * hd + size_t(h) * hd + i] = denom > 0 ? o / denom : 0.f;
+    }
+}
+
+// A (value, index) pair as one 64-bit key whose unsigned order is "larger value, then lower index": the
+// value's bits made order-preserving in the high word, the complemented index in the low word. 0 = none.
+__device__ __forceinline__ unsigned long long rank_key(float v, int idx) {
+    unsigned u = __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return (static_cast<unsigned long long>(u) << 32) | static_cast<unsigned>(~idx);
+}
+__device__ __forceinline__ float key_value(unsigned long long key) {
+    unsigned u = unsigned(key >> 32);
+    u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+    return __uint_as_float(u);
+}
+__device__ __forceinline__ int key_index(unsigned long long key) { return int(~unsigned(key & 0xffffffffu)); }
+
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+    for (int o = LB_WARP / 2; o > 0; o >>= 1) {
+        const unsigned long long w = __shfl_xor_sync(0xffffffff, v, o, LB_WARP);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+constexpr int kTopKThreads = 256;
+
+// One block a row. Each thread keeps the k best of its strided share (sorted, in registers) and an online
+// max / sum of exponentials; the block then merges: k rounds of "the best head of every thread's list", the
+// winner's list advancing, and the log-sum-exp from the threads' (max, sum) pairs in double.
+__global__ __launch_bounds__(kTopKThreads) void draft_top_k_kernel(const float* logits, int vocab, int k,
+                                                                    float multiplier, float softcap, int* ids,
+                                                                    float* logprobs) {
+    __shared__ unsigned long long best_s[kTopKThreads / 32];
+    __shared__ float m_s[kTopKThreads / 32 * 2];
+    __shared__ double sum_s[kTopKThreads];
+    __shared__ float mrow_s;
+    const float* row = logits + size_t(blockIdx.x) * vocab;
+    unsigned long long list[kDraftTopKMax];
+    for (int i = 0; i < kDraftTopKMax; ++i) list[i] = 0;
+    float m = -INFINITY, s = 0.f;
+    for (int i = threadIdx.x; i < vocab; i += kTopKThreads) {
+        float z = row[i] * multiplier;
+        if (softcap > 0.f) z = tanhf(z / softcap) * softcap;
+        if (z > m) { s = s * expf(m - z) + 1.f; m = z; }
+        else s += expf(z - m);
+        const unsigned long long key = rank_key(z, i);
+        if (key > list[k - 1]) {  // insertion into the sorted list (indices rise, so ties keep the earlier)
+            int j = k - 1;
+            for (; j > 0 && list[j - 1] < key; --j) list[j] = list[j - 1];
+            list[j] = key;
+        }
+    }
+    const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP, nw = kTopKThreads / LB_WARP;
+    // log-sum-exp: the row's max, then the threads' sums rescaled to it, added in double
+    float wm = warp_max(m);
+    if (lane == 0) m_s[warp] = wm;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mx = -INFINITY;
+        for (int w = 0; w < nw; ++w) mx = fmaxf(mx, m_s[w]);
+        mrow_s = mx;
+    }
+    __syncthreads();
+    const float mrow = mrow_s;
+    sum_s[threadIdx.x] = s > 0.f ? double(s) * exp(double(m) - double(mrow)) : 0.0;
+    __syncthreads();
+    for (int stride = kTopKThreads / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) sum_s[threadIdx.x] += sum_s[threadIdx.x + stride];
+        __syncthreads();
+    }
+    const float lse = mrow + float(log(sum_s[0]));
+    // k rounds of the block's best list head
+    int head = 0;
+    for (int r = 0; r < k; ++r) {
+        const unsigned long long mine = head < k ? list[head] : 0ull;
+        const unsigned long long wbest = warp_max_u64(mine);
+        if (lane == 0) best_s[warp] = wbest;
+        __syncthreads();
+        unsigned long long best = 0;
+        for (int w = 0; w < nw; ++w) best = best_s[w] > best ? best_s[w] : best;
+        if (best != 0 && mine == best) ++head;  // keys are unique (the index is in them): one winner
+        if (threadIdx.x == 0) {
+            ids[size_t(blockIdx.x) * k + r] = best ? key_index(best) : -1;
+            logprobs[size_t(blockIdx.x) * k + r] = best ? key_value(best) - lse : -INFINITY;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void gather_feature_rows_kernel(const float* src, int n_src, int nf, int H, const int* rows, float* dst) {
+    const int i = blockIdx.x, f = blockIdx.y;
+    const float* s = src + (size_t(f) * n_src + rows[i]) * H;
+    float* d = dst + (size_t(i) * nf + f) * H;
+    for (int e = threadIdx.x; e < H; e += blockDim.x) d[e] = s[e];
+}
+
+__global__ void scale_kernel(float* x, size_t count, float a) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < count) x[i] *= a;
+}
+
+}  // namespace
+
+void draft_attention(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx, const float* kcache,
+                     const float* vcache, bool causal, int window, float* out, gpuStream_t s) {
+    if (hd > kMaxPerLane * LB_WARP) fail("unsupported", "draft attention: head_dim " + std::to_string(hd) + " too large");
+    draft_attention_kernel<<<dim3(unsigned(n), unsigned(nh)), kWarps * LB_WARP, sizeof(float) * kWarps * hd, s>>>(
+        q, ldq, n, nh, nkv, hd, n_ctx, kcache, vcache, causal ? 1 : 0, window, out);
+}
+
+void draft_top_k(const float* logits, int rows, int vocab, int k, float multiplier, float softcap, int* ids,
+                 float* logprobs, gpuStream_t s) {
+    if (k < 1 || k > kDraftTopKMax || k > vocab)
+        fail("internal", "draft_top_k: k " + std::to_string(k) + " outside 1.." + std::to_string(kDraftTopKMax));
+    if (rows <= 0) return;
+    draft_top_k_kernel<<<unsigned(rows), kTopKThreads, 0, s>>>(logits, vocab, k, multiplier, softcap, ids, logprobs);
+}
+
+void gather_feature_rows(const float* src, int n_src, int nf, int H, const int* rows, int m, float* dst,
+                         gpuStream_t s) {
+    if (m <= 0 || nf <= 0) return;
+    gather_feature_rows_kernel<<<dim3(unsigned(m), unsigned(nf)), 256, 0, s>>>(src, n_src, nf, H, rows, dst);
+}
+
+void scale(float* x, size_t count, float a, gpuStream_t s) {
+    if (count == 0) return;
+    scale_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(x, count, a);
+}
+
+}  // namespace lb::gpu
