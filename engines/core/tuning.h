@@ -27,6 +27,8 @@ struct Tuning {
     bool fused_attn = true;       // LB_GPU_FUSED_ATTN: decode attention layers through the fused kernels (0: off)
     bool fused_delta = true;      // LB_GPU_FUSED_DELTA: DeltaNet decode step in one kernel (0: off)
     bool delta_out = true;        // LB_GPU_DELTA_OUT: DeltaNet step fused with its out-projection (0: off)
+    int prefill_chunk = 8192;     // LB_GPU_PREFILL_CHUNK: tokens a prefill forward runs at once; longer forwards
+                                  // run in chunks of this size, so activations stay bounded (0: no chunking)
     int fused_mlp = -1;           // LB_GPU_FUSED_MLP: the one-kernel decode MLP (-1: the backend's default,
                                   // on for CUDA, off for HIP, where it has not run on hardware)
     // ---- the megakernel's decode kernel

@@ -1,5 +1,7 @@
 // Full attention over a prefill chunk: the prologue (q/k norms, partial RoPE, cache append) and causal GQA
-// attention with the sigmoid output gate. CPU reference: ../cpu/attention.cpp, ../cpu/norms.cpp.
+// attention, with the sigmoid output gate (Qwen3.5's gated attention) or without it (Qwen3's). qs is the
+// query heads' stride in head dims: 2 when q_proj holds per head [query, gate], 1 when it holds queries only.
+// CPU reference: ../cpu/attention.cpp, ../cpu/norms.cpp.
 #include "common.cuh"
 
 namespace lb::gpu {
@@ -19,7 +21,7 @@ template <int KVF>
 __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot,
                                                                 float theta, const float* q_gain, const float* k_gain,
                                                                 float eps, const int* d_pos, void* kcache, DType kt,
-                                                                void* vcache, DType vt) {
+                                                                void* vcache, DType vt, int qs) {
     if (KVF >= 0) kt = vt = DType(KVF);
     __shared__ float xr[AP_MAX_HD], vr[AP_MAX_HD];
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, half = rot / 2;
@@ -36,8 +38,8 @@ __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int l
     griddep_wait();
     const int pos = *d_pos + t;
     float* row = qkv + size_t(t) * ld;
-    float* v = is_q ? row + size_t(h) * 2 * hd : row + 2 * nh * hd + size_t(h - nh) * hd;
-    const float* vv = row + 2 * nh * hd + size_t(nkv) * hd + size_t(is_q ? 0 : h - nh) * hd;
+    float* v = is_q ? row + size_t(h) * qs * hd : row + qs * nh * hd + size_t(h - nh) * hd;
+    const float* vv = row + qs * nh * hd + size_t(nkv) * hd + size_t(is_q ? 0 : h - nh) * hd;
     float ss = 0;
 #pragma unroll
     for (int k = 0; k < AP_PER; ++k) {
@@ -79,12 +81,12 @@ __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int l
 // Each lane holds hd / 32 output elements (hd <= 512).
 constexpr int ATT_WARPS = 4;
 __global__ void attention_kernel(const float* qkv, int ld, int nh, int nkv, int hd, const int* d_pos,
-                                 const void* kcache, DType kt, const void* vcache, DType vt, float* out) {
+                                 const void* kcache, DType kt, const void* vcache, DType vt, float* out, int qs) {
     const int t = blockIdx.x, h = blockIdx.y, kvh = h / (nh / nkv);
     const int warp = threadIdx.x / LB_WARP, lane = threadIdx.x % LB_WARP;
     const int last = *d_pos + t;
-    const float* q = qkv + size_t(t) * ld + size_t(h) * 2 * hd;
-    const float* gate = q + hd;
+    const float* q = qkv + size_t(t) * ld + size_t(h) * qs * hd;
+    const float* gate = q + hd;  // qs == 2 only
     const int per = (hd + LB_WARP - 1) / LB_WARP;  // <= 16
     float qv[16], acc[16];
     for (int k = 0; k < per; ++k) {
@@ -128,7 +130,7 @@ __global__ void attention_kernel(const float* qkv, int ld, int nh, int nkv, int 
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float o = 0;
         for (int w = 0; w < ATT_WARPS; ++w) o += sm_acc[w][e] * __expf(sm_m[w] - M);
-        out[(size_t(t) * nh + h) * hd + e] = o / L * sigmoidf(gate[e]);
+        out[(size_t(t) * nh + h) * hd + e] = qs == 2 ? o / L * sigmoidf(gate[e]) : o / L;
     }
 }
 
@@ -153,7 +155,7 @@ constexpr size_t attention_tiled_smem() {
 template <int HD>
 __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float* qkv, int ld, int n, int nh, int nkv,
                                                                      const int* d_pos, const void* kcache, DType kt,
-                                                                     const void* vcache, DType vt, float* out) {
+                                                                     const void* vcache, DType vt, float* out, int qs) {
     static_assert(HD % 128 == 0, "lane owns HD / 32 dims as float4 chunks 128 apart");
     constexpr int LDQ = HD + 4;       // Qs / Ks row stride: rows r..r+7 start in 8 distinct 4-bank groups
     constexpr int LDP = TA_TK + 4;
@@ -178,7 +180,7 @@ __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float
         const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
         const int t = t0 + v / G, h = kvh * G + v % G;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * qs * HD + d);
         *(float4*)(Qs + v * LDQ + d) = q;
     }
 
@@ -282,14 +284,14 @@ __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float
         const int v = warp * 4 + a, t = t0 + v / G, h = kvh * G + v % G;
         if (t >= n) continue;
         const float L = l_s[v];
-        const float* gate = qkv + size_t(t) * ld + size_t(h) * 2 * HD + HD;
+        const float* gate = qkv + size_t(t) * ld + size_t(h) * qs * HD + HD;  // qs == 2 only
         float* o = out + (size_t(t) * nh + h) * HD;
 #pragma unroll
         for (int c = 0; c < NC; ++c)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int e = c * 128 + lane * 4 + i;
-                o[e] = acc[a][c][i] / L * sigmoidf(gate[e]);
+                o[e] = qs == 2 ? acc[a][c][i] / L * sigmoidf(gate[e]) : acc[a][c][i] / L;
             }
     }
 }
@@ -317,7 +319,7 @@ constexpr size_t attention_wmma_smem() {
 template <int HD>
 __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float* qkv, int ld, int n, int nh, int nkv,
                                                                     const int* d_pos, const void* kcache, DType kt,
-                                                                    const void* vcache, DType vt, float* out) {
+                                                                    const void* vcache, DType vt, float* out, int qs) {
     using namespace nvcuda;
     static_assert(AW_QV == AW_TK && AW_THREADS == 4 * AW_QV, "4 threads a vector in the softmax steps");
     constexpr int LDW = HD + 8, LDS = AW_TK + 4, LDP = AW_TK + 8;  // strides keep fragment rows 32-byte aligned
@@ -341,7 +343,7 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
         const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
         const int t = t0 + v / G, h = kvh * G + v % G;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * qs * HD + d);
         wtype* dst = Qs + v * LDW + d;
         dst[0] = wtype(q.x); dst[1] = wtype(q.y); dst[2] = wtype(q.z); dst[3] = wtype(q.w);
     }
@@ -453,7 +455,9 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
     __syncthreads();
     for (int e = tid; e < AW_QV * HD; e += AW_THREADS) {
         const int v = e / HD, d = e % HD, t = t0 + v / G, h = kvh * G + v % G;
-        if (t < n) out[(size_t(t) * nh + h) * HD + d] = Os[v * HD + d] * sigmoidf(qkv[size_t(t) * ld + size_t(h) * 2 * HD + HD + d]);
+        if (t >= n) continue;
+        const float o = Os[v * HD + d];
+        out[(size_t(t) * nh + h) * HD + d] = qs == 2 ? o * sigmoidf(qkv[size_t(t) * ld + size_t(h) * 2 * HD + HD + d]) : o;
     }
 }
 #endif
@@ -462,15 +466,15 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
 
 void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
-               gpuStream_t s) {
+               gpuStream_t s, bool gated) {
     if (hd > AP_MAX_HD || rot > hd) lb::fail("unsupported", "attention head_dim > 512 on the GPU");
     auto* kernel = kv_bf16_kernels(kt, vt) ? attn_prep_kernel<int(DType::BF16)> : attn_prep_kernel<-1>;
     launch_k(kernel, dim3(n, nh + nkv), dim3(AP_THREADS), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps,
-             d_pos, kcache, kt, vcache, vt);
+             d_pos, kcache, kt, vcache, vt, gated ? 2 : 1);
 }
 
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
-               const void* vcache, DType vt, float* out, gpuStream_t s) {
+               const void* vcache, DType vt, float* out, gpuStream_t s, bool gated) {
     if (hd > 512) lb::fail("unsupported", "head_dim above 512");
 #if defined(LB_CUDA)
     // The tiled kernels for prefill (n >= 8; one-token steps and other shapes keep the one-block-per-row kernel).
@@ -479,7 +483,8 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
         (hd == 128 || hd == 256)) {
         const size_t limit = size_t(smem_optin_limit());
         auto go = [&](auto kernel, dim3 grid, int threads, size_t smem) {
-            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
+                        gated ? 2 : 1);
         };
         // tensor cores from 16 rows; the fp32 tiled kernel below for 8..15 rows (or where wmma's does not fit)
         if (n >= 16 && AW_QV % G == 0) {
@@ -496,7 +501,8 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
             return go(attention_tiled_kernel<128>, grid, TA_THREADS, attention_tiled_smem<128>());
     }
 #endif
-    attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out);
+    attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out,
+                                                               gated ? 2 : 1);
 }
 
 }  // namespace lb::gpu
