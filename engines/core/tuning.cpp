@@ -45,6 +45,8 @@ const Knob kKnobs[] = {
     {"LB_MK_ATT_ROWS", "mk_att_rows", &Tuning::mk_att_rows},
     {"LB_MK_GENERIC", "mk_generic", &Tuning::mk_generic},
     {"LB_MK_TRACE", "mk_trace", nullptr, nullptr, &Tuning::mk_trace},
+    {"LB_PFLASH_SPARSE_FROM", "pflash_sparse_from", nullptr, &Tuning::pflash_sparse_from, nullptr, 0, 1 << 30},
+    {"LB_PFLASH_SPARSE_ALPHA", "pflash_sparse_alpha", nullptr, &Tuning::pflash_sparse_alpha, nullptr, 1, 100},
     {"LB_DFLASH_TRACE", "dflash_trace", nullptr, nullptr, &Tuning::dflash_trace},
 };
 

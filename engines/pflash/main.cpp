@@ -13,6 +13,7 @@
 #include "core/engine_main.h"
 #include "core/errors.h"
 #include "core/server.h"
+#include "core/tuning.h"
 #include "pflash/compress.h"
 
 namespace lb {
@@ -219,6 +220,7 @@ int run(int argc, char** argv) {
                                     " model; PFlash scores with a dense Qwen3 drafter");
         drafter->load(*dsrc, dcfg, &dstats);
         drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
+        drafter->set_block_sparse(tuning().pflash_sparse_from, float(tuning().pflash_sparse_alpha) / 100.f);
     });
     if (!loaded) return 1;
     fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens\n",
@@ -232,6 +234,12 @@ int run(int argc, char** argv) {
     options["chunk"] = 32;
     options["bridge"] = "character offsets";
     options["drafter"] = opt.drafter;
+    options["drafter_attention"] =
+        tuning().pflash_sparse_from > 0
+            ? "block-sparse from " + std::to_string(tuning().pflash_sparse_from) + " tokens: 128-token key blocks, kept " +
+                  "when within ln(alpha) of the query tile's best block score (mean q . mean k), alpha " +
+                  std::to_string(tuning().pflash_sparse_alpha) + "%, 2 sink and 4 recent blocks, the last 256 rows dense"
+            : "dense";
     Json dm = Json::object();
     dm["arch"] = arch_name(dcfg.arch);
     dm["n_layers"] = dcfg.n_layers;

@@ -412,6 +412,120 @@ void check_tail_scores(Rng& r, int n, int n_tail, int nh, int nkv, int hd, int r
            rel_err(dprobs.down(), ref), 1e-3);
 }
 
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+// Block-sparse attention (PFlash's drafter): the selection against the rule recomputed on the host (every
+// block the rule keeps by a margin of 1e-3 is kept, every block it drops by that margin is absent, the sinks,
+// the recent blocks and the dense tail rows complete), and the attention over the kept tiles against
+// cpu::attention restricted to those keys (masked softmax). Queries and the keys of every third 128-block
+// share a direction, so that the rule keeps some blocks and drops others.
+void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType t) {
+    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n, G = nh / nkv, rows = 64 / G, n_tiles = (n + rows - 1) / rows;
+    std::vector<float> u = r.vec(hd);
+    for (float& x : u) x = x > 0 ? 0.3f : -0.3f;
+    auto qkv = r.vec(size_t(n) * ld, 0.5f);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h)
+            for (int d = 0; d < hd; ++d) qkv[size_t(i) * ld + size_t(h) * hd + d] += u[d];
+    Cache c(r, t, ctx, nkv, hd, 0);
+    for (int p = 0; p < ctx; ++p)
+        for (int j = 0; j < nkv; ++j) {
+            auto a = r.vec(hd, 0.5f), b = r.vec(hd);
+            if ((p / 128) % 3 == 1) for (int d = 0; d < hd; ++d) a[d] += u[d];
+            encode_row(t, a.data(), &c.k[(size_t(p) * nkv + j) * c.row], size_t(hd));
+            encode_row(t, b.data(), &c.v[(size_t(p) * nkv + j) * c.row], size_t(hd));
+        }
+    gpu::BlockSparse bs;
+    bs.size_for(n, nh, nkv, hd, ctx);
+    bs.dense_from = ctx - 40;  // the last 40 rows dense
+    Dev<int> dtiles(bs.tiles_ints), dcounts(bs.counts_ints);
+    Dev<float> dkmean(bs.kmean_floats), dq(qkv), dout(size_t(n) * nh * hd);
+    bs.tiles = dtiles.p; bs.counts = dcounts.p; bs.kmean = dkmean.p;
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    Dev<int> dpos(std::vector<int>{pos0});
+    const bool took = gpu::block_sparse_select(dq.p, ld, n, nh, nkv, hd, false, pos0, dkc.p, t, bs, g_s);
+    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, false, took ? &bs : nullptr);
+    const std::string sh = shape({{"n", n}, {"pos0", pos0}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}});
+    if (!took) { report("block_sparse", "select (not taken)", sh, 1, 0); return; }
+    auto tiles = dtiles.down(), counts = dcounts.down();
+    auto K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd), V = decode_rows(c.v, t, c.row, 0, size_t(ctx) * nkv, hd);
+    // the rule on the host
+    int bad = 0, dropped = 0, kept_total = 0, seen_total = 0;
+    const int blocks = (ctx + 127) / 128;
+    std::vector<float> kmean(size_t(blocks) * nkv * hd, 0.f);
+    for (int j = 0; j < blocks; ++j)
+        for (int h = 0; h < nkv; ++h) {
+            const int p1 = std::min(ctx, (j + 1) * 128);
+            for (int p = j * 128; p < p1; ++p)
+                for (int d = 0; d < hd; ++d) kmean[(size_t(j) * nkv + h) * hd + d] += K[(size_t(p) * nkv + h) * hd + d] / float(p1 - j * 128);
+        }
+    std::vector<std::vector<char>> allowed(size_t(n_tiles) * nkv);
+    for (int tile = 0; tile < n_tiles; ++tile)
+        for (int h = 0; h < nkv; ++h) {
+            const int t0 = tile * rows, t1 = std::min(t0 + rows, n), last = pos0 + t1 - 1, jl = last / 128;
+            const int s_tiles = last / 64 + 1, cnt = counts[size_t(tile) * nkv + h];
+            std::vector<char>& al = allowed[size_t(tile) * nkv + h];
+            al.assign(size_t(s_tiles), 0);
+            for (int i = 0; i < cnt; ++i) {
+                const int k = tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i];
+                if (k < 0 || k >= s_tiles || (i > 0 && k <= tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i - 1])) ++bad;
+                else al[size_t(k)] = 1;
+            }
+            std::vector<float> qm(size_t(hd), 0.f), sc(size_t(jl + 1));
+            for (int i = t0; i < t1; ++i)
+                for (int g = 0; g < G; ++g)
+                    for (int d = 0; d < hd; ++d) qm[size_t(d)] += qkv[size_t(i) * ld + size_t(h * G + g) * hd + d] / float((t1 - t0) * G);
+            float best = -1e30f;
+            for (int j = 0; j <= jl; ++j) {
+                float dot = 0;
+                for (int d = 0; d < hd; ++d) dot += qm[size_t(d)] * kmean[(size_t(j) * nkv + h) * hd + d];
+                sc[size_t(j)] = dot / std::sqrt(float(hd));
+                best = std::max(best, sc[size_t(j)]);
+            }
+            for (int j = 0; j <= jl; ++j) {
+                const bool forced = last >= bs.dense_from || j < bs.sinks || j > jl - bs.recent;
+                const float margin = sc[size_t(j)] - best - std::log(bs.alpha);
+                const bool kept = al[size_t(2 * j)] != 0;
+                if ((forced || margin > 1e-3f) && !kept) ++bad;
+                if (!forced && margin < -1e-3f && kept) ++bad;
+                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != kept) ++bad;
+                dropped += !kept;
+            }
+            for (char a : al) kept_total += a;
+            seen_total += s_tiles;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "select (%d of %d key tiles kept)", kept_total, seen_total);
+    report("block_sparse", what, sh, bad == 0 && dropped > 0 ? 0 : 1, 0);
+    // the attention over the kept tiles
+    std::vector<float> ref(size_t(n) * nh * hd, 0.f);
+    const float scale = 1.f / std::sqrt(float(hd));
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h) {
+            const int kvh = h / G, last = pos0 + i;
+            const std::vector<char>& al = allowed[size_t(i / rows) * nkv + kvh];
+            const float* q = &qkv[size_t(i) * ld + size_t(h) * hd];
+            std::vector<float> p(size_t(last + 1), 0.f);
+            float mx = -1e30f;
+            for (int s2 = 0; s2 <= last; ++s2) {
+                if (!al[size_t(s2 / 64)]) continue;
+                float d = 0;
+                for (int e = 0; e < hd; ++e) d += q[e] * K[(size_t(s2) * nkv + kvh) * hd + e];
+                p[size_t(s2)] = d * scale;
+                mx = std::max(mx, p[size_t(s2)]);
+            }
+            double sum = 0;
+            for (int s2 = 0; s2 <= last; ++s2)
+                if (al[size_t(s2 / 64)]) { p[size_t(s2)] = std::exp(p[size_t(s2)] - mx); sum += p[size_t(s2)]; }
+            float* o = &ref[(size_t(i) * nh + h) * hd];
+            for (int s2 = 0; s2 <= last; ++s2)
+                if (al[size_t(s2 / 64)])
+                    for (int e = 0; e < hd; ++e) o[e] += float(p[size_t(s2)] / sum) * V[(size_t(s2) * nkv + kvh) * hd + e];
+        }
+    report("block_sparse", std::string("attention_wmma_kernel<") + std::to_string(hd) + ">, kept tiles (" + dtype_name(t) + ")",
+           sh, rel_err(dout.down(), ref), 2e-2);
+}
+#endif
+
 void check_silu_mul(Rng& r, int n, int I) {
     auto gu = r.vec(size_t(n) * 2 * I, 3.f);
     Dev<float> dg(gu), dout(size_t(n) * I);
@@ -779,6 +893,12 @@ int main() {
     check_tail_scores(r, 5, 3, 6, 2, 40, 24, 301, DType::F32, false);
     check_tail_scores(r, 9, 8, 8, 2, 256, 64, 777, DType::Q8_0, true);
     check_tail_scores(r, 8, 8, 16, 8, 128, 128, 513, DType::Q4_0, false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    // block-sparse attention (the PFlash drafter's option): Qwen3-0.6B's heads; a chunk not aligned to blocks
+    check_block_sparse(r, 300, 1500, 16, 8, 128, DType::BF16);
+    check_block_sparse(r, 200, 1000 + 37, 16, 8, 128, DType::Q8_0);
+    check_block_sparse(r, 100, 700, 8, 2, 256, DType::BF16);
+#endif
     check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4);
     check_silu_mul(r, 3, 1001);
     check_argmax_pos(r);

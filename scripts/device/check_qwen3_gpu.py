@@ -17,6 +17,7 @@ through the captured graph. KV f32 and bf16.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -29,9 +30,11 @@ import qwen3_synth  # noqa: E402
 from engine_client import Engine  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script (with CHECK_QWEN3_FLAGS)
+FLAGS = os.environ.get("CHECK_QWEN3_FLAGS", "").split()  # e.g. "--backend cpu" with a CPU build
 N_GEN = 32
 NEAR_TIE = 2e-2  # relative top-1 - top-2 margin of the reference logits under which a flip is a near-tie
-LOGITS_TOL = 3e-2  # prefill logits' relative error (bf16 GEMM inputs over up to 28 layers)
+LOGITS_TOL = 5e-2  # prefill logits' relative error: the GPU GEMMs round activations to bf16 (Qwen3.5-0.8B: 1.2e-2..1.8e-2)
 TINY = {
     "gqa-untied": dict(),
     "odd-tied": dict(vocab_size=397, hidden_size=40, intermediate_size=72, num_hidden_layers=4,
@@ -47,14 +50,14 @@ TINY = {
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor, list[float]]:
     """Greedy tokens, the prompt's last logits, and each chosen token's relative margin (full forward)."""
-    out = model(input_ids=torch.tensor([prompt], device="cuda"), use_cache=True)
+    out = model(input_ids=torch.tensor([prompt], device=DEV), use_cache=True)
     last = out.logits[0, -1].float().cpu()
     cache, toks = out.past_key_values, [int(out.logits[0, -1].argmax())]
     for _ in range(n - 1):
-        out = model(input_ids=torch.tensor([[toks[-1]]], device="cuda"), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[toks[-1]]], device=DEV), past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         toks.append(int(out.logits[0, -1].argmax()))
-    logits = model(input_ids=torch.tensor([prompt + toks[:-1]], device="cuda")).logits[0, len(prompt) - 1:].float()
+    logits = model(input_ids=torch.tensor([prompt + toks[:-1]], device=DEV)).logits[0, len(prompt) - 1:].float()
     top = logits.topk(2, dim=-1).values
     margins = ((top[:, 0] - top[:, 1]) / logits.abs().max(dim=-1).values).tolist()
     return toks, last, margins
@@ -71,14 +74,15 @@ def compare(res: dict, ref: tuple) -> dict:
 
 
 def check_model(exe: Path, ckpt: Path, name: str, prompts: list[list[int]]) -> dict:
-    model = Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to("cuda").eval()
+    model = Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(DEV).eval()
     refs = [hf_greedy(model, p, N_GEN) for p in prompts]
     del model
-    torch.cuda.empty_cache()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     out: dict = {"prompts": [len(p) for p in prompts], "kv": {}}
     for kv in ("f32", "bf16"):
         rows = []
-        eng = Engine(exe, ckpt, "--max-ctx", "512", "--kv-k", kv, "--kv-v", kv)
+        eng = Engine(exe, ckpt, "--max-ctx", "512", "--kv-k", kv, "--kv-v", kv, *FLAGS)
         try:
             assert eng.ready["model"]["arch"] == "qwen3", eng.ready["model"]
             for p, ref in zip(prompts, refs):
@@ -86,7 +90,8 @@ def check_model(exe: Path, ckpt: Path, name: str, prompts: list[list[int]]) -> d
         finally:
             eng.close()
         # the chunked prefill: 16-token chunks for the longest prompt
-        eng = Engine(exe, ckpt, "--max-ctx", "512", "--kv-k", kv, "--kv-v", kv, env={"LB_GPU_PREFILL_CHUNK": "16"})
+        eng = Engine(exe, ckpt, "--max-ctx", "512", "--kv-k", kv, "--kv-v", kv, *FLAGS,
+                     env={"LB_GPU_PREFILL_CHUNK": "16"})
         try:
             r = compare(eng.gen(prompts[-1], N_GEN, return_logits=True), refs[-1])
             r["chunked_prefill"] = 16

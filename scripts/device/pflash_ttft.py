@@ -94,14 +94,24 @@ def main() -> int:
     ap.add_argument("--kv", default="bf16")
     ap.add_argument("--n-gen", type=int, default=4)
     ap.add_argument("--llama-bench", action="store_true")
+    ap.add_argument("--engine-flags", default="", help="more flags for both engines (e.g. '--backend cpu' for a "
+                                                       "dry run of this script on a CPU build)")
+    ap.add_argument("--pflash-flags", default="", help="more flags for lucebench-pflash only")
+    ap.add_argument("--no-full-prefill", action="store_true", help="skip lucebench-ar's full prefill of the target")
+    ap.add_argument("--compare", type=Path, help="an earlier pflash_ttft.json (same prompts): the share of its kept "
+                                                 "target positions this run keeps too, per length and KV type")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     lengths = [int(x) for x in args.lengths.split(",")]
     max_ctx = max(lengths) + args.n_gen + 64
     res: dict = {"label": "SYNTHETIC (random weights, random token ids)", "target": str(args.target),
                  "drafter": str(args.drafter), "keep_ratio": args.keep, "lengths": lengths, "kv": {}}
-    card = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader", "-i", "0"],
-                          capture_output=True, text=True).stdout.strip()
+    try:
+        card = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader", "-i", "0"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        card = "no nvidia-smi"
+    extra = args.engine_flags.split()
     res["card"] = card
     res["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out_json = args.out / "pflash_ttft.json"
@@ -112,7 +122,8 @@ def main() -> int:
     for kv in args.kv.split(","):
         r = res["kv"][kv] = {"pflash": {}, "full_prefill": {}}
         pf = Engine(args.build / "lucebench-pflash", args.target, "--drafter", str(args.drafter), "--max-ctx",
-                    str(max_ctx), "--keep-ratio", repr(args.keep), "--kv-k", kv, "--kv-v", kv)
+                    str(max_ctx), "--keep-ratio", repr(args.keep), "--kv-k", kv, "--kv-v", kv, *extra,
+                    *args.pflash_flags.split())
         try:
             t_vocab = pf.ready["model"]["vocab_size"]
             d_vocab = pf.ready["engine"]["options"]["drafter_model"]["vocab_size"]
@@ -134,7 +145,8 @@ def main() -> int:
                        "kept_tokens_drafter": p["kept_tokens_drafter"], "kept_tokens_target": p["kept_tokens_target"],
                        "kept_chunks": p["kept_chunks"], "forced_chunks": p["forced_chunks"], "n_chunks": p["n_chunks"],
                        "memory_bytes": p.get("memory_bytes"), "card_used_mib_peak": mem.peak,
-                       "request_wall_s": round(wall, 2), "decode_ms": rep["timing"].get("decode_ms")}
+                       "request_wall_s": round(wall, 2), "decode_ms": rep["timing"].get("decode_ms"),
+                       "kept_ranges": p["kept_ranges"]}
                 r["pflash"][str(L)] = row
                 ph = p["time_ms"]
                 print(f"[{kv}] pflash L={L}: TTFT {row['ttft_ms']:.0f} ms (drafter {p['drafter_forward_ms']:.0f}, "
@@ -151,10 +163,23 @@ def main() -> int:
             f = r["drafter_attention_fit"]
             print(f"[{kv}] drafter forward t = {f['a_ms_per_token'] * 1e3:.2f} us L + {f['c_ms_per_token2'] * 1e9:.3f} "
                   f"ps L^2: quadratic share at {max(ls)} = {f['quadratic_share_at_longest']:.2f}", flush=True)
-        ar = Engine(args.build / "lucebench-ar", args.target, "--max-ctx", str(max_ctx), "--kv-k", kv, "--kv-v", kv)
+        if args.compare and args.compare.exists():
+            other = json.loads(args.compare.read_text())["kv"].get(kv, {}).get("pflash", {})
+            for L, row in r["pflash"].items():
+                if L in other:
+                    a = {p for x, y in other[L]["kept_ranges"] for p in range(x, y)}
+                    b = {p for x, y in row["kept_ranges"] for p in range(x, y)}
+                    row["kept_overlap_with_compare"] = len(a & b) / max(1, len(a))
+                    print(f"[{kv}] L={L}: {row['kept_overlap_with_compare']:.3f} of {args.compare}'s kept positions "
+                          f"kept here too", flush=True)
+            save()
+        if args.no_full_prefill:
+            continue
+        ar = Engine(args.build / "lucebench-ar", args.target, "--max-ctx", str(max_ctx), "--kv-k", kv, "--kv-v", kv,
+                    *extra)
         try:
             t_vocab = ar.ready["model"]["vocab_size"]
-            ar.gen(prompt(4096, t_vocab, 8, 1)["prompt_ids"], 1)  # warm-up
+            ar.gen(prompt(min(4096, lengths[0] // 2), t_vocab, 8, 1)["prompt_ids"], 1)  # warm-up
             for L in lengths:
                 req = prompt(L, t_vocab, 8, seed=L)
                 with MemPoll() as mem:

@@ -263,6 +263,11 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
                               input="", timeout=60)
         line = json.loads(proc.stdout.splitlines()[0])
         assert proc.returncode != 0 and line["type"] == "error" and what in line["message"], line
+    # the drafter's block-sparse attention is a GPU option: the cpu backend refuses it at load
+    proc = subprocess.run([str(pflash_exe), "--model", str(target), "--drafter", str(drafter)], capture_output=True,
+                          text=True, input="", timeout=60, env={**os.environ, "LB_PFLASH_SPARSE_FROM": "32768"})
+    line = json.loads(proc.stdout.splitlines()[0])
+    assert proc.returncode != 0 and line["type"] == "error" and "no block-sparse attention" in line["message"], line
 
 
 # ---------------------------------------------------------------------------------------------- CLI

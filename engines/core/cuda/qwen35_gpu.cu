@@ -200,6 +200,12 @@ public:
         return run_forward(tokens, n, nullptr, n_tail, scores);
     }
 
+    void set_block_sparse(int from, float alpha) override {
+        if (from < 0 || !(alpha > 0.f && alpha <= 1.f)) fail("bad_request", "block-sparse attention: from >= 0, 0 < alpha <= 1");
+        sparse_from_ = from;
+        bs_.alpha = alpha;
+    }
+
     // forward() and forward_scored(): n tokens in chunks of at most prefill_chunk (the last chunk holds
     // the n_tail scored rows, when scoring).
     int run_forward(const int* tokens, int n, std::vector<float>* last_logits, int n_tail, TailScores* scores) {
@@ -218,11 +224,12 @@ public:
             ensure_workspace(std::min(chunk, n));
             std::function<void(int, const float*, int, int)> score;
             if (scores) score = scorer(n_tail, ctx, scores);
+            const gpu::BlockSparse* sparse = sparse_from_ > 0 && ctx >= sparse_from_ ? sparse_for(chunk, ctx) : nullptr;
             for (int a = 0, m = 0; a < n; a += m) {
                 m = std::min(chunk, n - a);
                 if (scores && n - a - m > 0 && n - a - m < n_tail) m = n - a - n_tail;  // the tail in one chunk
                 GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens + a, sizeof(int) * size_t(m), gpuMemcpyHostToDevice, s_));
-                run_layers(ws_.tokens, m, a + m == n ? score : nullptr);
+                run_layers(ws_.tokens, m, a + m == n ? score : nullptr, sparse, len_ + a);
             }
             if (scores) {
                 GPU_CHECK(gpuMemcpyAsync(scores->probs.data(), probs_, sizeof(float) * scores->probs.size(),
@@ -481,10 +488,35 @@ private:
         ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
-    void run_layers(const int* d_tokens, int n, std::function<void(int, const float*, int, int)> score = nullptr) {
+    void run_layers(const int* d_tokens, int n, std::function<void(int, const float*, int, int)> score = nullptr,
+                    const gpu::BlockSparse* sparse = nullptr, int pos0 = 0) {
         gpu::ForwardCaches c{kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_};
         c.score = std::move(score);
+        c.sparse = sparse;
+        c.pos0 = pos0;
         gpu::forward_layers(cfg_, w_, ws_, c, d_tokens, n, d_next_, s_);
+    }
+
+    // The block-sparse scratch for chunks of up to `chunk` rows in a sequence of ctx tokens (buffers only grow);
+    // the forward's last 2 key blocks of rows attend densely.
+    const gpu::BlockSparse* sparse_for(int chunk, int ctx) {
+        gpu::BlockSparse want;
+        want.size_for(chunk, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, ctx);
+        if (want.tiles_ints > bs_.tiles_ints) {
+            bs_.tiles = (int*)alloc(sizeof(int) * want.tiles_ints);
+            bs_.tiles_ints = want.tiles_ints;
+        }
+        if (want.counts_ints > bs_.counts_ints) {
+            bs_.counts = (int*)alloc(sizeof(int) * want.counts_ints);
+            bs_.counts_ints = want.counts_ints;
+        }
+        if (want.kmean_floats > bs_.kmean_floats) {
+            bs_.kmean = (float*)alloc(sizeof(float) * want.kmean_floats);
+            bs_.kmean_floats = want.kmean_floats;
+        }
+        bs_.max_tiles = want.max_tiles;
+        bs_.dense_from = ctx - 256;
+        return &bs_;
     }
 
     // A scored forward's hook (ForwardCaches::score): sizes *scores and the device buffers for a sequence of
@@ -633,6 +665,8 @@ private:
     unsigned long long* d_key_ = nullptr;
     bool fused_ = false, fused_attn_ = true, fused_delta_ = true;
     bool ungated_ = false;  // some layer is a Qwen3 (ungated) attention layer: no fused decode graph
+    int sparse_from_ = 0;   // set_block_sparse: forwards reaching this many tokens run block-sparse attention
+    gpu::BlockSparse bs_;   // its settings and scratch
     float *probs_ = nullptr, *score_scratch_ = nullptr;  // forward_scored: [layers, n_tail, ctx] and the kernels'
     size_t probs_cap_ = 0, score_scratch_cap_ = 0;       // scratch (floats; they only grow)
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // Tuning::fused_mlp; whether decode uses it (set at load)
