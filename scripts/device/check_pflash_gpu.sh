@@ -17,8 +17,12 @@
 #   4. pflash_retention.py            needle retention on the trained reference models on the GPU (TRAINED
 #                                     REFERENCE), 8K, 16K and 32K, every needle suite, keep 0.05 and 0.1
 #   5.                                TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full prefill
-# Stage 4 is skipped when started after $PFLASH_BUDGET_S (330 s), stage 5 after $PFLASH_BUDGET_QUANT_S (390 s).
-# Output under $OUT/pg/.   usage: scripts/device/check_pflash_gpu.sh   (ARCH defaults to 90)
+# PFLASH_STAGES picks stages (default checks,ttft,sparse,retention,quant: 1-2, 3, 3b, 4, 5); the build and the
+# synthetic checkpoints are reused on a warm machine, so two calls can split the work, e.g.
+#   PFLASH_STAGES=checks,ttft,sparse scripts/device/check_pflash_gpu.sh      (~6 min: build, checks, TTFT)
+#   PFLASH_STAGES=retention,quant scripts/device/check_pflash_gpu.sh         (~4 min on the warm machine)
+# In one call, stage 4 is skipped when it would start after $PFLASH_BUDGET_S (330 s), stage 5 after
+# $PFLASH_BUDGET_QUANT_S (390 s). Output under $OUT/pg/.   usage: scripts/device/check_pflash_gpu.sh (ARCH: 90)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ARCH=${ARCH:-90}
@@ -40,6 +44,8 @@ BUDGET=${PFLASH_BUDGET_S:-330}              # retention runs only if started bef
 BUDGET_QUANT=${PFLASH_BUDGET_QUANT_S:-390}   # the quantised-KV TTFT only if started before this
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
+STAGES=",${PFLASH_STAGES:-checks,ttft,sparse,retention,quant},"
+want() { [[ "$STAGES" == *",$1,"* ]]; }
 . scripts/device/build_engines.sh
 B=/tmp/lb-pflash-build
 DRAFTER=/tmp/lb-qwen3-check/qwen3-0.6b
@@ -58,14 +64,18 @@ echo "built in $(elapsed) s"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$O/card.txt"
 rc=0
 
-stdbuf -oL "$B/lucebench-gpu-op-check" > "$O/gpu_op_check.md" 2>&1 || rc=1
-grep -E "tail_scores|no gate|FAIL|checks," "$O/gpu_op_check.md"
-echo "op check done at $(elapsed) s"
+if want checks; then
+  stdbuf -oL "$B/lucebench-gpu-op-check" > "$O/gpu_op_check.md" 2>&1 || rc=1
+  grep -E "tail_scores|block_sparse|no gate|FAIL|checks," "$O/gpu_op_check.md"
+  echo "op check done at $(elapsed) s"
+fi
 
 wait $SYNTH || { echo "synthesis failed"; tail -20 "$O/synth.log"; exit 1; }
-python3 scripts/device/check_qwen3_gpu.py "$B" "$O/qwen3_vs_transformers.json" 2>&1 | tee "$O/qwen3_vs_transformers.log"
-[ "${PIPESTATUS[0]}" = 0 ] || rc=1
-echo "qwen3 check done at $(elapsed) s"
+if want checks; then
+  python3 scripts/device/check_qwen3_gpu.py "$B" "$O/qwen3_vs_transformers.json" 2>&1 | tee "$O/qwen3_vs_transformers.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "qwen3 check done at $(elapsed) s"
+fi
 
 LLAMA=()
 [ "${PFLASH_LLAMA:-0}" = 1 ] && LLAMA=(--llama-bench)
@@ -78,19 +88,21 @@ ttft() {  # NAME KV LENGTHS [more pflash_ttft.py flags]
   echo "ttft $name done at $(elapsed) s"
 }
 LENGTHS=${PFLASH_LENGTHS:-32768,65536,131072}
-ttft bf16 bf16 "$LENGTHS" "${LLAMA[@]}"
+want ttft && ttft bf16 bf16 "$LENGTHS" "${LLAMA[@]}"
 # the drafter's block-sparse attention (LB_PFLASH_SPARSE_FROM): TTFT, and how much of the dense run's kept
 # prompt it keeps
-LB_PFLASH_SPARSE_FROM=${PFLASH_SPARSE_FROM:-32768} LB_PFLASH_SPARSE_ALPHA=${PFLASH_SPARSE_ALPHA:-85} \
+want sparse && LB_PFLASH_SPARSE_FROM=${PFLASH_SPARSE_FROM:-32768} LB_PFLASH_SPARSE_ALPHA=${PFLASH_SPARSE_ALPHA:-85} \
   ttft bf16-sparse bf16 "$LENGTHS" --no-full-prefill --compare "$O/ttft-bf16/pflash_ttft.json"
 
-if [ "$(elapsed)" -gt "$BUDGET" ]; then
+if ! want retention; then
+  :
+elif [ "$(elapsed)" -gt "$BUDGET" ]; then
   echo "skipped retention: $(elapsed) s used"
 elif ! python3 -c "import lucebench.suites.loader" 2> "$O/retention-import.log"; then
   echo "skipped retention: lucebench.suites does not import here (carry .whl/): $(tail -1 "$O/retention-import.log")"
 else
   R=tests/fixtures/reference-models
-  timeout $(( 470 - $(elapsed) )) python3 scripts/pflash_retention.py --exe "$B/lucebench-pflash" --backend cuda \
+  timeout $(( ${PFLASH_RETENTION_END_S:-470} - $(elapsed) )) python3 scripts/pflash_retention.py --exe "$B/lucebench-pflash" --backend cuda \
     --target "$R/target" --drafter "$R/drafter" --lengths "${PFLASH_RETENTION_LENGTHS:-8192,16384,32768}" \
     --keeps 0.05,0.1 --answer-suites needle --out "$O/retention-trained-reference.json" > "$O/retention.log" 2>&1 || rc=1
   python3 scripts/pflash_retention.py --summarize "$O/retention-trained-reference.json" | tee "$O/retention-summary.md"
@@ -98,6 +110,7 @@ else
 fi
 
 for kv in $(echo "${PFLASH_KV:-q4_0}" | tr , ' '); do
+  want quant || break
   if [ "$(elapsed)" -gt "$BUDGET_QUANT" ]; then echo "skipped TTFT with $kv KV: $(elapsed) s used"; continue; fi
   ttft "$kv" "$kv" "${PFLASH_LENGTHS_QUANT:-65536,131072}" "${LLAMA[@]}"
 done
