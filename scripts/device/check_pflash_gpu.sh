@@ -3,6 +3,9 @@
 # then
 #   1. lucebench-gpu-op-check         every GPU op against its CPU reference, with the Qwen3 (ungated) attention
 #                                     kernels and the PFlash tail scores (tail_scores.cu) on random inputs
+#      lucebench-verify-gpu-check --qwen3   verify + commit == AR on a random Qwen3 model, verify outputs against the
+#                                     CPU backend's, and the scored forward (importance) against the CPU backend's
+#                                     over three prefill chunks (LB_GPU_PREFILL_CHUNK=256)
 #   2. check_qwen3_gpu.py             Qwen3 dense on the CUDA backend against transformers' Qwen3ForCausalLM:
 #                                     odd tiny shapes, the qwen3-0.6b shape (SYNTHETIC), the trained reference
 #                                     drafter (TRAINED REFERENCE); greedy tokens to the first near-tie, logits error
@@ -58,7 +61,8 @@ from lucebench.models.shapes import get_shape
 from lucebench.models.synth import synthesize
 synthesize(get_shape('qwen3-0.6b'), Path('$DRAFTER'), seed=0, dtype='bf16')"; } ) > "$O/synth.log" 2>&1 &
 SYNTH=$!
-build_engines engines "$B" pflash "" lucebench-ar lucebench-pflash lucebench-gpu-op-check > "$O/build.log" 2>&1 \
+build_engines engines "$B" pflash "" lucebench-ar lucebench-pflash lucebench-gpu-op-check lucebench-verify-gpu-check \
+  > "$O/build.log" 2>&1 \
   || { tail -40 "$O/build.log"; exit 1; }
 echo "built in $(elapsed) s"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$O/card.txt"
@@ -68,6 +72,8 @@ if want checks; then
   stdbuf -oL "$B/lucebench-gpu-op-check" > "$O/gpu_op_check.md" 2>&1 || rc=1
   grep -E "tail_scores|block_sparse|no gate|FAIL|checks," "$O/gpu_op_check.md"
   echo "op check done at $(elapsed) s"
+  LB_GPU_PREFILL_CHUNK=256 stdbuf -oL "$B/lucebench-verify-gpu-check" --qwen3 > "$O/verify_gpu_check_qwen3.txt" 2>&1 || rc=1
+  cat "$O/verify_gpu_check_qwen3.txt"
 fi
 
 wait $SYNTH || { echo "synthesis failed"; tail -20 "$O/synth.log"; exit 1; }
