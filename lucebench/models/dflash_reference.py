@@ -201,9 +201,13 @@ def eval_prompts(datasets_dir: Path, name: str, n: int, seed: int = 42) -> list[
 
 def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *, n_prompts: int = 20,
                        n_gen: int = 128, datasets: tuple[str, ...] = ("humaneval", "gsm8k", "math500"),
-                       device: str = "cpu", progress=None) -> dict[str, Any]:
+                       device: str = "cpu", progress=None, max_seconds: float | None = None) -> dict[str, Any]:
     """Chain AL of the reference loop per dataset, its histogram and per-depth acceptance, and losslessness
-    against the target's greedy decoding (token by token, first divergence)."""
+    against the target's greedy decoding (token by token, first divergence). With `max_seconds`, no prompt is
+    started after that time; each set records how many prompts it measured (`prompts_measured`)."""
+    import time
+
+    t0 = time.perf_counter()
     from tokenizers import Tokenizer
 
     target, draft = load_pair(target_dir, draft_dir, device=device)
@@ -213,12 +217,16 @@ def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *,
     stop_ids = set(eos if isinstance(eos, list) else [eos])
     bs = draft.config.block_size
     report: dict[str, Any] = {"n_prompts": n_prompts, "n_gen": n_gen, "block_size": bs,
-                              "stop_ids": sorted(stop_ids), "datasets": {}}
+                              "stop_ids": sorted(stop_ids), "dtype": "float32",
+                              "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
+                              "datasets": {}}
     for name in datasets:
         prompts = eval_prompts(Path(datasets_dir), name, n_prompts)
         per_prompt = []
         hist = [0] * (bs + 1)
         for j, text in enumerate(prompts):
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                break
             ids = tok.encode(text, add_special_tokens=False).ids
             spec = speculative_greedy(target, draft, ids, n_gen, stop_ids)
             ar = greedy_reference(target, ids, n_gen, stop_ids)
@@ -239,7 +247,45 @@ def measure_acceptance(target_dir: Path, draft_dir: Path, datasets_dir: Path, *,
             "tokens_after_first": committed,
             "histogram": hist,
             "accepted_at_depth": depth,
+            "prompts_measured": len(per_prompt),
             "lossless_prompts": sum(p["first_divergence"] is None for p in per_prompt),
             "prompts": per_prompt,
         }
     return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lucebench.models.dflash_reference --models DIR --datasets DIR [--sets humaneval ...]
+    [--device cuda] --out FILE`: `measure_acceptance` without the CLI's dependencies (the GPU machine runs
+    one process per set; scripts/device/train_reference.sh)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lucebench.models.dflash_reference", description=main.__doc__)
+    ap.add_argument("--models", type=Path, required=True, help="folder holding target/ and draft/")
+    ap.add_argument("--datasets", type=Path, required=True)
+    ap.add_argument("--sets", nargs="+", default=list(PROMPT_FORMATS), choices=list(PROMPT_FORMATS))
+    ap.add_argument("--n-prompts", type=int, default=20)
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-seconds", type=float, default=None, help="start no prompt after this time")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda"):
+        # float32 as on the CPU: no TF32 in matmuls or in the DeltaNet's convolution.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    else:
+        torch.set_num_threads(1)
+    report = measure_acceptance(args.models / "target", args.models / "draft", args.datasets,
+                                n_prompts=args.n_prompts, n_gen=args.n_gen, datasets=tuple(args.sets),
+                                device=args.device, max_seconds=args.max_seconds)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    for name, r in report["datasets"].items():
+        print(f"{name}: AL {r['al']:.3f} over {r['rounds']} rounds, accepted at depth 1/2/3 "
+              f"{r['accepted_at_depth'][:3]}, lossless {r['lossless_prompts']}/{r['prompts_measured']} "
+              f"({r['prompts_measured']} of {args.n_prompts} prompts measured)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -296,9 +296,6 @@ public:
         gpu::ContextScope bind(ctx_);
         const int n = int(req.tokens.size());
         pending_n_ = 0;
-        if (!plain_kv(kt_) || !plain_kv(vt_))
-            fail("unsupported", std::string("the ") + LB_GPU_NAME + " verify forward takes an f32, f16 or bf16 KV cache, not " +
-                                    dtype_name(plain_kv(kt_) ? vt_ : kt_) + " (--kv-k / --kv-v)");
         VerifyPlan plan = plan_verify(req, cfg_, len_, max_ctx_);
         const std::vector<int>& parent = plan.parent;
         const std::vector<uint8_t>& visible = plan.visible;
@@ -437,7 +434,6 @@ public:
     }
 
 private:
-    static bool plain_kv(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
     size_t state_elems() const { return size_t(cfg_.lin_v_heads) * cfg_.lin_k_dim * cfg_.lin_v_dim; }
     size_t conv_elems() const { return size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1); }
     gpu::VerifyCaches vcaches() { return gpu::VerifyCaches{kc_, vc_, kt_, vt_, ssm_, conv_}; }

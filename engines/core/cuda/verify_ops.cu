@@ -4,39 +4,15 @@
 // reference on random inputs.
 #include "verify_ops.h"
 
+#include "common.cuh"
+
 #include <cmath>
 
 namespace lb::gpu {
 namespace {
 
-__device__ __forceinline__ float kv_load(const void* row, DType t, int e) {
-    switch (t) {
-        case DType::F16: return __half2float(((const __half*)row)[e]);
-        case DType::BF16: return __uint_as_float(uint32_t(((const unsigned short*)row)[e]) << 16);
-        default: return ((const float*)row)[e];
-    }
-}
-
-__device__ __forceinline__ void kv_store(void* row, DType t, int e, float v) {
-    switch (t) {
-        case DType::F16: ((__half*)row)[e] = __float2half_rn(v); return;
-        case DType::BF16: {  // round to nearest even, as half.h's f32_to_bf16
-            uint32_t u = __float_as_uint(v);
-            if ((u & 0x7fffffffu) > 0x7f800000u) { ((unsigned short*)row)[e] = (unsigned short)((u >> 16) | 0x40); return; }
-            u += 0x7fffu + ((u >> 16) & 1u);
-            ((unsigned short*)row)[e] = (unsigned short)(u >> 16);
-            return;
-        }
-        default: ((float*)row)[e] = v;
-    }
-}
-
-__device__ __forceinline__ size_t kv_row_bytes(DType t, int hd) { return size_t(hd) * (t == DType::F32 ? 4 : 2); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = LB_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    return v;
-}
+// KV rows are read and written with common.cuh's kv_load / kv_store_warp, the attention prologue's own
+// encoding, so a verify row holds the bytes an append forward would have written (quantised types too).
 
 // Sum over the block (blockDim a multiple of the warp size, at most 1024 threads).
 __device__ float block_sum(float v, float* red) {
@@ -81,16 +57,12 @@ __global__ void attn_prep_tree_kernel(float* qkv, int ld, int nh, int nkv, int h
     }
     __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) x[i] = sh[i];
-    if (!is_q) {
-        const int j = head - nh;
+    if (!is_q) {  // warp 0 encodes the K row, warp 1 the V row (a quantised block takes a whole warp)
+        const int j = head - nh, warp = threadIdx.x / LB_WARP;
         const size_t slot = size_t(len + t) * nkv + j;
         const float* v = row + q_rows + nkv * hd + j * hd;
-        void* krow = (char*)kcache + slot * kv_row_bytes(kt, hd);
-        void* vrow = (char*)vcache + slot * kv_row_bytes(vt, hd);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            kv_store(krow, kt, i, sh[i]);
-            kv_store(vrow, vt, i, v[i]);
-        }
+        if (warp == 0) kv_store_warp(sh, hd, kt, (char*)kcache + slot * kv_row_bytes(kt, hd));
+        if (warp == 1) kv_store_warp(v, hd, vt, (char*)vcache + slot * kv_row_bytes(vt, hd));
     }
 }
 
@@ -396,7 +368,7 @@ int threads_for(int n) { return n >= 256 ? 256 : ((n + LB_WARP - 1) / LB_WARP) *
 void attn_prep_tree(float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int rot, float theta,
                     const float* q_gain, const float* k_gain, float eps, const int* positions, int len, void* kcache,
                     DType kt, void* vcache, DType vt, gpuStream_t s) {
-    const int threads = hd >= 128 ? 128 : 64;
+    const int threads = hd >= 128 ? 128 : 2 * LB_WARP;  // at least two warps: K and V rows are stored by one each
     attn_prep_tree_kernel<<<dim3(n, nh + nkv), threads, sizeof(float) * (hd + 32), s>>>(
         qkv, ld, nh, nkv, hd, gated, rot, theta, q_gain, k_gain, eps, positions, len, kcache, kt, vcache, vt);
 }

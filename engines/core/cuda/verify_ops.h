@@ -1,8 +1,8 @@
 // GPU versions of the verify operations of ../cpu/ops.h (the *_tree forms and the commit of an accepted
 // path): same math and layouts, fp32 activations and state. Rows are those of one verify forward; a
 // row's parent is an earlier row or -1 (the committed sequence); `visible` is the [n, n] ancestor-or-self
-// byte mask. Every launcher enqueues on `s` and returns. KV caches here are f32, f16 or bf16 rows
-// ([slot, n_kv_heads, head_dim]); a quantised cache is refused by the caller.
+// byte mask. Every launcher enqueues on `s` and returns. KV caches are rows [slot, n_kv_heads, head_dim]
+// of any KV type (f32, f16, bf16, q8_0, q4_0; quantised rows need head_dim a multiple of 32).
 #pragma once
 #include "../quant.h"
 #include "gpu_compat.h"

@@ -9,7 +9,7 @@ Output folder:
   train_report.json   recipe, versions, device, timings, corpus hashes and every quality figure
   corpus_manifest.json  the corpus's roots, counts, hashes and the files decontamination removed
 
-Recipes: `reference` (one H100/H200, about 10 minutes) and `tiny` (CPU, seconds; used by the tests).
+Recipes: `reference` (one H100/H200, about 6 minutes) and `tiny` (CPU, seconds; used by the tests).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lucebench.models.train.bpe import (
@@ -35,8 +36,10 @@ from lucebench.models.train.bpe import (
 from lucebench.models.train.draft_train import (
     DraftRecipe,
     evaluate_draft,
+    function_body_prefixes,
     greedy_continuations,
     make_draft,
+    stream_prefixes,
     train_draft,
 )
 from lucebench.models.train.lm import LMRecipe, build_model, evaluate_lm, n_params, train_lm
@@ -62,8 +65,9 @@ RECIPES: dict[str, Recipe] = {
                         intermediate=640, lin_heads=4, lin_head_dim=64, seq_len=512, batch=64, steps=700,
                         lr=2e-3, max_seconds=145),
         draft=DraftRecipe(layers=3, heads=4, kv_heads=2, head_dim=64, intermediate=512, n_target_layers=3,
-                          block_size=16, n_sequences=8192, prefix_len=128, gen_len=192, gen_batch=2048,
-                          anchors=16, batch=64, steps=1300, lr=1e-3, max_seconds=80),
+                          block_size=16, n_sequences=65536, prefix_len=128, gen_len=192, gen_batch=8192,
+                          anchors=32, batch=64, steps=1800, lr=1e-3, max_seconds=105, gen_max_seconds=110,
+                          function_body_share=0.5, n_heldout=512),
         drafter=LMRecipe(arch="qwen3", vocab_size=6144, hidden=192, layers=4, heads=4, kv_heads=2, head_dim=48,
                          intermediate=512, seq_len=2048, batch=8, steps=1000, lr=2e-3, max_seconds=50),
     ),
@@ -74,7 +78,7 @@ RECIPES: dict[str, Recipe] = {
                         lr=3e-3, max_seconds=60),
         draft=DraftRecipe(layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=128, n_target_layers=1,
                           block_size=8, n_sequences=16, prefix_len=16, gen_len=24, gen_batch=8, anchors=4,
-                          batch=4, steps=10, lr=1e-3, max_seconds=60),
+                          batch=4, steps=10, lr=1e-3, max_seconds=60, n_heldout=8),
         drafter=LMRecipe(arch="qwen3", vocab_size=768, hidden=48, layers=2, heads=2, kv_heads=1, head_dim=24,
                          intermediate=96, seq_len=128, batch=2, steps=10, lr=3e-3, max_seconds=60),
     ),
@@ -164,6 +168,7 @@ def train_reference(out: Path, *, recipe: Recipe, datasets_dir: Path, device: st
 
     # 4. the draft, on the bf16 target's greedy continuations (the target reloaded from its files)
     t0 = time.perf_counter()
+    from lucebench.models.dflash_draft import default_target_layer_ids
     from lucebench.models.dflash_reference import FeatureTarget, load_target
 
     tmodel = load_target(out / "target", dtype=torch.float32, device=device)
@@ -171,23 +176,50 @@ def train_reference(out: Path, *, recipe: Recipe, datasets_dir: Path, device: st
                                               max_tokens=recipe.heldout_eval_tokens, device=device)
     log(f"target held-out: {report['target']['heldout']}")
     dr = recipe.draft
-    seqs = greedy_continuations(tmodel, stream_t, n=dr.n_sequences, prefix_len=dr.prefix_len, gen_len=dr.gen_len,
-                                batch=dr.gen_batch, seed=recipe.seed + 1, device=device)
-    held_seqs = greedy_continuations(tmodel, held_t, n=max(dr.batch, dr.n_sequences // 32), prefix_len=dr.prefix_len,
-                                     gen_len=dr.gen_len, batch=dr.gen_batch, seed=recipe.seed + 2, device=device)
+    ft = FeatureTarget(tmodel, default_target_layer_ids(tmodel.config.num_hidden_layers, dr.n_target_layers))
+    n_body = int(round(dr.function_body_share * dr.n_sequences))
+    body = function_body_prefixes(tok_t, train_texts, n=n_body, prefix_len=dr.prefix_len, eos_id=eos_t,
+                                  seed=recipe.seed + 8)
+    rand = stream_prefixes(stream_t, n=dr.n_sequences - len(body), prefix_len=dr.prefix_len, seed=recipe.seed + 1)
+    # Interleaved in a seeded order, so that a generation stopped by its guard keeps both kinds.
+    prefixes = np.concatenate([body, rand])[np.random.default_rng(recipe.seed + 9).permutation(dr.n_sequences)]
+    seqs, feats, gen_stopped = greedy_continuations(ft, prefixes, gen_len=dr.gen_len, batch=dr.gen_batch,
+                                                    device=device, max_seconds=dr.gen_max_seconds)
+    t_gen = time.perf_counter() - t0
+    log(f"draft data: {len(seqs):,} continuations ({len(body):,} of function-body prefixes) in {t_gen:.1f} s"
+        + (" (stopped by the time guard)" if gen_stopped else ""))
+    held = {
+        "heldout": stream_prefixes(held_t, n=dr.n_heldout, prefix_len=dr.prefix_len, seed=recipe.seed + 2),
+        "heldout_function_bodies": function_body_prefixes(tok_t, held_texts, n=dr.n_heldout,
+                                                          prefix_len=dr.prefix_len, eos_id=eos_t,
+                                                          seed=recipe.seed + 10),
+    }
+    held_data = {k: greedy_continuations(ft, v, gen_len=dr.gen_len, batch=dr.gen_batch, device=device)[:2]
+                 for k, v in held.items() if len(v)}
     report["timings_s"]["draft_data"] = round(time.perf_counter() - t0, 1)
     torch.manual_seed(recipe.seed + 3)
     draft = make_draft(dr, tmodel.config, mask_id)
-    ft = FeatureTarget(tmodel, draft.config.target_layer_ids)
-    report["draft"] = {"n_params": n_params(draft), "config": draft.config.to_json(),
-                       "labels": "the target's greedy continuations (float32, bf16 weights) of corpus prefixes"}
+    assert draft.config.target_layer_ids == ft.layer_ids
+    report["draft"] = {
+        "n_params": n_params(draft), "config": draft.config.to_json(),
+        "labels": "the target's greedy continuations (float32, bf16 weights) of corpus prefixes",
+        "data": {"continuations": len(seqs), "function_body_prefixes": len(body),
+                 "stream_prefixes": len(rand), "tokens_per_continuation": dr.prefix_len + dr.gen_len,
+                 "stopped_by_guard": gen_stopped, "seconds": round(t_gen, 1),
+                 "features": "stored bf16 from the generation forwards (target layers "
+                             f"{ft.layer_ids}), {feats.numel() * 2 / 2**30:.1f} GiB on {feats.device.type}"},
+    }
     log(f"draft: {report['draft']['n_params']:,} parameters, target layers {draft.config.target_layer_ids}")
-    report["draft"]["train"] = train_draft(ft, draft, seqs, dr, device=device, seed=recipe.seed + 4, log=log)
+    report["draft"]["train"] = train_draft(ft, draft, seqs, feats, dr, device=device, seed=recipe.seed + 4, log=log)
+    del feats
     draft.save(out / "draft")
     draft = type(draft).load(out / "draft").to(device)
-    report["draft"]["heldout"] = evaluate_draft(ft, draft, held_seqs, dr, device=device, seed=recipe.seed + 5)
-    log(f"draft held-out: {report['draft']['heldout']}")
-    del tmodel, ft, draft, seqs, held_seqs
+    for k, (hs, hf) in held_data.items():
+        report["draft"][k] = evaluate_draft(ft, draft, hs, hf, dr, device=device, seed=recipe.seed + 5)
+        log(f"draft {k}: {report['draft'][k]}")
+    del tmodel, ft, draft, seqs, held_data
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     phase("draft", t0)
 
     # 5. drafter (Qwen3 dense, its own tokenizer)

@@ -36,6 +36,12 @@ def test_tiny_recipe_end_to_end(tmp_path):
         assert report[phase]["train"]["steps"] == getattr(tiny, phase).steps
         assert 0 < report[phase]["heldout"]["loss"] < 10
     assert len(report["draft"]["heldout"]["accuracy_per_position"]) == tiny.draft.block_size - 1
+    # Both kinds of prefixes (the stdlib has function docstrings), every continuation generated.
+    data = report["draft"]["data"]
+    assert data["continuations"] == tiny.draft.n_sequences and not data["stopped_by_guard"]
+    assert 0 < data["function_body_prefixes"] <= tiny.draft.n_sequences // 2
+    assert data["stream_prefixes"] == tiny.draft.n_sequences - data["function_body_prefixes"]
+    assert report["draft"]["train"]["steps"] == tiny.draft.steps
     # The reference loop runs on the pair and equals greedy decoding.
     t, d = load_pair(out / "target", out / "draft")
     spec = speculative_greedy(t, d, [10, 11, 12, 13, 14], 20, set())
