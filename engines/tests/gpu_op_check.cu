@@ -291,13 +291,17 @@ struct Cache {  // K and V caches [ctx, nkv, hd] of type t, random rows at posit
     }
 };
 
-// The CPU attention over q heads taken from qkv rows [q (hd), gate (hd)] per head, times sigmoid(gate).
+// The CPU attention over q heads taken from qkv rows [q (hd), gate (hd)] per head, times sigmoid(gate)
+// (gated), or from rows [q (hd)] per head (not gated: Qwen3).
 std::vector<float> cpu_attention(const std::vector<float>& qkv, int ld, int n, int nh, int nkv, int hd, int pos0,
-                                 const std::vector<uint8_t>& kc, const std::vector<uint8_t>& vc, DType t) {
+                                 const std::vector<uint8_t>& kc, const std::vector<uint8_t>& vc, DType t,
+                                 bool gated = true) {
+    const int qs = gated ? 2 : 1;
     std::vector<float> q(size_t(n) * nh * hd), out(q.size());
     for (int i = 0; i < n; ++i)
-        for (int h = 0; h < nh; ++h) std::copy_n(&qkv[size_t(i) * ld + size_t(h) * 2 * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+        for (int h = 0; h < nh; ++h) std::copy_n(&qkv[size_t(i) * ld + size_t(h) * qs * hd], hd, &q[(size_t(i) * nh + h) * hd]);
     cpu::attention(q.data(), n, nh, nkv, hd, pos0, kc.data(), t, vc.data(), t, out.data());
+    if (!gated) return out;
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < nh; ++h)
             for (int e = 0; e < hd; ++e)
@@ -308,17 +312,18 @@ std::vector<float> cpu_attention(const std::vector<float>& qkv, int ld, int n, i
 // attn_prep on the CPU: per-head RMSNorm and partial RoPE of q and k at positions pos0.., the K and V rows
 // encoded into the caches.
 void cpu_attn_prep(std::vector<float>& qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta,
-                   const std::vector<float>& qg, const std::vector<float>& kg, int pos0, Cache& c) {
+                   const std::vector<float>& qg, const std::vector<float>& kg, int pos0, Cache& c, bool gated = true) {
+    const int qs = gated ? 2 : 1;
     for (int i = 0; i < n; ++i) {
         float* row = &qkv[size_t(i) * ld];
         for (int h = 0; h < nh; ++h) {
-            float* q = row + size_t(h) * 2 * hd;
+            float* q = row + size_t(h) * qs * hd;
             cpu::rmsnorm(q, qg.data(), q, 1, hd, 1e-6f);
             cpu::rope(q, 1, 1, hd, rot, theta, pos0 + i);
         }
         for (int j = 0; j < nkv; ++j) {
-            float* k = row + size_t(2 * nh) * hd + size_t(j) * hd;
-            const float* v = row + size_t(2 * nh + nkv) * hd + size_t(j) * hd;
+            float* k = row + size_t(qs * nh) * hd + size_t(j) * hd;
+            const float* v = row + size_t(qs * nh + nkv) * hd + size_t(j) * hd;
             cpu::rmsnorm(k, kg.data(), k, 1, hd, 1e-6f);
             cpu::rope(k, 1, 1, hd, rot, theta, pos0 + i);
             const size_t r = size_t(pos0 + i) * nkv + j;
@@ -334,21 +339,22 @@ std::vector<float> decode_rows(const std::vector<uint8_t>& c, DType t, size_t ro
     return f;
 }
 
-void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant) {
-    const int ld = (2 * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
+void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant, bool gated = true) {
+    const int qs = gated ? 2 : 1;
+    const int ld = (qs * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
     const float theta = 1e7f;
     auto qkv = r.vec(size_t(n) * ld, 2.f), qg = r.vec(hd), kg = r.vec(hd);
     Cache c(r, t, ctx, nkv, hd, pos0);
     Dev<float> dq(qkv), dqg(qg), dkg(kg);
     Dev<uint8_t> dkc(c.k), dvc(c.v);
     Dev<int> dpos(std::vector<int>{pos0});
-    gpu::attn_prep(dq.p, ld, n, nh, nkv, hd, rot, theta, dqg.p, dkg.p, 1e-6f, dpos.p, dkc.p, t, dvc.p, t, g_s);
+    gpu::attn_prep(dq.p, ld, n, nh, nkv, hd, rot, theta, dqg.p, dkg.p, 1e-6f, dpos.p, dkc.p, t, dvc.p, t, g_s, gated);
     std::vector<float> ref = qkv;
-    cpu_attn_prep(ref, ld, n, nh, nkv, hd, rot, theta, qg, kg, pos0, c);
+    cpu_attn_prep(ref, ld, n, nh, nkv, hd, rot, theta, qg, kg, pos0, c, gated);
     std::vector<float> got = dq.down(), gq, rq;
     for (int i = 0; i < n; ++i) {  // the q heads (the k rows are checked in the cache)
-        gq.insert(gq.end(), &got[size_t(i) * ld], &got[size_t(i) * ld + 2 * nh * hd]);
-        rq.insert(rq.end(), &ref[size_t(i) * ld], &ref[size_t(i) * ld + 2 * nh * hd]);
+        gq.insert(gq.end(), &got[size_t(i) * ld], &got[size_t(i) * ld + qs * nh * hd]);
+        rq.insert(rq.end(), &ref[size_t(i) * ld], &ref[size_t(i) * ld + qs * nh * hd]);
     }
     const std::string sh = shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"rot", rot}});
     report("attn_prep", std::string(variant) + " (q)", sh, rel_err(gq, rq), 1e-5);
@@ -360,18 +366,165 @@ void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, c
     report("attn_prep", std::string(variant) + " (K, V " + dtype_name(t) + ")", sh, rel_err(gk, rk), kv_tol(t));
 }
 
-void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, const char* variant, double tol) {
-    const int ld = (2 * nh + 2 * nkv) * hd, pos0 = 9, ctx = pos0 + n;
+void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, const char* variant, double tol, bool gated = true) {
+    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, pos0 = 9, ctx = pos0 + n;
     auto qkv = r.vec(size_t(n) * ld, 0.5f);
     Cache c(r, t, ctx, nkv, hd, ctx);
     Dev<float> dq(qkv), dout(size_t(n) * nh * hd);
     Dev<uint8_t> dkc(c.k), dvc(c.v);
     Dev<int> dpos(std::vector<int>{pos0});
-    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s);
-    auto ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t);
-    report("attention", std::string(variant) + " (" + dtype_name(t) + ")",
+    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated);
+    auto ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t, gated);
+    report("attention", std::string(variant) + (gated ? " (" : ", no gate (") + dtype_name(t) + ")",
            shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), rel_err(dout.down(), ref), tol);
 }
+
+// PFlash tail scores: the GPU un-rotates the tail rows' queries (as attn_prep leaves them) and the cached
+// keys; the reference un-rotates the same with cpu::rope_at at -pos and runs cpu::tail_attention_probs.
+// The keys are random rotated rows stored in the cache type; the queries random rotated rows. Tolerance 1e-3:
+// at positions in the thousands the device's powf / sincosf and the host's pow / cos / sin give angles that
+// differ by ~1e-4 rad; a wrong mask, index or position shows as 1e-2 and more.
+void check_tail_scores(Rng& r, int n, int n_tail, int nh, int nkv, int hd, int rot, int ctx, DType t, bool gated) {
+    const int qs = gated ? 2 : 1, ld = (qs * nh + 2 * nkv) * hd;
+    const float theta = 1e6f;
+    auto qkv = r.vec(size_t(n) * ld, 2.f);
+    Cache c(r, t, ctx, nkv, hd, ctx);
+    Dev<float> dq(qkv), dprobs(size_t(n_tail) * ctx), scratch(gpu::tail_scores_scratch(n_tail, nh, hd, ctx));
+    Dev<uint8_t> dkc(c.k);
+    gpu::tail_scores(dq.p + size_t(n - n_tail) * ld, ld, gated, n_tail, nh, nkv, hd, rot, theta, dkc.p, t, ctx,
+                     scratch.p, dprobs.p, g_s);
+    // reference: pre-RoPE q of the tail rows and keys
+    std::vector<float> q(size_t(n_tail) * nh * hd), K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd);
+    std::vector<int> qpos(static_cast<size_t>(n_tail)), kback(static_cast<size_t>(ctx)), qback(static_cast<size_t>(n_tail));
+    for (int i = 0; i < n_tail; ++i) {
+        qpos[size_t(i)] = ctx - n_tail + i;
+        qback[size_t(i)] = -qpos[size_t(i)];
+        for (int h = 0; h < nh; ++h)
+            std::copy_n(&qkv[size_t(n - n_tail + i) * ld + size_t(h) * qs * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+    }
+    for (int s = 0; s < ctx; ++s) kback[size_t(s)] = -s;
+    cpu::rope_at(q.data(), n_tail, nh, hd, rot, theta, qback.data());
+    cpu::rope_at(K.data(), ctx, nkv, hd, rot, theta, kback.data());
+    std::vector<float> ref(size_t(n_tail) * ctx);
+    cpu::tail_attention_probs(q.data(), qpos.data(), n_tail, nh, nkv, hd, K.data(), ctx, ref.data());
+    report("tail_scores", std::string(gated ? "gated" : "no gate") + " (K " + dtype_name(t) + ")",
+           shape({{"n_tail", n_tail}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"rot", rot}, {"ctx", ctx}}),
+           rel_err(dprobs.down(), ref), 1e-3);
+}
+
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+// Block-sparse attention (PFlash's drafter): the selection against the rule recomputed on the host (every
+// block the rule keeps by a margin of 1e-3 is kept, every block it drops by that margin is absent, the sinks,
+// the recent blocks and the dense tail rows complete), and the attention over the kept tiles against
+// cpu::attention restricted to those keys (masked softmax). Queries and the keys of every third 128-block
+// share a direction, so that the rule keeps some blocks and drops others.
+void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType t) {
+    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n, G = nh / nkv, rows = 64 / G, n_tiles = (n + rows - 1) / rows;
+    std::vector<float> u = r.vec(hd);
+    for (float& x : u) x = x > 0 ? 0.3f : -0.3f;
+    auto qkv = r.vec(size_t(n) * ld, 0.5f);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h)
+            for (int d = 0; d < hd; ++d) qkv[size_t(i) * ld + size_t(h) * hd + d] += u[d];
+    Cache c(r, t, ctx, nkv, hd, 0);
+    for (int p = 0; p < ctx; ++p)
+        for (int j = 0; j < nkv; ++j) {
+            auto a = r.vec(hd, 0.5f), b = r.vec(hd);
+            if ((p / 128) % 3 == 1) for (int d = 0; d < hd; ++d) a[d] += u[d];
+            encode_row(t, a.data(), &c.k[(size_t(p) * nkv + j) * c.row], size_t(hd));
+            encode_row(t, b.data(), &c.v[(size_t(p) * nkv + j) * c.row], size_t(hd));
+        }
+    gpu::BlockSparse bs;
+    bs.size_for(n, nh, nkv, hd, ctx);
+    bs.dense_from = ctx - 40;  // the last 40 rows dense
+    Dev<int> dtiles(bs.tiles_ints), dcounts(bs.counts_ints);
+    Dev<float> dkmean(bs.kmean_floats), dq(qkv), dout(size_t(n) * nh * hd);
+    bs.tiles = dtiles.p; bs.counts = dcounts.p; bs.kmean = dkmean.p;
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    Dev<int> dpos(std::vector<int>{pos0});
+    const bool took = gpu::block_sparse_select(dq.p, ld, n, nh, nkv, hd, false, pos0, dkc.p, t, bs, g_s);
+    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, false, took ? &bs : nullptr);
+    const std::string sh = shape({{"n", n}, {"pos0", pos0}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}});
+    if (!took) { report("block_sparse", "select (not taken)", sh, 1, 0); return; }
+    auto tiles = dtiles.down(), counts = dcounts.down();
+    auto K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd), V = decode_rows(c.v, t, c.row, 0, size_t(ctx) * nkv, hd);
+    // the rule on the host
+    int bad = 0, dropped = 0, kept_total = 0, seen_total = 0;
+    const int blocks = (ctx + 127) / 128;
+    std::vector<float> kmean(size_t(blocks) * nkv * hd, 0.f);
+    for (int j = 0; j < blocks; ++j)
+        for (int h = 0; h < nkv; ++h) {
+            const int p1 = std::min(ctx, (j + 1) * 128);
+            for (int p = j * 128; p < p1; ++p)
+                for (int d = 0; d < hd; ++d) kmean[(size_t(j) * nkv + h) * hd + d] += K[(size_t(p) * nkv + h) * hd + d] / float(p1 - j * 128);
+        }
+    std::vector<std::vector<char>> allowed(size_t(n_tiles) * nkv);
+    for (int tile = 0; tile < n_tiles; ++tile)
+        for (int h = 0; h < nkv; ++h) {
+            const int t0 = tile * rows, t1 = std::min(t0 + rows, n), last = pos0 + t1 - 1, jl = last / 128;
+            const int s_tiles = last / 64 + 1, cnt = counts[size_t(tile) * nkv + h];
+            std::vector<char>& al = allowed[size_t(tile) * nkv + h];
+            al.assign(size_t(s_tiles), 0);
+            for (int i = 0; i < cnt; ++i) {
+                const int k = tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i];
+                if (k < 0 || k >= s_tiles || (i > 0 && k <= tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i - 1])) ++bad;
+                else al[size_t(k)] = 1;
+            }
+            std::vector<float> qm(size_t(hd), 0.f), sc(size_t(jl + 1));
+            for (int i = t0; i < t1; ++i)
+                for (int g = 0; g < G; ++g)
+                    for (int d = 0; d < hd; ++d) qm[size_t(d)] += qkv[size_t(i) * ld + size_t(h * G + g) * hd + d] / float((t1 - t0) * G);
+            float best = -1e30f;
+            for (int j = 0; j <= jl; ++j) {
+                float dot = 0;
+                for (int d = 0; d < hd; ++d) dot += qm[size_t(d)] * kmean[(size_t(j) * nkv + h) * hd + d];
+                sc[size_t(j)] = dot / std::sqrt(float(hd));
+                best = std::max(best, sc[size_t(j)]);
+            }
+            for (int j = 0; j <= jl; ++j) {
+                const bool forced = last >= bs.dense_from || j < bs.sinks || j > jl - bs.recent;
+                const float margin = sc[size_t(j)] - best - std::log(bs.alpha);
+                const bool kept = al[size_t(2 * j)] != 0;
+                if ((forced || margin > 1e-3f) && !kept) ++bad;
+                if (!forced && margin < -1e-3f && kept) ++bad;
+                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != kept) ++bad;
+                dropped += !kept;
+            }
+            for (char a : al) kept_total += a;
+            seen_total += s_tiles;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "select (%d of %d key tiles kept)", kept_total, seen_total);
+    report("block_sparse", what, sh, bad == 0 && dropped > 0 ? 0 : 1, 0);
+    // the attention over the kept tiles
+    std::vector<float> ref(size_t(n) * nh * hd, 0.f);
+    const float scale = 1.f / std::sqrt(float(hd));
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h) {
+            const int kvh = h / G, last = pos0 + i;
+            const std::vector<char>& al = allowed[size_t(i / rows) * nkv + kvh];
+            const float* q = &qkv[size_t(i) * ld + size_t(h) * hd];
+            std::vector<float> p(size_t(last + 1), 0.f);
+            float mx = -1e30f;
+            for (int s2 = 0; s2 <= last; ++s2) {
+                if (!al[size_t(s2 / 64)]) continue;
+                float d = 0;
+                for (int e = 0; e < hd; ++e) d += q[e] * K[(size_t(s2) * nkv + kvh) * hd + e];
+                p[size_t(s2)] = d * scale;
+                mx = std::max(mx, p[size_t(s2)]);
+            }
+            double sum = 0;
+            for (int s2 = 0; s2 <= last; ++s2)
+                if (al[size_t(s2 / 64)]) { p[size_t(s2)] = std::exp(p[size_t(s2)] - mx); sum += p[size_t(s2)]; }
+            float* o = &ref[(size_t(i) * nh + h) * hd];
+            for (int s2 = 0; s2 <= last; ++s2)
+                if (al[size_t(s2 / 64)])
+                    for (int e = 0; e < hd; ++e) o[e] += float(p[size_t(s2)] / sum) * V[(size_t(s2) * nkv + kvh) * hd + e];
+        }
+    report("block_sparse", std::string("attention_wmma_kernel<") + std::to_string(hd) + ">, kept tiles (" + dtype_name(t) + ")",
+           sh, rel_err(dout.down(), ref), 2e-2);
+}
+#endif
 
 void check_silu_mul(Rng& r, int n, int I) {
     auto gu = r.vec(size_t(n) * 2 * I, 3.f);
@@ -726,6 +879,26 @@ int main() {
     check_attention(r, 9, 8, 2, 128, DType::Q8_0, "attention_tiled_kernel<128>", 5e-4);
 #endif
     check_attention(r, 5, 8, 2, 256, DType::BF16, "attention_kernel (n < 8)", 5e-4);
+    // Qwen3 (no output gate, q_proj rows queries only)
+    check_attn_prep(r, 5, 16, 8, 128, 128, DType::BF16, "attn_prep_kernel<bf16>, no gate", false);
+    check_attn_prep(r, 3, 6, 2, 64, 64, DType::Q8_0, "attn_prep_kernel<any>, no gate", false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    check_attention(r, 40, 16, 8, 128, DType::BF16, "attention_wmma_kernel<128>", 2e-2, false);
+    check_attention(r, 12, 16, 8, 128, DType::BF16, "attention_tiled_kernel<128>", 5e-4, false);
+#endif
+    check_attention(r, 5, 16, 8, 128, DType::BF16, "attention_kernel (n < 8)", 5e-4, false);
+    check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4, false);
+    // PFlash tail scores (Qwen3-0.6B's heads; an odd shape with partial rotary; quantised keys)
+    check_tail_scores(r, 12, 8, 16, 8, 128, 128, 3000, DType::BF16, false);
+    check_tail_scores(r, 5, 3, 6, 2, 40, 24, 301, DType::F32, false);
+    check_tail_scores(r, 9, 8, 8, 2, 256, 64, 777, DType::Q8_0, true);
+    check_tail_scores(r, 8, 8, 16, 8, 128, 128, 513, DType::Q4_0, false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    // block-sparse attention (the PFlash drafter's option): Qwen3-0.6B's heads; a chunk not aligned to blocks
+    check_block_sparse(r, 300, 1500, 16, 8, 128, DType::BF16);
+    check_block_sparse(r, 200, 1000 + 37, 16, 8, 128, DType::Q8_0);
+    check_block_sparse(r, 100, 700, 8, 2, 256, DType::BF16);
+#endif
     check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4);
     check_silu_mul(r, 3, 1001);
     check_argmax_pos(r);

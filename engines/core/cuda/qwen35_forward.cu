@@ -37,11 +37,16 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
         const size_t li = size_t(l);
         rmsnorm(ws.x, F(L.input_norm), ws.h, n, H, cfg.eps, s);
         if (L.full) {
-            const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows();
+            const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows(l);
+            const bool gated = cfg.gated(l);
             matmul(ws.h, n, H, W(L.attn_qkv), rows, ws.big, false, s);
             attn_prep(ws.big, rows, n, nh, nkv, hd, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm), cfg.eps,
-                      c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s);
-            attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s);
+                      c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s, gated);
+            if (c.score) c.score(l, ws.big, rows, n);
+            const bool sparse =
+                c.sparse && block_sparse_select(ws.big, rows, n, nh, nkv, hd, gated, c.pos0, c.k[li], c.kt, *c.sparse, s);
+            attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s, gated,
+                      sparse ? c.sparse : nullptr);
             matmul(ws.o, n, nh * hd, W(L.o_proj), H, ws.x, true, s);
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();

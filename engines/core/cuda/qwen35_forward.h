@@ -30,6 +30,14 @@ struct ForwardCaches {
     const std::vector<float*>& ssm;
     const std::vector<float*>& conv;
     int* d_pos;
+    // Called for each attention layer right after attn_prep (rows normalised and rotated, this forward's K
+    // and V in the caches), with the layer id, the qkv rows and their stride, and the rows' count: a scored
+    // forward's tail scores read them there. Empty: none.
+    std::function<void(int layer, const float* qkv, int ld, int n)> score = nullptr;
+    // Block-sparse attention for this forward (PFlash's drafter; null: dense), with the forward's first
+    // position on the host (what *d_pos holds when it starts).
+    const BlockSparse* sparse = nullptr;
+    int pos0 = 0;
 };
 
 // Embeds d_tokens[0..n), runs every layer, then the final norm and LM head on the last token; writes

@@ -9,6 +9,11 @@
 // residual); the fused_mlp knob at 0 (LB_GPU_FUSED_MLP=0, ../tuning.h) selects the gate_up + down GEMVs (5 / 6
 // kernels a layer, 129 a token). CUDA only by default; HIP opts in with LB_GPU_FUSED_MLP=1. Shapes the fused
 // kernels do not handle take the unfused sequence.
+// Qwen3 dense layers (LayerKind::Attention: no output gate) take the same prefill kernels with the gate off;
+// the fused decode kernels read Qwen3.5's gated layout, so a model with such layers decodes through the
+// captured layer sequence (forward_layers for one token, also one graph launch a step).
+// Prefill runs in chunks of Tuning::prefill_chunk tokens, so a 128K-token prompt needs the activations of
+// one chunk; forward_scored (PFlash importance) scores the last chunk's tail rows (tail_scores.cu).
 // Verify + commit (backend.h) run verify_forward.h's layer sequence on the same caches. The ops' limits and
 // scratch are this backend's gpu::DeviceContext, bound in every entry point, so two backends (two models) in
 // one process share nothing.
@@ -100,7 +105,9 @@ public:
         // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
         // instead of down, so the bytes a token streams (decode_bytes) stay the same.
         const int H = cfg.hidden, I = cfg.intermediate;
-        mlp_fused_ = want_fused_mlp_ && gpu::mlp_fused_ok(H, I);
+        ungated_ = false;
+        for (int l = 0; l < cfg.n_layers; ++l) ungated_ = ungated_ || cfg.kinds[size_t(l)] == LayerKind::Attention;
+        mlp_fused_ = want_fused_mlp_ && !ungated_ && gpu::mlp_fused_ok(H, I);
         for (const Qwen35Layer& L : w_.layers)
             if (L.down.rows != H || L.down.cols != I) mlp_fused_ = false;
         if (mlp_fused_) {
@@ -151,7 +158,7 @@ public:
         }
         // fused decode: which shapes it handles, attention split scratch
         const int H = cfg_.hidden, I = cfg_.intermediate, vd = cfg_.lin_value_dim();
-        fused_ = gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
+        fused_ = !ungated_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
                  (mlp_fused_ || gpu::gemv_fused_ok(I, gpu::GV_SILU, 0)) &&
                  (cfg_.n_full_layers() == 0 || (gpu::gemv_fused_ok(cfg_.n_heads * hd, gpu::GV_PLAIN, 0) &&
                                                  gpu::attention_decode_ok(cfg_.n_heads, cfg_.n_kv_heads, hd))) &&
@@ -184,15 +191,50 @@ public:
     int length() const override { return len_; }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        return run_forward(tokens, n, last_logits, 0, nullptr);
+    }
+
+    int forward_scored(const int* tokens, int n, int n_tail, TailScores* scores) override {
+        if (n_tail < 1 || n_tail > n)
+            fail("bad_request", "scored forward: " + std::to_string(n_tail) + " tail rows of a " + std::to_string(n) + "-row forward");
+        return run_forward(tokens, n, nullptr, n_tail, scores);
+    }
+
+    void set_block_sparse(int from, float alpha) override {
+        if (from < 0 || !(alpha > 0.f && alpha <= 1.f)) fail("bad_request", "block-sparse attention: from >= 0, 0 < alpha <= 1");
+        sparse_from_ = from;
+        bs_.alpha = alpha;
+    }
+
+    // forward() and forward_scored(): n tokens in chunks of at most prefill_chunk (the last chunk holds
+    // the n_tail scored rows, when scoring).
+    int run_forward(const int* tokens, int n, std::vector<float>* last_logits, int n_tail, TailScores* scores) {
         gpu::ContextScope bind(ctx_);
+        if (n < 1) fail("bad_request", "forward of no tokens");
+        if (len_ + n > max_ctx_)
+            fail("context_overflow", "forward of " + std::to_string(n) + " tokens at length " + std::to_string(len_) +
+                                         " exceeds max_ctx " + std::to_string(max_ctx_));
         stop_event_ = nullptr;
         pending_n_ = 0;
-        if (n == 1 && (fused_ || !last_logits)) {
+        if (n == 1 && !scores && (fused_ || !last_logits)) {
             launch_step(tokens[0], !next_holds(tokens[0]), len_);
         } else {
-            ensure_workspace(n);
-            GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-            run_layers(ws_.tokens, n);
+            const int ctx = len_ + n;
+            int chunk = tuning().prefill_chunk > 0 ? std::max(tuning().prefill_chunk, n_tail) : n;
+            ensure_workspace(std::min(chunk, n));
+            std::function<void(int, const float*, int, int)> score;
+            if (scores) score = scorer(n_tail, ctx, scores);
+            const gpu::BlockSparse* sparse = sparse_from_ > 0 && ctx >= sparse_from_ ? sparse_for(chunk, ctx) : nullptr;
+            for (int a = 0, m = 0; a < n; a += m) {
+                m = std::min(chunk, n - a);
+                if (scores && n - a - m > 0 && n - a - m < n_tail) m = n - a - n_tail;  // the tail in one chunk
+                GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens + a, sizeof(int) * size_t(m), gpuMemcpyHostToDevice, s_));
+                run_layers(ws_.tokens, m, a + m == n ? score : nullptr, sparse, len_ + a);
+            }
+            if (scores) {
+                GPU_CHECK(gpuMemcpyAsync(scores->probs.data(), probs_, sizeof(float) * scores->probs.size(),
+                                         gpuMemcpyDeviceToHost, s_));
+            }
         }
         GPU_CHECK(gpuGetLastError());
         int next = 0;
@@ -458,8 +500,62 @@ private:
         ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
-    void run_layers(const int* d_tokens, int n) {
-        gpu::forward_layers(cfg_, w_, ws_, {kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_}, d_tokens, n, d_next_, s_);
+    void run_layers(const int* d_tokens, int n, std::function<void(int, const float*, int, int)> score = nullptr,
+                    const gpu::BlockSparse* sparse = nullptr, int pos0 = 0) {
+        gpu::ForwardCaches c{kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_};
+        c.score = std::move(score);
+        c.sparse = sparse;
+        c.pos0 = pos0;
+        gpu::forward_layers(cfg_, w_, ws_, c, d_tokens, n, d_next_, s_);
+    }
+
+    // The block-sparse scratch for chunks of up to `chunk` rows in a sequence of ctx tokens (buffers only grow);
+    // the forward's last 2 key blocks of rows attend densely.
+    const gpu::BlockSparse* sparse_for(int chunk, int ctx) {
+        gpu::BlockSparse want;
+        want.size_for(chunk, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, ctx);
+        if (want.tiles_ints > bs_.tiles_ints) {
+            bs_.tiles = (int*)alloc(sizeof(int) * want.tiles_ints);
+            bs_.tiles_ints = want.tiles_ints;
+        }
+        if (want.counts_ints > bs_.counts_ints) {
+            bs_.counts = (int*)alloc(sizeof(int) * want.counts_ints);
+            bs_.counts_ints = want.counts_ints;
+        }
+        if (want.kmean_floats > bs_.kmean_floats) {
+            bs_.kmean = (float*)alloc(sizeof(float) * want.kmean_floats);
+            bs_.kmean_floats = want.kmean_floats;
+        }
+        bs_.max_tiles = want.max_tiles;
+        bs_.dense_from = ctx - 256;
+        return &bs_;
+    }
+
+    // A scored forward's hook (ForwardCaches::score): sizes *scores and the device buffers for a sequence of
+    // ctx tokens, and returns the call that scores each attention layer's last n_tail rows into probs_.
+    std::function<void(int, const float*, int, int)> scorer(int n_tail, int ctx, TailScores* scores) {
+        *scores = TailScores{};
+        scores->n_tail = n_tail;
+        scores->ctx = ctx;
+        for (int l = 0; l < cfg_.n_layers; ++l)
+            if (cfg_.is_attention(l)) scores->layers.push_back(l);
+        scores->probs.assign(scores->layers.size() * size_t(n_tail) * ctx, 0.f);
+        const size_t scratch = gpu::tail_scores_scratch(n_tail, cfg_.n_heads, cfg_.head_dim, ctx);
+        if (scores->probs.size() > probs_cap_) {
+            probs_ = (float*)alloc(sizeof(float) * scores->probs.size());
+            probs_cap_ = scores->probs.size();
+        }
+        if (scratch > score_scratch_cap_) {
+            score_scratch_ = (float*)alloc(sizeof(float) * scratch);
+            score_scratch_cap_ = scratch;
+        }
+        return [this, n_tail, ctx](int l, const float* qkv, int ld, int n) {
+            int slot = 0;
+            for (int j = 0; j < l; ++j) slot += cfg_.is_attention(j);
+            gpu::tail_scores(qkv + size_t(n - n_tail) * ld, ld, cfg_.gated(l), n_tail, cfg_.n_heads, cfg_.n_kv_heads,
+                             cfg_.head_dim, cfg_.rope_dims, cfg_.rope_theta, kc_[size_t(l)], kt_, ctx, score_scratch_,
+                             probs_ + size_t(slot) * n_tail * ctx, s_);
+        };
     }
 
     // One token through the fused decode kernels (captured into the decode graph). short_attn: attention
@@ -580,6 +676,11 @@ private:
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
     unsigned long long* d_key_ = nullptr;
     bool fused_ = false, fused_attn_ = true, fused_delta_ = true;
+    bool ungated_ = false;  // some layer is a Qwen3 (ungated) attention layer: no fused decode graph
+    int sparse_from_ = 0;   // set_block_sparse: forwards reaching this many tokens run block-sparse attention
+    gpu::BlockSparse bs_;   // its settings and scratch
+    float *probs_ = nullptr, *score_scratch_ = nullptr;  // forward_scored: [layers, n_tail, ctx] and the kernels'
+    size_t probs_cap_ = 0, score_scratch_cap_ = 0;       // scratch (floats; they only grow)
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // Tuning::fused_mlp; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point,
