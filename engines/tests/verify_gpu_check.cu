@@ -8,7 +8,7 @@
 //     backend's on the same model and tree;
 //  3. two models in one process: two different random models on one GPU, their generations interleaved
 //     (prefill, decode steps, greedy decode loops), each equal to its own run alone;
-//  4. cost (`--time`): one verify forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
+//  4. cost (`--time`; `--time-model PATH` for only this, on a checkpoint file): one verify forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
 //     top-1 chain to depth 15, further nodes as siblings) through Backend::verify, against one decode step of
 //     the same backend (its fused decode graph) and beside it the append forward of as many tokens, on
 //     full-shape synthetic Qwen3.5-0.8B weights at a 512-token context; then one DeltaNet layer's delta_tree
@@ -35,7 +35,7 @@ using namespace spec_check;
 
 namespace {
 
-std::unique_ptr<Backend> gpu_backend(const lbtest::MemCheckpoint& src, const ModelConfig& cfg, int max_ctx) {
+std::unique_ptr<Backend> gpu_backend(const TensorSource& src, const ModelConfig& cfg, int max_ctx) {
     auto be = make_gpu_backend(0);
     be->load(src, cfg, nullptr);
     be->allocate(max_ctx, DType::BF16, DType::BF16);
@@ -278,15 +278,13 @@ double delta_tree_ms(int n, const std::vector<int>& parents) {
     return median(ts);
 }
 
-void timing() {
-    auto t0 = std::chrono::steady_clock::now();
-    lbtest::MemCheckpoint src(k08b, 5);
+void timing(const TensorSource& src, const char* what) {
     const ModelConfig cfg = config_from_source(src);
-    printf("synthetic Qwen3.5-0.8B (random weights, full shape) built in %.1f s\n",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    printf("timing on %s\n", what);
     const int ctx = 512, max_ctx = 1024, reps = 20;
     const std::vector<int> prompt = random_prompt(ctx, cfg.vocab, 3);
     auto be = gpu_backend(src, cfg, max_ctx);
+    printf("weights on the GPU: %s\n", be->weight_dtype().c_str());
     const MemoryReport mem = be->memory();
     printf("memory: weights %.1f MiB, KV cache %.1f MiB (%d tokens), recurrent state %.2f MiB, verify state %llu bytes "
            "a row\n", mem.weights / 1048576.0, mem.kv_cache / 1048576.0, max_ctx, mem.recurrent_state / 1048576.0,
@@ -302,7 +300,8 @@ void timing() {
         per_step.push_back(be->timer_stop_ms() / 64);
     }
     const double step_ms = median(per_step);
-    printf("context %d: decode step (fused graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx, step_ms);
+    printf("context %d: decode step (%s graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx,
+           be->weight_dtype().rfind("gguf", 0) == 0 ? "unfused" : "fused", step_ms);
     printf("| B | rows | verify ms | / decode step | append forward of as many tokens, ms |\n|---|---|---|---|---|\n");
     be->reset();
     be->forward(prompt.data(), ctx, nullptr);
@@ -345,13 +344,25 @@ int main(int argc, char** argv) {
     GPU_CHECK(gpuGetDeviceProperties(&p, 0));
     printf("device: %s\n", p.name);
     try {
+        // --time-model PATH: only the cost table, on that checkpoint (e.g. a synthetic 27B Q4_K_M GGUF)
+        if (argc > 2 && std::string(argv[1]) == "--time-model") {
+            auto src = open_checkpoint(argv[2]);
+            timing(*src, argv[2]);
+            return failures() ? 1 : 0;
+        }
         exactness("qwen3.5 tiny", kTiny, 1);
         exactness("qwen3.5 odd", kOdd, 2);
         quantised_kv_refused(kTiny);
         outputs("qwen3.5 tiny", kTiny, 3);
         outputs("qwen3.5 odd", kOdd, 4);
         two_models();
-        if (argc > 1 && std::string(argv[1]) == "--time") timing();
+        if (argc > 1 && std::string(argv[1]) == "--time") {
+            auto t0 = std::chrono::steady_clock::now();
+            lbtest::MemCheckpoint src(k08b, 5);
+            printf("synthetic Qwen3.5-0.8B (random weights, full shape) built in %.1f s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            timing(src, "synthetic Qwen3.5-0.8B (bf16 weights)");
+        }
     } catch (const EngineError& e) {
         printf("engine error %s: %s\n", e.kind.c_str(), e.what());
         return 1;
