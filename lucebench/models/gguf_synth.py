@@ -83,7 +83,7 @@ class GgufTensor:
 def gguf_tensors(cfg: dict[str, Any]) -> list[GgufTensor]:
     """The tensors of a qwen35 GGUF for the HF text config `cfg`, in llama-quantize's order (non-layer
     tensors by name, then each layer's by name)."""
-    H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, FF, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg.get("linear_conv_kernel_dim", 4)
@@ -95,8 +95,8 @@ def gguf_tensors(cfg: dict[str, Any]) -> list[GgufTensor]:
     for i, kind in enumerate(cfg["layer_types"]):
         b = f"blk.{i}."
         ts = [(b + "attn_norm.weight", (H,), "norm"), (b + "post_attention_norm.weight", (H,), "norm"),
-              (b + "ffn_gate.weight", (I, H), "matrix"), (b + "ffn_up.weight", (I, H), "matrix"),
-              (b + "ffn_down.weight", (H, I), "matrix")]
+              (b + "ffn_gate.weight", (FF, H), "matrix"), (b + "ffn_up.weight", (FF, H), "matrix"),
+              (b + "ffn_down.weight", (H, FF), "matrix")]
         if kind == "full_attention":
             ts += [(b + "attn_q.weight", (2 * nh * hd, H), "matrix"), (b + "attn_k.weight", (nkv * hd, H), "matrix"),
                    (b + "attn_v.weight", (nkv * hd, H), "matrix"), (b + "attn_output.weight", (H, nh * hd), "matrix"),
