@@ -90,3 +90,22 @@ def test_llamacpp_loads_it(tiny_gguf: Path) -> None:
     rows = json.loads(proc.stdout)
     assert {r["n_gen"] for r in rows} >= {4} and all(r["avg_ts"] > 0 for r in rows)
     assert "Q4_K - Medium" in rows[0]["model_type"]
+
+
+@pytest.mark.slow
+def test_recipe_matches_llama_quantize(tmp_path: Path) -> None:
+    """llama-quantize itself, requantising a Q8_0 file of the tiny shape to Q4_K_M, picks our type for every
+    tensor (the DeltaNet attn_qkv included: Q4_K / Q6_K with attn_v's rule, not the Q5_K of the recipe's
+    unreachable ATTENTION_QKV branch)."""
+    from lucebench.baselines.llamacpp.build import build_llamacpp
+
+    b = build_llamacpp(backend="cpu")
+    src = synthesize_gguf(TINY, tmp_path, quant="q8_0", seed=1).path
+    out = tmp_path / "requant.gguf"
+    proc = subprocess.run([str(b.binary("llama-quantize")), "--allow-requantize", str(src), str(out), "Q4_K_M", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    want = {t.name: tensor_type(t.name, t.layer, 4, tied=False, quant="q4_k_m") for t in gguf_tensors(TINY.config)}
+    assert got == want
+    assert {got["blk.0.attn_qkv.weight"], got["blk.2.attn_qkv.weight"]} == {"Q4_K", "Q6_K"}
