@@ -2,6 +2,7 @@
 // on this device, against the CPU reference (core/cpu/) on random inputs, odd sizes included so that the
 // fallbacks run. The fused decode kernels are checked against compositions of the CPU reference ops.
 // Prints one table row a check (op, variant, shape, error, tolerance) and exits 1 when any check fails.
+// `--time-quant`: only the timing of matmul_quant on Qwen3.5-27B's shapes (time_quant).
 //
 // Error: max |gpu - cpu| / max |cpu| over the compared outputs. Tolerances: 1e-5 where the GPU computes in
 // fp32 (different summation order, __expf), 1e-4 for the fused MLP's and DeltaNet's fixed-point sums, 5e-4 for
@@ -759,7 +760,41 @@ void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
 
 }  // namespace
 
-int main() {
+// `--time-quant`: matmul_quant alone on Qwen3.5-27B's matrix shapes in the Q4_K_M types, for each n class:
+// median time (CUDA events, 20 reps after 3) and the weight bytes read per second (timing only, no check).
+void time_quant() {
+    struct Case { const char* name; DType t; int out, in; };
+    const Case cases[] = {{"ffn gate_up q4_K", DType::Q4_K, 2 * 17408, 5120}, {"ffn down q6_K", DType::Q6_K, 5120, 17408},
+                          {"ffn down q4_K", DType::Q4_K, 5120, 17408}, {"lin_in q4_K", DType::Q4_K, 16480, 5120},
+                          {"ssm_out q4_K", DType::Q4_K, 5120, 6144}, {"lm_head q6_K", DType::Q6_K, 248320, 5120}};
+    gpuEvent_t e0, e1;
+    GPU_CHECK(gpuEventCreate(&e0));
+    GPU_CHECK(gpuEventCreate(&e1));
+    printf("| matrix | out x in | n | ms | weight GB/s |\n|---|---|---|---|---|\n");
+    for (const Case& c : cases) {
+        const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
+        Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
+        Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
+        for (int n : {1, 2, 4, 5, 9, 17, 23, 33, 64}) {
+            std::vector<float> ts;
+            for (int r = 0; r < 23; ++r) {
+                GPU_CHECK(gpuEventRecord(e0, g_s));
+                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s);
+                GPU_CHECK(gpuEventRecord(e1, g_s));
+                GPU_CHECK(gpuEventSynchronize(e1));
+                float ms = 0;
+                GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
+                if (r >= 3) ts.push_back(ms);
+            }
+            std::sort(ts.begin(), ts.end());
+            const double ms = ts[ts.size() / 2];
+            printf("| %s | %d x %d | %d | %.4f | %.0f |\n", c.name, c.out, c.in, n, ms, bytes / ms / 1e6);
+        }
+    }
+    GPU_CHECK(gpuGetLastError());
+}
+
+int main(int argc, char** argv) {
     gpuDeviceProp prop;
     GPU_CHECK(gpuSetDevice(0));
     GPU_CHECK(gpuGetDeviceProperties(&prop, 0));
@@ -774,6 +809,10 @@ int main() {
            "bf16"
 #endif
     );
+    if (argc > 1 && std::string(argv[1]) == "--time-quant") {
+        time_quant();
+        return 0;
+    }
     printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");
     printf("|---|---|---|---|---|---|\n");
     Rng r(1);

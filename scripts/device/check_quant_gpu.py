@@ -6,7 +6,8 @@ the CPU `ar` (the 0.8B reference), llama.cpp's CUDA build (niced; from the carri
 cached under .cache/lucebench-device like check_llamacpp.py) and the synthetic GGUF files written directly by
 `lucebench.models.gguf_synth` (qwen3.5-0.8b and qwen3.5-27b, Q4_K_M as llama.cpp's recipe types them) in /tmp.
 Then:
-  1. lucebench-gpu-op-check (every op, the matmul_quant / embed_quant / heads_to_tiled entries included);
+  1. lucebench-gpu-op-check (every op, the matmul_quant / embed_quant / heads_to_tiled entries included), then
+     its --time-quant table (matmul_quant alone on the 27B shapes, each n class: ms and weight GB/s);
   2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept) against the CPU `ar` (the fp32 reference of the
      same dequantised weights) and against the CUDA `ar` with LB_GPU_QUANT=0 (dequantised to bf16 at load):
      agreement and first divergence per prompt;
@@ -16,7 +17,7 @@ Then:
      (lucebench-verify-gpu-check --time-model);
   5. llama.cpp llama-bench pp512 / tg128 (-fa on, f16 KV, all layers on the GPU) on the same GGUF, if its build
      finished in time (STAGE=build first on a warm machine makes sure it does).
-Writes $OUT/gq/: check_quant_gpu.json, op_check.md, verify_time_27b.txt, llama-bench logs, build logs.
+Writes $OUT/gq/: check_quant_gpu.json, op_check.md, time_quant.md, verify_time_27b.txt, llama-bench logs, build logs.
 STAGE=build: only the builds and the GGUF files (a second call on the warm machine does the rest).
 """
 
@@ -278,6 +279,9 @@ def main() -> int:
     print("\n".join(quant_rows), flush=True)
     R["op_check"] = {"rc": rc.returncode, "summary": rc.stdout.strip().splitlines()[-1:], "quant_rows": quant_rows}
     log(f"op check: {R['op_check']['summary']}")
+    tq = subprocess.run([str(GPU_BUILD / "lucebench-gpu-op-check"), "--time-quant"], capture_output=True, text=True)
+    (OUT / "time_quant.md").write_text(tq.stdout + tq.stderr)
+    print(tq.stdout, flush=True)
     save()
     for fn, arg in ((correctness_08b, paths["0.8b"]), (measure_27b, paths["27b"])):
         try:
