@@ -201,13 +201,13 @@ std::vector<uint8_t> random_blocks(Rng& r, DType t, int rows, int in, std::vecto
 }
 
 void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int col0, int ldy, const char* variant,
-                        double tol) {
+                        double tol, int gemv = 8) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
     auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
     Dev<uint8_t> dw(raw);
     Dev<float> dx(x), dy(y0);
-    gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s);
+    gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, gemv);
     std::vector<float> prod(size_t(n) * out), ref = y0;
     cpu::matmul(x.data(), n, in, Wf.data(), out, prod.data());
     for (int i = 0; i < n; ++i)
@@ -775,11 +775,13 @@ void time_quant() {
         const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
         Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
         Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
-        for (int n : {1, 2, 4, 5, 9, 17, 23, 33, 64}) {
+        // (n, GEMV lane width): both GEMV kernels at n = 1 and 4, the tensor-core GEMM above
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 32}, {4, 8}, {4, 32}, {5, 0}, {9, 0}, {17, 0}, {23, 0}, {33, 0}, {64, 0}};
+        for (auto [n, gemv] : runs) {
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
                 GPU_CHECK(gpuEventRecord(e0, g_s));
-                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s);
+                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, gemv);
                 GPU_CHECK(gpuEventRecord(e1, g_s));
                 GPU_CHECK(gpuEventSynchronize(e1));
                 float ms = 0;
@@ -788,7 +790,8 @@ void time_quant() {
             }
             std::sort(ts.begin(), ts.end());
             const double ms = ts[ts.size() / 2];
-            printf("| %s | %d x %d | %d | %.4f | %.0f |\n", c.name, c.out, c.in, n, ms, bytes / ms / 1e6);
+            printf("| %s | %d x %d | %d%s | %.4f | %.0f |\n", c.name, c.out, c.in, n, n <= gpu::kQuantGemvMax ?
+                   (gemv == 32 ? " (qgemv32)" : " (qgemv)") : "", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());
@@ -834,12 +837,15 @@ int main(int argc, char** argv) {
         const int in = t == DType::Q8_0 || t == DType::Q4_0 ? 320 : 512;
         check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
         check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv_kernel<3>", 1e-5);
+        check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv32_kernel<1>", 1e-5, 32);
+        check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv32_kernel<3>", 1e-5, 32);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
         check_matmul_quant(r, t, 23, in, 1001, false, 0, 1001, "qgemm_kernel (verify rows)", 2e-2);
 #endif
     }
     check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
-    check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "qgemv_kernel<4> x2 + <1> (HIP) / qgemm", 2e-2);
+    check_matmul_quant(r, DType::Q6_K, 4, 2560, 33, true, 5, 50, "qgemv32_kernel<4>, at column 5", 1e-5, 32);
+    check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     check_matmul_quant(r, DType::Q4_K, 5, 2560, 77, false, 0, 77, "qgemm_kernel, split-K", 2e-2);
     check_matmul_quant(r, DType::Q6_K, 64, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);

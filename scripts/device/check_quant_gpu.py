@@ -8,11 +8,12 @@ cached under .cache/lucebench-device like check_llamacpp.py) and the synthetic G
 Then:
   1. lucebench-gpu-op-check (every op, the matmul_quant / embed_quant / heads_to_tiled entries included), then
      its --time-quant table (matmul_quant alone on the 27B shapes, each n class: ms and weight GB/s);
-  2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept) against the CPU `ar` (the fp32 reference of the
-     same dequantised weights) and against the CUDA `ar` with LB_GPU_QUANT=0 (dequantised to bf16 at load):
-     agreement and first divergence per prompt;
+  2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept; both GEMVs) against the CPU `ar` (the fp32
+     reference of the same dequantised weights) and against the CUDA `ar` with LB_GPU_QUANT=0 (dequantised to
+     bf16 at load): agreement and first divergence per prompt;
   3. 27B Q4_K_M, `ar`: decode tok/s (1 warm-up, 5 reps: median and spread), bytes per token (decode_bytes)
-     and the roofline % against the measured device copy bandwidth; prefill tok/s at 128 / 512 / 2048;
+     and the roofline % against the measured device copy bandwidth; prefill tok/s at 128 / 512 / 2048; decode
+     again with LB_GPU_QGEMV32=1 (the other GEMV);
   4. 27B Q4_K_M: the cost of one verify forward of B + 1 rows against a decode step
      (lucebench-verify-gpu-check --time-model);
   5. llama.cpp llama-bench pp512 / tg128 (-fa on, f16 KV, all layers on the GPU) on the same GGUF, if its build
@@ -132,6 +133,7 @@ def correctness_08b(path: Path) -> None:
     kv = ["--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "256"]
     runs = {}
     for name, exe, env in (("cuda", GPU_BUILD / "lucebench-ar", None),
+                           ("cuda_qgemv32", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QGEMV32="1")),
                            ("cuda_bf16", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QUANT="0")),
                            ("cpu", CPU_BUILD / "lucebench-ar", None)):
         e = Engine(exe, path, *kv, env=env)
@@ -139,14 +141,14 @@ def correctness_08b(path: Path) -> None:
                       "tokens": [e.gen(p, n_gen, ignore_eos=True)["output_ids"] for p in prompts]}
         e.close()
     out = {}
-    for other in ("cpu", "cuda_bf16"):
+    for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_qgemv32", "cpu")):
         rows = []
         for i, p in enumerate(prompts):
-            a, b = runs["cuda"]["tokens"][i], runs[other]["tokens"][i]
+            a, b = runs[ref]["tokens"][i], runs[other]["tokens"][i]
             rows.append({"prompt_len": len(p), "first_divergence": first_divergence(a, b),
                          "agree": sum(x == y for x, y in zip(a, b)), "n": len(a)})
-        out[f"cuda_vs_{other}"] = rows
-        log(f"0.8B Q4_K_M, CUDA (blocks kept) vs {other}: " +
+        out[f"{ref}_vs_{other}"] = rows
+        log(f"0.8B Q4_K_M, {ref} (blocks kept) vs {other}: " +
             "; ".join(f"prompt {r['prompt_len']}: {r['agree']}/{r['n']} agree, first divergence {r['first_divergence']}"
                       for r in rows))
     out["runs"] = runs
@@ -161,30 +163,42 @@ def measure_27b(path: Path) -> None:
 
     bw = measure_copy_bandwidth(0, size_bytes=2 << 30, repeats=10)
     R["copy_bandwidth_Bps"] = bw
-    log(f"device copy bandwidth (read + write, 2 GiB): {bw / 1e9:.0f} GB/s")
+    log(f"device copy bandwidth (read + write, 2 GiB): {bw / 1e9:.0f} GB/s" if bw else "no copy bandwidth (no device?)")
+    V = 248320 - 300  # ids below the special tokens
+
+    def ids(n: int, step: int) -> list[int]:
+        return [(i * step) % V + 100 for i in range(n)]
+
+    prompt = ids(32, 7919)
+
+    def decode(e: Engine, key: str, what: str) -> None:
+        e.gen(prompt, 16, ignore_eos=True)  # warm-up (graph capture)
+        dec = []
+        bpt = None
+        for _ in range(5):
+            r = e.gen(prompt, 128, ignore_eos=True)
+            dec.append(r["decode_steps"] / (r["timing"]["decode_ms"] / 1e3))
+            bpt = r.get("bytes_per_token")
+        med = statistics.median(dec)
+        R[key] = {"tok_s": dec, "median": med, "spread": [min(dec), max(dec)], "bytes_per_token": bpt,
+                  "n_gen": 128, "prompt": 32}
+        if bpt and bw:
+            R[key]["roofline_pct"] = 100.0 * bpt * med / bw
+        log(f"27B Q4_K_M decode ({what}): median {med:.1f} tok/s (min {min(dec):.1f}, max {max(dec):.1f}, 5 reps), "
+            f"{(bpt or 0) / 1e9:.2f} GB a token, roofline {R[key].get('roofline_pct', 0):.0f}% of the copy bandwidth")
+        save()
+
     t = time.time()
     e = Engine(GPU_BUILD / "lucebench-ar", path, "--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "4096")
     R["load_27b_s"] = round(time.time() - t, 1)
     R["ready_27b"] = {k: e.ready.get(k) for k in ("model", "engine", "device")}
     log(f"27B loaded in {R['load_27b_s']} s: {json.dumps(e.ready.get('model'))[:300]}")
-    prompt = [(i * 7919) % 240000 + 100 for i in range(32)]
-    e.gen(prompt, 16, ignore_eos=True)  # warm-up (graph capture)
-    dec = []
-    bpt = None
-    for _ in range(5):
-        r = e.gen(prompt, 128, ignore_eos=True)
-        dec.append(r["decode_steps"] / (r["timing"]["decode_ms"] / 1e3))
-        bpt = r.get("bytes_per_token")
-    med = statistics.median(dec)
-    R["decode_27b"] = {"tok_s": dec, "median": med, "spread": [min(dec), max(dec)], "bytes_per_token": bpt,
-                       "n_gen": 128, "prompt": 32}
-    if bpt and bw:
-        R["decode_27b"]["roofline_pct"] = 100.0 * bpt * med / bw
-    log(f"27B Q4_K_M decode: median {med:.1f} tok/s (min {min(dec):.1f}, max {max(dec):.1f}, 5 reps), "
-        f"{(bpt or 0) / 1e9:.2f} GB a token, roofline {R['decode_27b'].get('roofline_pct', 0):.0f}% of the copy bandwidth")
+    V = min(V, int(e.ready["model"]["vocab_size"]) - 300)
+    prompt = ids(32, 7919)
+    decode(e, "decode_27b", "qgemv_kernel, the default")
     pre = {}
     for L in (128, 512, 2048):
-        p = [(i * 104729) % 240000 + 100 for i in range(L)]
+        p = ids(L, 104729)
         ts = []
         for _ in range(3):
             r = e.gen(p, 1, ignore_eos=True)
@@ -194,6 +208,10 @@ def measure_27b(path: Path) -> None:
     R["prefill_27b"] = pre
     e.close()
     save()
+    e = Engine(GPU_BUILD / "lucebench-ar", path, "--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "4096",
+               env=dict(os.environ, LB_GPU_QGEMV32="1"))
+    decode(e, "decode_27b_qgemv32", "LB_GPU_QGEMV32=1: qgemv32_kernel")
+    e.close()
     with (OUT / "verify_time_27b.txt").open("w") as f:
         subprocess.run([str(GPU_BUILD / "lucebench-verify-gpu-check"), "--time-model", str(path)], stdout=f,
                        stderr=subprocess.STDOUT, check=False, timeout=240)

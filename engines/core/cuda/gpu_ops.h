@@ -78,8 +78,9 @@ constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matri
 constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
+// gemv: the GEMV's lane width, 8 (qgemv_kernel) or 32 (qgemv32_kernel); 0: the qgemv32 knob's choice.
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
-                  gpuStream_t s);
+                  gpuStream_t s, int gemv = 0);
 // embed from a table of block rows.
 void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, float* x, gpuStream_t s);
 // y[n, nv * per_head] = x with its value heads reordered grouped -> tiled (llama.cpp's order; see model.h).

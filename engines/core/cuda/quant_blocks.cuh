@@ -108,4 +108,88 @@ __host__ __device__ __forceinline__ void dq8(const uint8_t* row, int k, float v[
     }
 }
 
+// f[i] = 2^23 + byte i of w (the byte in the mantissa; one byte permute a value on the device).
+__host__ __device__ __forceinline__ void bytes_f(uint32_t w, float f[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+        f[i] = __int_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + i));
+#else
+        const uint32_t u = 0x4B000000u | ((w >> (8 * i)) & 0xFF);
+        std::memcpy(&f[i], &u, 4);
+#endif
+    }
+}
+__host__ __device__ __forceinline__ uint32_t ld32(const uint8_t* p, bool aligned4) {
+    return aligned4 ? *(const uint32_t*)p : ld32_a2(p);
+}
+
+// Elements [k, k + 32) (k % 32 == 0: one scale group of every block type) of a row of block type T: dq8's
+// values with the per-group work (block address, scales) done once and four elements a word.
+template <DType T>
+__host__ __device__ __forceinline__ void dq32(const uint8_t* row, int k, float v[32]) {
+    uint32_t w[8];
+    float f[4];
+    if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+        constexpr int BB = T == DType::Q4_K ? 144 : 176;
+        const uint8_t* b = row + size_t(k >> 8) * BB;
+        const int sb = (k >> 5) & 7, g = sb >> 1, hi = sb & 1;
+        int sc, mn;
+        q4k_sm(sb, b + 4, &sc, &mn);
+        const float d1 = h2f(ld16(b)) * float(sc), m1 = h2f(ld16(b + 2)) * float(mn);
+        const uint8_t* qs = b + (T == DType::Q4_K ? 16 : 48) + 32 * g;  // 16-byte aligned
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = ld32(qs + 4 * i, true);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            uint32_t q = (w[i] >> (4 * hi)) & 0x0F0F0F0Fu;
+            if constexpr (T == DType::Q5_K) q |= ((ld32(b + 16 + 4 * i, true) >> sb) & 0x01010101u) << 4;
+            bytes_f(q, f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[4 * i + e] = d1 * (f[e] - 8388608.f) - m1;
+        }
+    } else if constexpr (T == DType::Q6_K) {
+        const uint8_t* b = row + size_t(k >> 8) * 210;
+        const int j = k & 255, half = j >> 7, quad = (j >> 5) & 3;
+        const float d = h2f(ld16(b + 208));
+        const float ds0 = d * float(int8_t(b[192 + 8 * half + 2 * quad])), ds1 = d * float(int8_t(b[193 + 8 * half + 2 * quad]));
+        const uint8_t* ql = b + 64 * half + 32 * (quad & 1);
+        const uint8_t* qh = b + 128 + 32 * half;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t q = ((ld32_a2(ql + 4 * i) >> (quad >= 2 ? 4 : 0)) & 0x0F0F0F0Fu) |
+                               (((ld32_a2(qh + 4 * i) >> (2 * quad)) & 0x03030303u) << 4);
+            bytes_f(q, f);
+            const float ds = i < 4 ? ds0 : ds1;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[4 * i + e] = ds * (f[e] - 8388640.f);  // 2^23 + 32: q - 32
+        }
+    } else if constexpr (T == DType::Q8_0) {
+        const uint8_t* b = row + size_t(k >> 5) * 34;
+        const float d = h2f(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            bytes_f(ld32_a2(b + 2 + 4 * i) ^ 0x80808080u, f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[4 * i + e] = d * (f[e] - 8388736.f);  // 2^23 + 128: the int8
+        }
+    } else if constexpr (T == DType::Q4_0) {
+        const uint8_t* b = row + size_t(k >> 5) * 18;
+        const float d = h2f(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t q = ld32_a2(b + 2 + 4 * i);
+            bytes_f(q & 0x0F0F0F0Fu, f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[4 * i + e] = d * (f[e] - 8388616.f);  // 2^23 + 8: q - 8
+            bytes_f((q >> 4) & 0x0F0F0F0Fu, f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[16 + 4 * i + e] = d * (f[e] - 8388616.f);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dq8<T>(row, k + 8 * i, v + 8 * i);
+    }
+}
+
 }  // namespace lb::gpu
