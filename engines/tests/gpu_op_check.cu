@@ -2,6 +2,7 @@
 // on this device, against the CPU reference (core/cpu/) on random inputs, odd sizes included so that the
 // fallbacks run. The fused decode kernels are checked against compositions of the CPU reference ops.
 // Prints one table row a check (op, variant, shape, error, tolerance) and exits 1 when any check fails.
+// `--time-quant`: only the timing of matmul_quant on Qwen3.5-27B's shapes (time_quant).
 //
 // Error: max |gpu - cpu| / max |cpu| over the compared outputs. Tolerances: 1e-5 where the GPU computes in
 // fp32 (different summation order, __expf), 1e-4 for the fused MLP's and DeltaNet's fixed-point sums, 5e-4 for
@@ -162,6 +163,92 @@ void check_matmul(Rng& r, int n, int in, int out, bool acc, const char* variant,
         for (size_t i = 0; i < ref.size(); ++i) ref[i] += y0[i];
     report("matmul", std::string(variant) + (acc ? " +=" : ""), shape({{"n", n}, {"in", in}, {"out", out}}),
            rel_err(dy.down(), ref), tol);
+}
+
+// GGUF block matrices (matmul_quant.cu): random blocks (random bytes, fp16 scale fields set so that the values
+// are O(0.05), centred for the k-quants with a min), the CPU reference decode_row (ggml's dequantisation) then
+// cpu::matmul. The product goes to columns [col0, col0 + out) of rows of ldy floats, as a run of a matrix's rows.
+std::vector<uint8_t> random_blocks(Rng& r, DType t, int rows, int in, std::vector<float>* values) {
+    const size_t rb = dtype_row_bytes(t, size_t(in)), bb = dtype_block_bytes(t);
+    std::vector<uint8_t> raw(rb * size_t(rows));
+    for (auto& b : raw) b = uint8_t(int((r.uni() + 1.f) * 128.f) & 0xFF);
+    auto put = [&](size_t at, float v) { const uint16_t h = f32_to_f16(v); std::memcpy(&raw[at], &h, 2); };
+    for (size_t blk = 0; blk < raw.size() / bb; ++blk) {
+        const size_t b0 = blk * bb;
+        const float d = 0.05f * (0.75f + 0.5f * std::fabs(r.uni()));
+        switch (t) {
+            case DType::Q4_K: put(b0, d / 150.f); put(b0 + 2, d / 150.f * 7.5f); break;
+            case DType::Q5_K: put(b0, d / 300.f); put(b0 + 2, d / 300.f * 15.5f); break;
+            case DType::Q6_K: put(b0 + 208, d / 1500.f); break;
+            case DType::Q8_0: put(b0, d / 64.f); break;
+            case DType::Q4_0: put(b0, d / 5.f); break;
+            default: {  // wtype: plain values
+                for (size_t i = 0; i < bb / 2; ++i) {
+                    const uint16_t w = to_w(r.uni() * 0.05f);
+                    std::memcpy(&raw[b0 + 2 * i], &w, 2);
+                }
+            }
+        }
+    }
+    values->resize(size_t(rows) * in);
+    for (int i = 0; i < rows; ++i) {
+        if (t == gpu::kWtypeDType)
+            for (int k = 0; k < in; ++k) { uint16_t w; std::memcpy(&w, &raw[i * rb + 2 * k], 2); (*values)[size_t(i) * in + k] = from_w(w); }
+        else
+            decode_row(t, &raw[i * rb], &(*values)[size_t(i) * in], size_t(in));
+    }
+    return raw;
+}
+
+void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int col0, int ldy, const char* variant,
+                        double tol, int gemv = 8) {
+    std::vector<float> Wf;
+    std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
+    auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
+    Dev<uint8_t> dw(raw);
+    Dev<float> dx(x), dy(y0);
+    gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, gemv);
+    std::vector<float> prod(size_t(n) * out), ref = y0;
+    cpu::matmul(x.data(), n, in, Wf.data(), out, prod.data());
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < out; ++c) {
+            float& dst = ref[size_t(i) * ldy + col0 + c];
+            dst = (acc ? dst : 0.f) + prod[size_t(i) * out + c];
+        }
+    report("matmul_quant", std::string(dtype_name(t) == std::string("bf16") || dtype_name(t) == std::string("f16") ? "wtype" : dtype_name(t)) + ", " + variant + (acc ? " +=" : ""),
+           shape({{"n", n}, {"in", in}, {"out", out}}) + (ldy != out ? " ldy=" + std::to_string(ldy) : ""),
+           rel_err(dy.down(), ref), tol);
+}
+
+void check_embed_quant(Rng& r, DType t) {
+    const int H = 768, V = 300, n = 5;
+    std::vector<float> Ef;
+    std::vector<uint8_t> raw = random_blocks(r, t, V, H, &Ef);
+    std::vector<int> tok = {7, 0, 299, 7, 123};
+    Dev<uint8_t> de(raw);
+    Dev<int> dt(tok);
+    Dev<float> x(size_t(n) * H);
+    gpu::embed_quant(dt.p, n, de.p, t, H, x.p, g_s);
+    std::vector<float> ref(size_t(n) * H);
+    for (int i = 0; i < n; ++i) std::copy_n(&Ef[size_t(tok[i]) * H], H, &ref[size_t(i) * H]);
+    report("embed_quant", std::string("embed_quant_kernel<") + dtype_name(t) + ">", shape({{"n", n}, {"H", H}}),
+           rel_err(x.down(), ref), 1e-6);
+}
+
+void check_heads_to_tiled(Rng& r) {
+    const int n = 3, nk = 2, nv = 6, ph = 40, w = nv * ph;
+    auto x = r.vec(size_t(n) * w);
+    Dev<float> dx(x), dy(size_t(n) * w);
+    gpu::heads_to_tiled(dx.p, n, nk, nv, ph, dy.p, g_s);
+    std::vector<float> ref(x.size());
+    const int rr = nv / nk;
+    for (int t = 0; t < n; ++t)
+        for (int kh = 0; kh < nk; ++kh)
+            for (int j = 0; j < rr; ++j)
+                for (int e = 0; e < ph; ++e)
+                    ref[size_t(t) * w + (j * nk + kh) * ph + e] = x[size_t(t) * w + (kh * rr + j) * ph + e];
+    report("heads_to_tiled", "heads_to_tiled_kernel", shape({{"n", n}, {"nk", nk}, {"nv", nv}, {"per_head", ph}}),
+           rel_err(dy.down(), ref), 0);
 }
 
 void check_rmsnorm(Rng& r, int rows, int dim) {
@@ -826,7 +913,44 @@ void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
 
 }  // namespace
 
-int main() {
+// `--time-quant`: matmul_quant alone on Qwen3.5-27B's matrix shapes in the Q4_K_M types, for each n class:
+// median time (CUDA events, 20 reps after 3) and the weight bytes read per second (timing only, no check).
+void time_quant() {
+    struct Case { const char* name; DType t; int out, in; };
+    const Case cases[] = {{"ffn gate_up q4_K", DType::Q4_K, 2 * 17408, 5120}, {"ffn down q6_K", DType::Q6_K, 5120, 17408},
+                          {"ffn down q4_K", DType::Q4_K, 5120, 17408}, {"lin_in q4_K", DType::Q4_K, 16480, 5120},
+                          {"ssm_out q4_K", DType::Q4_K, 5120, 6144}, {"lm_head q6_K", DType::Q6_K, 248320, 5120}};
+    gpuEvent_t e0, e1;
+    GPU_CHECK(gpuEventCreate(&e0));
+    GPU_CHECK(gpuEventCreate(&e1));
+    printf("| matrix | out x in | n | ms | weight GB/s |\n|---|---|---|---|---|\n");
+    for (const Case& c : cases) {
+        const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
+        Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
+        Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
+        // (n, GEMV lane width): both GEMV kernels at n = 1 and 4, the tensor-core GEMM above
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 32}, {4, 8}, {4, 32}, {5, 0}, {9, 0}, {17, 0}, {23, 0}, {33, 0}, {64, 0}};
+        for (auto [n, gemv] : runs) {
+            std::vector<float> ts;
+            for (int r = 0; r < 23; ++r) {
+                GPU_CHECK(gpuEventRecord(e0, g_s));
+                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, gemv);
+                GPU_CHECK(gpuEventRecord(e1, g_s));
+                GPU_CHECK(gpuEventSynchronize(e1));
+                float ms = 0;
+                GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
+                if (r >= 3) ts.push_back(ms);
+            }
+            std::sort(ts.begin(), ts.end());
+            const double ms = ts[ts.size() / 2];
+            printf("| %s | %d x %d | %d%s | %.4f | %.0f |\n", c.name, c.out, c.in, n, n <= gpu::kQuantGemvMax ?
+                   (gemv == 32 ? " (qgemv32)" : " (qgemv)") : "", ms, bytes / ms / 1e6);
+        }
+    }
+    GPU_CHECK(gpuGetLastError());
+}
+
+int main(int argc, char** argv) {
     gpuDeviceProp prop;
     GPU_CHECK(gpuSetDevice(0));
     GPU_CHECK(gpuGetDeviceProperties(&prop, 0));
@@ -841,6 +965,10 @@ int main() {
            "bf16"
 #endif
     );
+    if (argc > 1 && std::string(argv[1]) == "--time-quant") {
+        time_quant();
+        return 0;
+    }
     printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");
     printf("|---|---|---|---|---|---|\n");
     Rng r(1);
@@ -854,6 +982,33 @@ int main() {
     check_matmul(r, 64, 2048, 256, true, "gemm_vec_kernel, split-K", 2e-2);
     check_matmul(r, 33, 1001, 70, false, "gemm_kernel (in % 8 != 0)", 2e-2);
 #endif
+    // GGUF block matrices: every type, each n class (GEMV n <= kQuantGemvMax, the tensor-core GEMM above it: a
+    // verify's rows, split-K, two token tiles, prefill), odd output sizes, a run of rows written at a column
+    // offset of a wider y. Tolerances: 1e-5 for the fp32 GEMV; 2e-2 where the GEMM rounds weights and
+    // activations to bf16 (as the bf16 GEMM does).
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) {
+        const int in = t == DType::Q8_0 || t == DType::Q4_0 ? 320 : 512;
+        check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
+        check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv_kernel<3>", 1e-5);
+        check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv32_kernel<1>", 1e-5, 32);
+        check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv32_kernel<3>", 1e-5, 32);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+        check_matmul_quant(r, t, 23, in, 1001, false, 0, 1001, "qgemm_kernel (verify rows)", 2e-2);
+#endif
+    }
+    check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
+    check_matmul_quant(r, DType::Q6_K, 4, 2560, 33, true, 5, 50, "qgemv32_kernel<4>, at column 5", 1e-5, 32);
+    check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    check_matmul_quant(r, DType::Q4_K, 5, 2560, 77, false, 0, 77, "qgemm_kernel, split-K", 2e-2);
+    check_matmul_quant(r, DType::Q6_K, 64, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);
+    check_matmul_quant(r, DType::Q5_K, 65, 768, 130, false, 0, 130, "qgemm_kernel (two token tiles)", 2e-2);
+    check_matmul_quant(r, DType::Q4_K, 200, 256, 2048, true, 0, 2048, "qgemm_kernel (prefill, one split)", 2e-2);
+    check_matmul_quant(r, gpu::kWtypeDType, 23, 512, 77, false, 0, 77, "qgemm_kernel", 2e-2);
+#endif
+    check_matmul_quant(r, gpu::kWtypeDType, 1, 1000, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) check_embed_quant(r, t);
+    check_heads_to_tiled(r);
     check_rmsnorm(r, 7, 1000);
     check_rmsnorm(r, 3, 37);
     check_gated_rmsnorm(r, 3, 4, 128);

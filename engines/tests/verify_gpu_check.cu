@@ -12,7 +12,8 @@
 //  4. Qwen3 dense (`--qwen3` runs only these): exactness and outputs on a random Qwen3 model, and a scored
 //     forward (PFlash's importance, backend.h TailScores) against the CPU backend's on a 700-token prompt
 //     (run it with LB_GPU_PREFILL_CHUNK=256 so that the prompt takes three chunks);
-//  5. cost (`--time`): one verify forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
+//  5. cost (`--time`; `--time-model PATH` for only this, on a checkpoint file such as a GGUF): one verify
+//     forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
 //     top-1 chain to depth 15, further nodes as siblings) through Backend::verify, against one decode step of
 //     the same backend (its fused decode graph) and beside it the append forward of as many tokens, on
 //     full-shape synthetic Qwen3.5-0.8B weights at a 512-token context; then one DeltaNet layer's delta_tree
@@ -39,7 +40,7 @@ using namespace spec_check;
 
 namespace {
 
-std::unique_ptr<Backend> gpu_backend(const lbtest::MemCheckpoint& src, const ModelConfig& cfg, int max_ctx,
+std::unique_ptr<Backend> gpu_backend(const TensorSource& src, const ModelConfig& cfg, int max_ctx,
                                      DType kv = DType::BF16) {
     auto be = make_gpu_backend(0);
     be->load(src, cfg, nullptr);
@@ -308,15 +309,13 @@ double delta_tree_ms(int n, const std::vector<int>& parents) {
     return median(ts);
 }
 
-void timing() {
-    auto t0 = std::chrono::steady_clock::now();
-    lbtest::MemCheckpoint src(k08b, 5);
+void timing(const TensorSource& src, const char* what) {
     const ModelConfig cfg = config_from_source(src);
-    printf("synthetic Qwen3.5-0.8B (random weights, full shape) built in %.1f s\n",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    printf("timing on %s\n", what);
     const int ctx = 512, max_ctx = 1024, reps = 20;
     const std::vector<int> prompt = random_prompt(ctx, cfg.vocab, 3);
     auto be = gpu_backend(src, cfg, max_ctx);
+    printf("weights on the GPU: %s\n", be->weight_dtype().c_str());
     const MemoryReport mem = be->memory();
     printf("memory: weights %.1f MiB, KV cache %.1f MiB (%d tokens), recurrent state %.2f MiB, verify state %llu bytes "
            "a row\n", mem.weights / 1048576.0, mem.kv_cache / 1048576.0, max_ctx, mem.recurrent_state / 1048576.0,
@@ -332,7 +331,8 @@ void timing() {
         per_step.push_back(be->timer_stop_ms() / 64);
     }
     const double step_ms = median(per_step);
-    printf("context %d: decode step (fused graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx, step_ms);
+    printf("context %d: decode step (%s graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx,
+           be->weight_dtype().rfind("gguf", 0) == 0 ? "unfused" : "fused", step_ms);
     printf("| B | rows | verify ms | / decode step | append forward of as many tokens, ms |\n|---|---|---|---|---|\n");
     be->reset();
     be->forward(prompt.data(), ctx, nullptr);
@@ -383,6 +383,12 @@ int main(int argc, char** argv) {
             printf("GPU Qwen3 checks passed\n");
             return 0;
         }
+        // --time-model PATH: only the cost table, on that checkpoint (e.g. a synthetic 27B Q4_K_M GGUF)
+        if (argc > 2 && std::string(argv[1]) == "--time-model") {
+            auto src = open_checkpoint(argv[2]);
+            timing(*src, argv[2]);
+            return failures() ? 1 : 0;
+        }
         exactness("qwen3.5 tiny", kTiny, 1);
         exactness("qwen3.5 odd", kOdd, 2);
         exactness("qwen3.5 tiny", kTiny, 1, DType::Q8_0);
@@ -392,7 +398,13 @@ int main(int argc, char** argv) {
         two_models();
         exactness("qwen3 tiny", kQwen3, 5);
         outputs("qwen3 tiny", kQwen3, 6);
-        if (argc > 1 && std::string(argv[1]) == "--time") timing();
+        if (argc > 1 && std::string(argv[1]) == "--time") {
+            auto t0 = std::chrono::steady_clock::now();
+            lbtest::MemCheckpoint src(k08b, 5);
+            printf("synthetic Qwen3.5-0.8B (random weights, full shape) built in %.1f s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            timing(src, "synthetic Qwen3.5-0.8B (bf16 weights)");
+        }
     } catch (const EngineError& e) {
         printf("engine error %s: %s\n", e.kind.c_str(), e.what());
         return 1;

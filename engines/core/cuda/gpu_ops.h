@@ -67,6 +67,24 @@ void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStrea
 // y[n, out] (=|+=) x[n, in] @ W[out, in]^T: GEMV (128-bit weight loads) for n <= 8, tensor-core GEMM above.
 void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bool accumulate, gpuStream_t s);
 void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, float eps, gpuStream_t s);
+// Matrices kept in GGUF's block formats (matmul_quant.cu): q4_K, q5_K, q6_K, q8_0, q4_0, and the backend's wtype
+// (DType::BF16, or F16 in an LB_GPU_FP16 build) for the f32/f16/bf16 parts of a matrix stored next to them.
+// y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
+// a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16.
+constexpr int kQuantGemvMax = 4;
+#if defined(LB_GPU_FP16)
+constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matrix converted to it)
+#else
+constexpr DType kWtypeDType = DType::BF16;
+#endif
+bool quant_type_ok(DType t);  // a block type matmul_quant reads
+// gemv: the GEMV's lane width, 8 (qgemv_kernel) or 32 (qgemv32_kernel); 0: the qgemv32 knob's choice.
+void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
+                  gpuStream_t s, int gemv = 0);
+// embed from a table of block rows.
+void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, float* x, gpuStream_t s);
+// y[n, nv * per_head] = x with its value heads reordered grouped -> tiled (llama.cpp's order; see model.h).
+void heads_to_tiled(const float* x, int n, int nk, int nv, int per_head, float* y, gpuStream_t s);
 // Causal depthwise conv + SiLU over channels [0, C) of x (row stride ldx), state [C, K-1] advanced.
 void conv1d_silu(const float* x, int ldx, int n, int C, int K, const float* w, float* state, float* y, gpuStream_t s);
 // In place on y = conv output [n, 2*hk*dk + ...]: L2-normalise q and k heads, scale q by 1/sqrt(dk);

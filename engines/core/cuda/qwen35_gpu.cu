@@ -79,7 +79,9 @@ public:
         GPU_CHECK(gpuGetDeviceProperties(&p, device_));
         return DeviceInfo{p.name, device_, uint64_t(p.totalGlobalMem)};
     }
-    std::string weight_dtype() const override { return LB_WTYPE_NAME; }
+    // GGUF blocks kept (quant_): "gguf(<types of the matrices>)", e.g. gguf(q4_k,q6_k,bf16) where bf16 is the
+    // weight type the file's f32/f16/bf16 matrices took.
+    std::string weight_dtype() const override { return quant_ ? "gguf(" + quant_types_ + ")" : LB_WTYPE_NAME; }
 
     void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) override {
         gpu::ContextScope bind(ctx_);
@@ -100,14 +102,48 @@ public:
             }
             return m;
         };
-        w_ = load_qwen35_weights(src, cfg, up, stats);
+        // GGUF blocks stay as stored (the knob gpu_quant): each run of rows uploaded in its type, f32/f16/bf16 runs
+        // converted to wtype. The fused decode kernels read wtype only, so a model with blocks decodes through
+        // the unfused kernel sequence (still one graph a step).
+        QuantUploader qup = [this](std::vector<RawRows>&& parts, int64_t rows, int64_t cols, bool tiled_cols) {
+            Mat m{nullptr, rows, cols};
+            m.tiled_cols = tiled_cols;
+            for (RawRows& p : parts) {
+                Mat part{nullptr, p.rows, cols};
+                part.dtype = p.dtype;
+                if (!gpu::quant_type_ok(p.dtype)) {
+                    std::vector<float> f(size_t(p.rows * cols));
+                    decode_row(p.dtype, p.bytes.data(), f.data(), f.size());
+                    std::vector<wtype> conv(f.size());
+                    for (size_t i = 0; i < f.size(); ++i) conv[i] = wtype(f[i]);
+                    p.bytes.assign((const uint8_t*)conv.data(), (const uint8_t*)(conv.data() + conv.size()));
+                    part.dtype = gpu::kWtypeDType;
+                }
+                part.ptr = alloc(p.bytes.size());
+                GPU_CHECK(gpuMemcpy(part.ptr, p.bytes.data(), p.bytes.size(), gpuMemcpyHostToDevice));
+                matrix_bytes_ += p.bytes.size();
+                weight_bytes_ += p.bytes.size();
+                if (quant_types_.find(dtype_name(part.dtype)) == std::string::npos)
+                    quant_types_ += std::string(quant_types_.empty() ? "" : ",") + dtype_name(part.dtype);
+                m.parts.push_back(std::move(part));
+            }
+            quant_ = true;
+            if (m.parts.size() == 1) {  // one type: the Mat itself
+                Mat one = m.parts[0];
+                one.tiled_cols = tiled_cols;
+                return one;
+            }
+            return m;
+        };
+        w_ = load_qwen35_weights(src, cfg, up, stats, tuning().gpu_quant ? &qup : nullptr);
+        embed_bytes_ = mat_bytes(w_.embed);
         // Fused MLP: a transposed copy of each down_proj ([I, H]: a block's slice of the intermediate is
         // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
         // instead of down, so the bytes a token streams (decode_bytes) stay the same.
         const int H = cfg.hidden, I = cfg.intermediate;
         ungated_ = false;
         for (int l = 0; l < cfg.n_layers; ++l) ungated_ = ungated_ || cfg.kinds[size_t(l)] == LayerKind::Attention;
-        mlp_fused_ = want_fused_mlp_ && !ungated_ && gpu::mlp_fused_ok(H, I);
+        mlp_fused_ = want_fused_mlp_ && !ungated_ && !quant_ && gpu::mlp_fused_ok(H, I);
         for (const Qwen35Layer& L : w_.layers)
             if (L.down.rows != H || L.down.cols != I) mlp_fused_ = false;
         if (mlp_fused_) {
@@ -158,7 +194,7 @@ public:
         }
         // fused decode: which shapes it handles, attention split scratch
         const int H = cfg_.hidden, I = cfg_.intermediate, vd = cfg_.lin_value_dim();
-        fused_ = !ungated_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
+        fused_ = !ungated_ && !quant_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
                  (mlp_fused_ || gpu::gemv_fused_ok(I, gpu::GV_SILU, 0)) &&
                  (cfg_.n_full_layers() == 0 || (gpu::gemv_fused_ok(cfg_.n_heads * hd, gpu::GV_PLAIN, 0) &&
                                                  gpu::attention_decode_ok(cfg_.n_heads, cfg_.n_kv_heads, hd))) &&
@@ -406,11 +442,11 @@ public:
         h.device = device_;
         h.embed = [this](const int* d_tokens, int n, float* d_x) {
             gpu::ContextScope bind(ctx_);
-            gpu::embed(d_tokens, n, W(w_.embed), cfg_.hidden, d_x, s_);
+            gpu::embed(d_tokens, n, w_.embed, d_x, s_);  // bf16 or GGUF blocks
         };
         h.lm_head = [this](const float* d_x, int n, float* d_logits) {
             gpu::ContextScope bind(ctx_);
-            gpu::matmul(d_x, n, cfg_.hidden, W(w_.lm_head), cfg_.vocab, d_logits, false, s_);
+            gpu::matmul(d_x, n, w_.lm_head, d_logits, false, s_);
         };
         return h;
     }
@@ -445,6 +481,10 @@ public:
     void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
     uint64_t peak_mem_bytes() const override { return allocated_; }
     uint64_t decode_bytes(int ctx) const override {
+        if (quant_) {  // the matrices as stored, less the (untied) embedding table, plus the token's row of it
+            const uint64_t streamed = matrix_bytes_ - (cfg_.tied ? 0 : embed_bytes_) + embed_bytes_ / uint64_t(cfg_.vocab);
+            return qwen35_decode_bytes(cfg_, streamed, 0, kt_, vt_, ctx);
+        }
         return qwen35_decode_bytes(cfg_, qwen35_streamed_weight_bytes(cfg_, matrix_bytes_, sizeof(wtype)), 0, kt_,
                                    vt_, ctx);
     }
@@ -488,6 +528,15 @@ private:
         return p;
     }
     static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
+    static uint64_t mat_bytes(const Mat& m) {
+        // a Mat of the Uploader path keeps the default F32 tag and holds wtype
+        if (m.parts.empty())
+            return m.dtype == DType::F32 ? uint64_t(m.rows) * m.cols * sizeof(wtype)
+                                         : dtype_row_bytes(m.dtype, size_t(m.cols)) * uint64_t(m.rows);
+        uint64_t b = 0;
+        for (const Mat& p : m.parts) b += mat_bytes(p);
+        return b;
+    }
     static const float* F(const Mat& m) { return (const float*)m.ptr; }
 
     gpu::ForwardWorkspace ws_;
@@ -686,6 +735,9 @@ private:
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point,
                                                   // then (delta_out_) the DeltaNet mixers' two: [n_acc() * H]
     int n_acc() const { return delta_out_ ? 3 : 1; }
+    bool quant_ = false;           // some matrix keeps GGUF blocks (set at load): the unfused decode sequence
+    std::string quant_types_;      // their element types, for weight_dtype()
+    uint64_t embed_bytes_ = 0;     // the embedding table as stored
     bool want_delta_out_ = true, delta_out_ = false;  // Tuning::delta_out; whether decode uses it (set at load)
     unsigned* delta_counters_ = nullptr;              // delta_out: [n_layers, hv] state-use counters
     int att_splits_ = 8, last_next_ = 0;
