@@ -135,7 +135,8 @@ public:
             }
             return m;
         };
-        w_ = load_qwen35_weights(src, cfg, up, stats, tuning().gpu_quant ? &qup : nullptr);
+        // Qwen3.5 (gated attention + DeltaNet) and Qwen3 dense (plain attention) layers both run here.
+        w_ = load_weights(src, cfg, up, stats, tuning().gpu_quant ? &qup : nullptr);
         embed_bytes_ = mat_bytes(w_.embed);
         // Fused MLP: a transposed copy of each down_proj ([I, H]: a block's slice of the intermediate is
         // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
