@@ -33,6 +33,9 @@ struct Tuning {
                                   // the GPU (0: dequantised to the weight type at load, as before)
     bool qgemv32 = false;         // LB_GPU_QGEMV32: block-quantised GEMV lanes take 32-element scale groups (1)
                                   // instead of 8 elements (0)
+    bool qmv = true;              // LB_GPU_QMV: q4_K / q6_K matrices at up to 32 rows take qmv_kernel (scales
+                                  // factored out of the dot products, 16-byte loads a step ahead; 0: qgemv /
+                                  // qgemm as before)
     int fused_mlp = -1;           // LB_GPU_FUSED_MLP: the one-kernel decode MLP (-1: the backend's default,
                                   // on for CUDA, off for HIP, where it has not run on hardware)
     // ---- the megakernel's decode kernel

@@ -928,13 +928,15 @@ void time_quant() {
         const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
         Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
         Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
-        // (n, GEMV lane width): both GEMV kernels at n = 1 and 4, the tensor-core GEMM above
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 32}, {4, 8}, {4, 32}, {5, 0}, {9, 0}, {17, 0}, {23, 0}, {33, 0}, {64, 0}};
+        // (n, kernel): qmv_kernel (1) at each verify size up to kQmvMaxRows; before it, qgemv_kernel (8) at n <= 4
+        // and the tensor-core GEMM (-1) above
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {8, 1}, {9, -1}, {9, 1}, {16, 1}, {17, -1},
+                                            {23, -1}, {23, 1}, {32, 1}, {33, -1}, {64, -1}};
         for (auto [n, gemv] : runs) {
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
                 GPU_CHECK(gpuEventRecord(e0, g_s));
-                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, gemv);
+                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, gemv < 0 ? 8 : gemv);
                 GPU_CHECK(gpuEventRecord(e1, g_s));
                 GPU_CHECK(gpuEventSynchronize(e1));
                 float ms = 0;
@@ -943,8 +945,8 @@ void time_quant() {
             }
             std::sort(ts.begin(), ts.end());
             const double ms = ts[ts.size() / 2];
-            printf("| %s | %d x %d | %d%s | %.4f | %.0f |\n", c.name, c.out, c.in, n, n <= gpu::kQuantGemvMax ?
-                   (gemv == 32 ? " (qgemv32)" : " (qgemv)") : "", ms, bytes / ms / 1e6);
+            printf("| %s | %d x %d | %d %s | %.4f | %.0f |\n", c.name, c.out, c.in, n,
+                   gemv == 1 ? "(qmv)" : gemv == 8 ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());
@@ -995,6 +997,16 @@ int main(int argc, char** argv) {
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
         check_matmul_quant(r, t, 23, in, 1001, false, 0, 1001, "qgemm_kernel (verify rows)", 2e-2);
 #endif
+    }
+    // qmv_kernel (q4_K, q6_K): each token count of a pass, passes of 8 (n = 23, 32), a run of rows at a column
+    // offset, odd row counts (the last warp's second row), super-block counts not a multiple of the warp's 4
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        check_matmul_quant(r, t, 1, 5120, 77, false, 0, 77, "qmv_kernel<1>", 1e-5, 1);
+        check_matmul_quant(r, t, 1, 1280, 130, true, 0, 130, "qmv_kernel<1>, 5 super-blocks", 1e-5, 1);
+        check_matmul_quant(r, t, 3, 768, 131, true, 0, 131, "qmv_kernel<3>", 1e-5, 1);
+        check_matmul_quant(r, t, 8, 2048, 66, false, 0, 66, "qmv_kernel<8>", 1e-5, 1);
+        check_matmul_quant(r, t, 23, 1024, 45, true, 3, 60, "qmv_kernel, 23 rows (8 + 8 + 7), at column 3", 1e-5, 1);
+        check_matmul_quant(r, t, 32, 256, 200, false, 0, 200, "qmv_kernel, 32 rows, 1 super-block", 1e-5, 1);
     }
     check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
     check_matmul_quant(r, DType::Q6_K, 4, 2560, 33, true, 5, 50, "qgemv32_kernel<4>, at column 5", 1e-5, 32);

@@ -8,17 +8,22 @@ cached under .cache/lucebench-device like check_llamacpp.py) and the synthetic G
 Then:
   1. lucebench-gpu-op-check (every op, the matmul_quant / embed_quant / heads_to_tiled entries included), then
      its --time-quant table (matmul_quant alone on the 27B shapes, each n class: ms and weight GB/s);
-  2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept; both GEMVs) against the CPU `ar` (the fp32
-     reference of the same dequantised weights) and against the CUDA `ar` with LB_GPU_QUANT=0 (dequantised to
-     bf16 at load): agreement and first divergence per prompt;
+  2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept; qmv_kernel, and LB_GPU_QMV=0: the GEMVs before
+     it) against the CPU `ar` (the fp32 reference of the same dequantised weights) and against the CUDA `ar`
+     with LB_GPU_QUANT=0 (dequantised to bf16 at load): agreement and first divergence per prompt;
   3. 27B Q4_K_M, `ar`: decode tok/s (1 warm-up, 5 reps: median and spread), bytes per token (decode_bytes)
-     and the roofline % against the measured device copy bandwidth; prefill tok/s at 128 / 512 / 2048; decode
-     again with LB_GPU_QGEMV32=1 (the other GEMV);
-  4. 27B Q4_K_M: the cost of one verify forward of B + 1 rows against a decode step
-     (lucebench-verify-gpu-check --time-model);
-  5. llama.cpp llama-bench pp512 / tg128 (-fa on, f16 KV, all layers on the GPU) on the same GGUF, if its build
+     and the roofline % against the measured device copy bandwidth; prefill tok/s at 128 / 512; decode
+     again with LB_GPU_QMV=0 (before: qgemv_kernel);
+  4. 27B Q4_K_M: where a decode step's time goes, kernel by kernel, on the GPU's clock (CUPTI injection
+     library scripts/device/kernel_timeline.cpp, as timeline_decode.py): per kernel and matrix the time it
+     adds to the step, and the step's idle time between kernels and between steps;
+  5. 27B Q4_K_M: the cost of one verify forward of B + 1 rows against a decode step
+     (lucebench-verify-gpu-check --time-model), B in 1, 8, 16, 22, 32, 64;
+  6. llama.cpp llama-bench pp512 / tg128 (-fa on, f16 KV, all layers on the GPU) on the same GGUF, if its build
      finished in time (STAGE=build first on a warm machine makes sure it does).
-Writes $OUT/gq/: check_quant_gpu.json, op_check.md, time_quant.md, verify_time_27b.txt, llama-bench logs, build logs.
+Writes $OUT/gq/: check_quant_gpu.json, op_check.md, time_quant.md, verify_time_27b.txt, timeline_27b.csv,
+llama-bench logs, build logs. Before/after: decode with LB_GPU_QMV=0 here, per-matrix qgemv vs qmv rows in
+time_quant; verify against BEFORE (the same script at ed4dc58 on an H200).
 STAGE=build: only the builds and the GGUF files (a second call on the warm machine does the rest).
 """
 
@@ -47,7 +52,11 @@ SYNTH = Path("/tmp/gq-synth")
 # llama-bench starts only if llama.cpp's build is done by then (it takes <= 100 s; the hard limit is 540 s).
 # STAGE=build waits longer for the build. A build still running is left running (niced): a second call on the
 # warm machine finds it finished in the cache.
-DEADLINE_S = float(os.environ.get("DEADLINE_S", "520" if STAGE == "build" else "420"))
+DEADLINE_S = float(os.environ.get("DEADLINE_S", "520" if STAGE == "build" else "330"))
+# Before qmv_kernel: this script at ed4dc58 (qgemv_kernel / qgemm_kernel), one NVIDIA H200, 2026-11-27.
+BEFORE = {"card": "NVIDIA H200", "decode_tok_s": 42.1, "step_ms": 28.510,
+          "verify_ms": {1: 29.124, 8: 63.801, 16: 72.785, 22: 78.410, 32: 85.216, 64: 159.702}}
+TIMELINE_LIB = Path("/tmp/gq-libkernel_timeline.so")
 T0 = time.time()
 R: dict = {"label": "SYNTHETIC weights (random): speed figures only", "arch": ARCH, "stage": STAGE}
 
@@ -77,6 +86,26 @@ def build_ours() -> None:
                 "-DCMAKE_BUILD_TYPE=Release"], "build_cpu_configure.log")
     run_logged(["cmake", "--build", str(CPU_BUILD), "-j", "14", "--target", "lucebench-ar"], "build_cpu.log")
     R["build_cpu_s"] = round(time.time() - t, 1)
+    build_timeline_lib()
+
+
+def build_timeline_lib() -> None:
+    """The CUPTI injection library (as timeline_decode.sh builds it); a missing CUPTI skips the timeline."""
+    sh = r'''
+CUDA_INC="$(dirname "$(command -v nvcc)")/../include"
+WHEELS=$(python3 -c 'import glob, nvidia; print(" ".join(glob.glob(nvidia.__path__[0] + "/*")))' 2>/dev/null)
+CUPTI_INC=""
+for d in "$CUDA_INC" /usr/local/cuda/extras/CUPTI/include $(for w in $WHEELS; do echo "$w/include"; done); do
+  [ -f "$d/cupti.h" ] && { CUPTI_INC=$d; break; }
+done
+CUPTI_LIB=$(find "$(dirname "$(command -v nvcc)")/.." /usr/local/cuda/extras/CUPTI $WHEELS -name 'libcupti.so*' 2>/dev/null | head -1)
+[ -n "$CUPTI_INC" ] && [ -n "$CUPTI_LIB" ] || { echo "CUPTI not found"; exit 1; }
+g++ -O2 -shared -fPIC scripts/device/kernel_timeline.cpp -I"$CUPTI_INC" -I"$CUDA_INC" "$CUPTI_LIB" \
+  -Wl,-rpath,"$(dirname "$CUPTI_LIB")" -o "$1"
+'''
+    with (OUT / "build_timeline.log").open("w") as f:
+        rc = subprocess.run(["bash", "-c", sh, "bash", str(TIMELINE_LIB)], stdout=f, stderr=subprocess.STDOUT).returncode
+    R["timeline_lib"] = "ok" if rc == 0 else "not built: see build_timeline.log"
 
 
 def start_llamacpp_build() -> subprocess.Popen | None:
@@ -133,7 +162,7 @@ def correctness_08b(path: Path) -> None:
     kv = ["--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "256"]
     runs = {}
     for name, exe, env in (("cuda", GPU_BUILD / "lucebench-ar", None),
-                           ("cuda_qgemv32", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QGEMV32="1")),
+                           ("cuda_qmv0", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QMV="0")),
                            ("cuda_bf16", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QUANT="0")),
                            ("cpu", CPU_BUILD / "lucebench-ar", None)):
         e = Engine(exe, path, *kv, env=env)
@@ -141,7 +170,7 @@ def correctness_08b(path: Path) -> None:
                       "tokens": [e.gen(p, n_gen, ignore_eos=True)["output_ids"] for p in prompts]}
         e.close()
     out = {}
-    for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_qgemv32", "cpu")):
+    for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_qmv0", "cpu")):
         rows = []
         for i, p in enumerate(prompts):
             a, b = runs[ref]["tokens"][i], runs[other]["tokens"][i]
@@ -195,9 +224,9 @@ def measure_27b(path: Path) -> None:
     log(f"27B loaded in {R['load_27b_s']} s: {json.dumps(e.ready.get('model'))[:300]}")
     V = min(V, int(e.ready["model"]["vocab_size"]) - 300)
     prompt = ids(32, 7919)
-    decode(e, "decode_27b", "qgemv_kernel, the default")
+    decode(e, "decode_27b", "qmv_kernel, the default")
     pre = {}
-    for L in (128, 512, 2048):
+    for L in (128, 512):
         p = ids(L, 104729)
         ts = []
         for _ in range(3):
@@ -209,15 +238,110 @@ def measure_27b(path: Path) -> None:
     e.close()
     save()
     e = Engine(GPU_BUILD / "lucebench-ar", path, "--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "4096",
-               env=dict(os.environ, LB_GPU_QGEMV32="1"))
-    decode(e, "decode_27b_qgemv32", "LB_GPU_QGEMV32=1: qgemv32_kernel")
+               env=dict(os.environ, LB_GPU_QMV="0"))
+    decode(e, "decode_27b_before", "LB_GPU_QMV=0: qgemv_kernel, before")
     e.close()
+    try:
+        timeline_27b(path, prompt)
+    except Exception as exc:  # the breakdown is a diagnosis: its failure must not hide the figures after it
+        R["timeline_27b"] = f"failed: {exc!r}"
+        log(f"timeline FAILED: {exc!r}")
+    save()
     with (OUT / "verify_time_27b.txt").open("w") as f:
         subprocess.run([str(GPU_BUILD / "lucebench-verify-gpu-check"), "--time-model", str(path)], stdout=f,
                        stderr=subprocess.STDOUT, check=False, timeout=240)
     txt = (OUT / "verify_time_27b.txt").read_text()
     print(txt, flush=True)
     R["verify_27b"] = txt
+    verify_table()
+
+
+def kernel_class(name: str) -> str:
+    for key, cls in (("qmv_kernel", "quantised GEMV (qmv)"), ("qgemv", "quantised GEMV (qgemv)"),
+                     ("qgemm", "quantised GEMM"), ("qsplit", "quantised GEMM"), ("delta", "DeltaNet (conv/prep/rule)"),
+                     ("conv1d", "DeltaNet (conv/prep/rule)"), ("gated_rmsnorm", "DeltaNet (conv/prep/rule)"),
+                     ("attn", "attention"), ("heads_to_tiled", "heads_to_tiled"), ("rmsnorm", "norms, silu, embed"),
+                     ("silu", "norms, silu, embed"), ("embed", "norms, silu, embed"), ("argmax", "argmax, pos"),
+                     ("pos", "argmax, pos")):
+        if key in name:
+            return cls
+    return "other"
+
+
+def timeline_27b(path: Path, prompt: list[int]) -> None:
+    """A decode step's kernels on the GPU's clock: each kernel's duration and the time it adds to the step
+    (its end minus the previous kernel's end, so idle time is charged to the kernel after it), medians over
+    the steady-state steps, summed per kernel (name and grid: the grid tells the matrices apart)."""
+    if R.get("timeline_lib") != "ok":
+        log(f"timeline skipped: {R.get('timeline_lib')}")
+        return
+    from engine_client import Engine
+    from timeline_decode import short
+
+    csv_path = OUT / "timeline_27b.csv"
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(TIMELINE_LIB), LB_TIMELINE_OUT=str(csv_path))
+    e = Engine(GPU_BUILD / "lucebench-ar", path, "--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "4096", env=env)
+    e.gen(prompt, 8, ignore_eos=True)
+    r = e.gen(prompt, 48, ignore_eos=True)
+    e.close()
+    traced_tok_s = r["decode_steps"] / (r["timing"]["decode_ms"] / 1e3)
+    import csv as csvmod
+
+    with open(csv_path) as f:
+        rows = sorted(({"start": int(x["start_ns"]), "end": int(x["end_ns"]), "grid": int(x["grid"]),
+                        "name": short(x["name"])} for x in csvmod.DictReader(f)), key=lambda x: x["start"])
+    timeline_summary(rows, traced_tok_s)
+
+
+def timeline_summary(rows: list[dict], traced_tok_s: float) -> None:
+    """rows: kernel records (start, end ns; grid; short name) sorted by start; the decode steps begin at embed."""
+    starts = [i for i, x in enumerate(rows) if x["name"].startswith("embed")]
+    steps = [rows[a:b] for a, b in zip(starts, starts[1:])][-40:]  # the last generation's decode steps
+    common = statistics.mode(len(st) for st in steps)
+    pairs = [(a[-1]["end"], b) for a, b in zip(steps, steps[1:]) if len(b) == common and len(a) == common][2:-2]
+    if not pairs:
+        raise RuntimeError(f"no steady decode steps in {len(rows)} kernel records")
+    per: dict[tuple, dict] = {}
+    gaps_total = []
+    for before, st in pairs:
+        prev = before
+        gsum = 0.0
+        for k in st:
+            key = (k["name"], k["grid"])
+            a = per.setdefault(key, {"n_per_step": 0, "adds": [], "durs": []})
+            a["adds"].append((k["end"] - prev) / 1e3)
+            a["durs"].append((k["end"] - k["start"]) / 1e3)
+            gsum += max(0.0, (k["start"] - prev) / 1e3)
+            prev = k["end"]
+        gaps_total.append(gsum)
+    n_steps = len(pairs)
+    table = []
+    for (name, grid), a in per.items():
+        cnt = len(a["adds"]) // n_steps
+        table.append({"kernel": name, "grid": grid, "count": cnt, "class": kernel_class(name),
+                      "adds_us_step": sum(a["adds"]) / n_steps, "dur_us_each": statistics.median(a["durs"])})
+    table.sort(key=lambda x: -x["adds_us_step"])
+    step_us = [(st[-1]["end"] - before) / 1e3 for before, st in pairs]
+    step_med = statistics.median(step_us)
+    classes: dict[str, float] = {}
+    for t in table:
+        classes[t["class"]] = classes.get(t["class"], 0.0) + t["adds_us_step"]
+    first_gap = statistics.median((st[0]["start"] - before) / 1e3 for before, st in pairs)
+    R["timeline_27b"] = {"steps": n_steps, "kernels_per_step": common, "step_us_median": step_med,
+                         "idle_us_per_step": statistics.median(gaps_total), "between_steps_gap_us": first_gap,
+                         "tok_s_traced": traced_tok_s, "classes_us": classes, "kernels": table}
+    log(f"27B decode step on the GPU clock (CUPTI; {n_steps} steps, {common} kernels a step): median "
+        f"{step_med / 1e3:.3f} ms; idle between kernels {statistics.median(gaps_total) / 1e3:.3f} ms a step, of which "
+        f"{first_gap / 1e3:.3f} ms before the step's first kernel; traced decode {traced_tok_s:.1f} tok/s")
+    lines = ["| class | ms a step | share |", "|---|---|---|"]
+    for c, us in sorted(classes.items(), key=lambda x: -x[1]):
+        lines.append(f"| {c} | {us / 1e3:.3f} | {100 * us / step_med:.0f}% |")
+    lines += ["", "| kernel | grid | a step | ms a step (adds) | us each (duration) |", "|---|---|---|---|---|"]
+    for t in table[:30]:
+        lines.append(f"| {t['kernel']} | {t['grid']} | {t['count']} | {t['adds_us_step'] / 1e3:.3f} | "
+                     f"{t['dur_us_each']:.1f} |")
+    print("\n".join(lines), flush=True)
+    (OUT / "timeline_27b.md").write_text("\n".join(lines) + "\n")
 
 
 def llama_bench(proc: subprocess.Popen | None, path: Path) -> None:
@@ -242,7 +366,11 @@ def llama_bench(proc: subprocess.Popen | None, path: Path) -> None:
     R["llamacpp_build"] = json.loads((OUT / "llamacpp_build.json").read_text())
     if STAGE == "build":
         return
-    run = run_llama_bench(build, path, n_prompt=[512], n_gen=[128], depth=[0], reps=5, flash_attn=True, kv_k="f16",
+    if time.time() - T0 > DEADLINE_S:
+        R["llamacpp"] = f"skipped: {time.time() - T0:.0f} s gone, past the {DEADLINE_S:.0f} s guard"
+        log(R["llamacpp"])
+        return
+    run = run_llama_bench(build, path, n_prompt=[512], n_gen=[128], depth=[0], reps=3, flash_attn=True, kv_k="f16",
                           kv_v="f16", n_gpu_layers=99, stderr_path=OUT / "llama-bench-27b.log", timeout_s=100)
     rows = []
     for rec in run.records:
@@ -251,6 +379,27 @@ def llama_bench(proc: subprocess.Popen | None, path: Path) -> None:
         log(f"llama.cpp {rec.name} on the same GGUF: {statistics.mean(tps):.1f} tok/s ({len(tps)} reps)")
     R["llamacpp_bench_27b"] = rows
     save()
+
+
+def verify_table() -> None:
+    """The verify cost table (B, rows, ms, / this run's step) beside BEFORE's, parsed from verify_time_27b.txt."""
+    import re
+
+    txt = R.get("verify_27b", "")
+    m = re.search(r"decode step \(\w+ graph\) ([0-9.]+) ms", txt)
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| ([0-9.]+) \| ([0-9.]+) \|", txt, re.M)
+    if not m or not rows:
+        log("verify table: not found in verify_time_27b.txt")
+        return
+    step = float(m.group(1))
+    out = [f"| B | rows | verify ms | / step ({step:.2f} ms) | before ({BEFORE['card']}) ms | before / step "
+           f"({BEFORE['step_ms']:.2f} ms) |", "|---|---|---|---|---|---|"]
+    for b, n, ms, ratio in rows:
+        bv = BEFORE["verify_ms"].get(int(b))
+        out.append(f"| {b} | {n} | {float(ms):.2f} | {float(ratio):.2f} | {bv} | "
+                   f"{bv / BEFORE['step_ms']:.2f} |" if bv else f"| {b} | {n} | {ms} | {ratio} | | |")
+    R["verify_27b_table"] = {"step_ms": step, "rows": rows}
+    log("27B Q4_K_M verify cost (this run) against before:\n" + "\n".join(out))
 
 
 def main() -> int:
@@ -315,9 +464,17 @@ def main() -> int:
     R["errors"] = errors
     R["wall_s"] = round(time.time() - T0, 1)
     save()
-    d = R.get("decode_27b", {})
-    log("SUMMARY (SYNTHETIC weights): op check rc {}; 27B Q4_K_M decode {:.1f} tok/s, roofline {:.0f}%; llama.cpp {}"
-        .format(R["op_check"]["rc"], d.get("median", 0), d.get("roofline_pct", 0),
+    d, b = R.get("decode_27b", {}), R.get("decode_27b_before", {})
+    tl = R.get("timeline_27b", {})
+    v = {int(r[0]): float(r[3]) for r in R.get("verify_27b_table", {}).get("rows", [])}
+    log("SUMMARY (SYNTHETIC weights, {}): op check rc {}; 27B Q4_K_M decode {:.1f} tok/s, roofline {:.0f}% "
+        "(LB_GPU_QMV=0, before: {:.1f} tok/s, {:.0f}%; at ed4dc58 on an H200: {} tok/s); GPU step {:.2f} ms, "
+        "quantised GEMVs {:.2f} ms of it; verify B=22 {} x a step (before: {:.2f}x); llama.cpp {}"
+        .format(R.get("card", "?").split(",")[0], R["op_check"]["rc"], d.get("median", 0), d.get("roofline_pct", 0),
+                b.get("median", 0), b.get("roofline_pct", 0), BEFORE["decode_tok_s"],
+                tl.get("step_us_median", 0) / 1e3 if isinstance(tl, dict) else 0,
+                tl.get("classes_us", {}).get("quantised GEMV (qmv)", 0) / 1e3 if isinstance(tl, dict) else 0,
+                v.get(22, "?"), BEFORE["verify_ms"][22] / BEFORE["step_ms"],
                 [(r["test"], round(r["mean"], 1)) for r in R.get("llamacpp_bench_27b", [])]))
     return 1 if errors or R["op_check"]["rc"] else 0
 

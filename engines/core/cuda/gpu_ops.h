@@ -70,15 +70,18 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 // Matrices kept in GGUF's block formats (matmul_quant.cu): q4_K, q5_K, q6_K, q8_0, q4_0, and the backend's wtype
 // (DType::BF16, or F16 in an LB_GPU_FP16 build) for the f32/f16/bf16 parts of a matrix stored next to them.
 // y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
-// a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16.
+// a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16; q4_K and
+// q6_K take qmv_kernel (the qmv knob) up to kQmvMaxRows rows, in passes of up to 8 tokens.
 constexpr int kQuantGemvMax = 4;
+constexpr int kQmvMaxRows = 32;
 #if defined(LB_GPU_FP16)
 constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matrix converted to it)
 #else
 constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
-// gemv: the GEMV's lane width, 8 (qgemv_kernel) or 32 (qgemv32_kernel); 0: the qgemv32 knob's choice.
+// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows); 8: qgemv_kernel; 32: qgemv32_kernel;
+// 0: the knobs' choice (qmv, then qgemv32).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);
 // embed from a table of block rows.

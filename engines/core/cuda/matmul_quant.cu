@@ -125,6 +125,212 @@ __global__ __launch_bounds__(kGemvWarps * 32) void qgemv32_kernel(const float* _
         }
 }
 
+// qmv_kernel<T, N> (Tuning::qmv; q4_K and q6_K): the decode / verify GEMV built to stream the weights.
+// A GEMV at n = 1 moves ~0.56 (q4_K) or ~0.82 (q6_K) bytes an element, so at the copy bandwidth it has only a
+// few instructions an element; qgemv_kernel spends ~7 (block address, scales and fp16 d a group of 8, an
+// unpack, an FMA to dequantise and one to multiply) and keeps one 8-byte load a lane in flight. Here:
+//  * 8 lanes take one super-block (256 elements) of a row, 32 elements each, with one 16-byte load (q4_K) or
+//    six 4-byte loads (q6_K, whose 210-byte blocks are only 2-byte aligned); a warp reads 4 consecutive
+//    super-blocks of each of its kQmvRows rows a step, and the next step's bytes are loaded before this
+//    step's arithmetic, so two steps are in flight a warp;
+//  * the scales come out of the dot product: a lane's run of elements shares one scale (and min), so
+//    sum_i (d sc q_i - dmin m) x_i = d sc (sum_i q_i x_i) - dmin m (sum_i x_i): a quant costs a byte permute,
+//    a subtract (2^23 + q as a float, exact) and an FMA per token; the sum of x is shared by the rows.
+// fp32 throughout; the sums are grouped differently from the reference (a few ulp, within the GEMV's 1e-5).
+// n tokens run in passes of up to kQmvTokens, each pass streaming the weights once: passes cost
+// (2 + N) instructions an element against the bytes, so a verify of up to kQmvMaxRows rows stays below the
+// tensor-core GEMM's time (which dequantises each 64 x 64 tile to shared memory).
+constexpr int kQmvRows = 2, kQmvWarps = 4, kQmvTokens = 8;
+
+template <DType T>
+struct QmvRaw;  // one super-block's bytes of one lane (loaded a step ahead)
+
+template <>
+struct QmvRaw<DType::Q4_K> {
+    uint4 q;               // 16 bytes of quants: 16 low nibbles (sub-block 2g), 16 high (2g + 1)
+    uint32_t dm, s0, s1, s2;  // fp16 d and dmin; the 12 bytes of 6-bit scales and mins
+    __device__ __forceinline__ void load(const uint8_t* b, int t) {
+        q = *(const uint4*)(b + 16 + 16 * t);  // t = lane % 8: bytes [16 t, 16 t + 16) of qs
+        dm = *(const uint32_t*)b;
+        s0 = *(const uint32_t*)(b + 4);
+        s1 = *(const uint32_t*)(b + 8);
+        s2 = *(const uint32_t*)(b + 12);
+    }
+};
+
+template <>
+struct QmvRaw<DType::Q6_K> {
+    uint32_t a0, a1, c0, c1, h0, h1;  // ql[l0, l0 + 8), ql[l0 + 32, l0 + 40), qh[l0, l0 + 8) of one half
+    int32_t sc;                       // its 4 int8 scales (runs of 8 at +0, +32, +64, +96), packed
+    uint16_t d;
+    __device__ __forceinline__ void load(const uint8_t* b, int t) {
+        const int half = t >> 2, l0 = 8 * (t & 3);
+        const uint8_t* ql = b + 64 * half + l0;
+        const uint8_t* qh = b + 128 + 32 * half + l0;
+        a0 = ld32_a2(ql); a1 = ld32_a2(ql + 4); c0 = ld32_a2(ql + 32); c1 = ld32_a2(ql + 36);
+        h0 = ld32_a2(qh); h1 = ld32_a2(qh + 4);
+        const uint8_t* s = b + 192 + 8 * half + (l0 >> 4);
+        sc = int32_t(uint32_t(s[0]) | (uint32_t(s[2]) << 8) | (uint32_t(s[4]) << 16) | (uint32_t(s[6]) << 24));
+        d = ld16(b + 208);
+    }
+};
+
+__device__ __forceinline__ uint32_t byte_of(uint32_t s0, uint32_t s1, uint32_t s2, int i) {
+    return ((i < 4 ? s0 : i < 8 ? s1 : s2) >> (8 * (i & 3))) & 0xFFu;
+}
+// q4_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the 12 scale bytes in 3 words.
+__device__ __forceinline__ void q4k_sm_w(int j, uint32_t s0, uint32_t s1, uint32_t s2, float* sc, float* mn) {
+    if (j < 4) {
+        *sc = float(byte_of(s0, s1, s2, j) & 63);
+        *mn = float(byte_of(s0, s1, s2, j + 4) & 63);
+    } else {
+        const uint32_t a = byte_of(s0, s1, s2, j + 4), lo = byte_of(s0, s1, s2, j - 4), hi = byte_of(s0, s1, s2, j);
+        *sc = float((a & 0xF) | ((lo >> 6) << 4));
+        *mn = float((a >> 4) | ((hi >> 6) << 4));
+    }
+}
+// the 4 bytes of w as floats (each < 2^8) minus `off`: exact
+__device__ __forceinline__ void unpack4(uint32_t w, float off, float* v) {
+    float f[4];
+    bytes_f(w, f);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = f[e] - (8388608.f + off);
+}
+
+template <DType T, int N>
+__global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __restrict__ x, int in,
+                                                              const uint8_t* __restrict__ W, int out,
+                                                              float* __restrict__ y, int ldy, bool accumulate) {
+    constexpr int R = kQmvRows, BB = T == DType::Q4_K ? 144 : 210;
+    const int lane = threadIdx.x % 32, t = lane % 8;
+    const int row0 = (blockIdx.x * kQmvWarps + threadIdx.x / 32) * R;
+    if (row0 >= out) return;
+    const int nblk = in / 256;
+    const uint8_t* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = W + size_t(min(row0 + r, out - 1)) * size_t(nblk) * BB;
+    float acc[N][R];
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
+    QmvRaw<T> cur[R], nxt[R];
+    int blk = lane / 8;
+    if (blk < nblk)
+#pragma unroll
+        for (int r = 0; r < R; ++r) cur[r].load(rows[r] + size_t(blk) * BB, t);
+    for (; blk < nblk; blk += 4) {
+        if (blk + 4 < nblk)
+#pragma unroll
+            for (int r = 0; r < R; ++r) nxt[r].load(rows[r] + size_t(blk + 4) * BB, t);
+        if constexpr (T == DType::Q4_K) {
+            const int g = t >> 1, h = t & 1;
+            const int k0 = blk * 256 + 64 * g + 16 * h;  // the low nibbles' run; the high nibbles' at k0 + 32
+            float ql[R][16], qh[R][16], dl[R], ml[R], dh[R], mh[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint32_t w[4] = {cur[r].q.x, cur[r].q.y, cur[r].q.z, cur[r].q.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    unpack4(w[i] & 0x0F0F0F0Fu, 0.f, &ql[r][4 * i]);
+                    unpack4((w[i] >> 4) & 0x0F0F0F0Fu, 0.f, &qh[r][4 * i]);
+                }
+                const float d = h2f(uint16_t(cur[r].dm & 0xFFFF)), dmin = h2f(uint16_t(cur[r].dm >> 16));
+                float sc, mn;
+                q4k_sm_w(2 * g, cur[r].s0, cur[r].s1, cur[r].s2, &sc, &mn);
+                dl[r] = d * sc;
+                ml[r] = dmin * mn;
+                q4k_sm_w(2 * g + 1, cur[r].s0, cur[r].s1, cur[r].s2, &sc, &mn);
+                dh[r] = d * sc;
+                mh[r] = dmin * mn;
+            }
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const float* xt = x + size_t(i) * in + k0;
+                float sl = 0.f, sh = 0.f, pl[R], ph[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) pl[r] = ph[r] = 0.f;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const float4 a = *(const float4*)(xt + 4 * c), b = *(const float4*)(xt + 32 + 4 * c);
+                    sl += (a.x + a.y) + (a.z + a.w);
+                    sh += (b.x + b.y) + (b.z + b.w);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        pl[r] += ql[r][4 * c] * a.x + ql[r][4 * c + 1] * a.y + ql[r][4 * c + 2] * a.z + ql[r][4 * c + 3] * a.w;
+                        ph[r] += qh[r][4 * c] * b.x + qh[r][4 * c + 1] * b.y + qh[r][4 * c + 2] * b.z + qh[r][4 * c + 3] * b.w;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[i][r] += (dl[r] * pl[r] - ml[r] * sl) + (dh[r] * ph[r] - mh[r] * sh);
+            }
+        } else {  // q6_K: runs of 8 at l0 + {0, 32, 64, 96} of one 128-element half, one scale each
+            const int half = t >> 2, l0 = 8 * (t & 3);
+            const int k0 = blk * 256 + 128 * half + l0;
+            float q[R][4][8], ds[R][4];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const QmvRaw<T>& c = cur[r];
+                const uint32_t a[2] = {c.a0, c.a1}, cc[2] = {c.c0, c.c1}, hh[2] = {c.h0, c.h1};
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {  // 6-bit quants: low 4 bits from ql, high 2 from qh; minus 32
+                    unpack4((a[i] & 0x0F0F0F0Fu) | ((hh[i] << 4) & 0x30303030u), 32.f, &q[r][0][4 * i]);
+                    unpack4((cc[i] & 0x0F0F0F0Fu) | ((hh[i] << 2) & 0x30303030u), 32.f, &q[r][1][4 * i]);
+                    unpack4(((a[i] >> 4) & 0x0F0F0F0Fu) | (hh[i] & 0x30303030u), 32.f, &q[r][2][4 * i]);
+                    unpack4(((cc[i] >> 4) & 0x0F0F0F0Fu) | ((hh[i] >> 2) & 0x30303030u), 32.f, &q[r][3][4 * i]);
+                }
+                const float d = h2f(c.d);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) ds[r][j] = d * float(int8_t(uint32_t(c.sc) >> (8 * j)));
+            }
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const float* xt = x + size_t(i) * in + k0;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float4 a = *(const float4*)(xt + 32 * j), b = *(const float4*)(xt + 32 * j + 4);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const float* v = q[r][j];
+                        acc[i][r] += ds[r][j] * (v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                                                 v[5] * b.y + v[6] * b.z + v[7] * b.w);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) cur[r] = nxt[r];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = warp_sum(acc[i][r]);
+            if (lane == 0 && row0 + r < out) {
+                float* dst = y + size_t(i) * ldy + row0 + r;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+}
+
+template <DType T>
+void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                gpuStream_t s) {
+    const unsigned blocks = unsigned((out + kQmvWarps * kQmvRows - 1) / (kQmvWarps * kQmvRows));
+    for (int t0 = 0; t0 < n; t0 += kQmvTokens) {
+        const int m = std::min(kQmvTokens, n - t0);
+        const float* xt = x + size_t(t0) * in;
+        float* yt = y + size_t(t0) * ldy;
+        switch (m) {
+#define LB_QMV_CASE(M) \
+    case M: qmv_kernel<T, M><<<blocks, kQmvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
+            LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
+            LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7) default: qmv_kernel<T, 8><<<blocks, kQmvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
+#undef LB_QMV_CASE
+        }
+    }
+}
+
 #if defined(LB_CUDA)
 constexpr int QM = 64, QN = 64, QKS = 64, QPAD = 8;
 
@@ -287,8 +493,18 @@ bool quant_type_ok(DType t) {
     return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0;
 }
 
+bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
+    if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmvMaxRows) return false;
+    if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;  // 16-byte loads of whole blocks
+    return gemv == 1 || (gemv == 0 && tuning().qmv);
+}
+
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv) {
+    if (qmv_takes(t, n, in, W, gemv)) {
+        if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+    }
     const bool g32 = gemv == 32 || (gemv == 0 && tuning().qgemv32);
     if (in % 8 != 0 || (t != kWT && in % int(dtype_block_elems(t)) != 0) || (n > kQuantGemvMax && in % 64 != 0))
         fail("unsupported", std::string("matmul_quant: ") + dtype_name(t) + " rows of " + std::to_string(in) +
