@@ -25,7 +25,8 @@ struct Tuning {
                                   // kernel (0: never; -1: the kernel's default, 256)
     int attn_decode_blocks = 0;   // LB_ATT_SPLITS: decode attention blocks a KV head (0: one wave of the GPU)
     bool fused_attn = true;       // LB_GPU_FUSED_ATTN: decode attention layers through the fused kernels (0: off)
-    bool fused_delta = true;      // LB_GPU_FUSED_DELTA: DeltaNet decode step in one kernel (0: off)
+    bool fused_delta = true;      // LB_GPU_FUSED_DELTA: DeltaNet decode step in one kernel, fused graph and unfused
+                                  // (GGUF blocks) decode (0: off)
     bool delta_out = true;        // LB_GPU_DELTA_OUT: DeltaNet step fused with its out-projection (0: off)
     int prefill_chunk = 8192;     // LB_GPU_PREFILL_CHUNK: tokens a prefill forward runs at once; longer forwards
                                   // run in chunks of this size, so activations stay bounded (0: no chunking)

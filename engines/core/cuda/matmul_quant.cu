@@ -493,7 +493,7 @@ bool quant_type_ok(DType t) {
     return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0;
 }
 
-bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
+static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmvMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;  // 16-byte loads of whole blocks
     return gemv == 1 || (gemv == 0 && tuning().qmv);

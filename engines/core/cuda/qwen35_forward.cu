@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "../tuning.h"
+
 namespace lb::gpu {
 namespace {
 const float* F(const Mat& m) { return (const float*)m.ptr; }
@@ -76,8 +78,15 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
             const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
             matmul(ws.h, n, L.lin_in, ws.big, false, s);
             conv1d_silu(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.conv, s);
-            deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g, ws.beta, s);
-            delta_rule(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, c.ssm[li], ws.o, s);
+            if (n == 1 && tuning().fused_delta && delta_decode_ok(dk, dv)) {
+                // one token (a decode step of a model with GGUF blocks): the fused decode graph's one-kernel step;
+                // the chunked delta_rule costs two launches and ~20 us a layer at n = 1
+                delta_decode(ws.conv, ws.big, cd + vd, F(L.neg_A), F(L.dt_bias), hk, hv, dk, dv, c.ssm[li], ws.o, s);
+            } else {
+                deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g,
+                              ws.beta, s);
+                delta_rule(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, c.ssm[li], ws.o, s);
+            }
             gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
             out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by the delta rule, free now
         }
