@@ -39,6 +39,7 @@ const Knob kKnobs[] = {
     {"LB_GPU_QUANT", "gpu_quant", &Tuning::gpu_quant},
     {"LB_GPU_QGEMV32", "qgemv32", &Tuning::qgemv32},
     {"LB_GPU_QMV", "qmv", &Tuning::qmv},
+    {"LB_GPU_QMMA", "qmma", &Tuning::qmma},
     {"LB_GPU_FUSED_MLP", "fused_mlp", nullptr, &Tuning::fused_mlp, nullptr, 0, 1},
     {"LB_MK_FUSE", "mk_fuse", &Tuning::mk_fuse},
     {"LB_MK_FUSE_OUT", "mk_fuse_out", &Tuning::mk_fuse_out},

@@ -928,10 +928,11 @@ void time_quant() {
         const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
         Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
         Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
-        // (n, kernel): qmv_kernel (1) at each verify size up to kQmvMaxRows; before it, qgemv_kernel (8) at n <= 4
-        // and the tensor-core GEMM (-1) above
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {8, 1}, {9, -1}, {9, 1}, {16, 1}, {17, -1},
-                                            {23, -1}, {23, 1}, {32, 1}, {33, -1}, {64, -1}};
+        // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4 and the
+        // tensor-core qgemm_kernel (-1) above
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {9, -1}, {9, 2},
+                                            {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2}, {33, -1}, {33, 2},
+                                            {64, -1}, {64, 2}};
         for (auto [n, gemv] : runs) {
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
@@ -946,7 +947,7 @@ void time_quant() {
             std::sort(ts.begin(), ts.end());
             const double ms = ts[ts.size() / 2];
             printf("| %s | %d x %d | %d %s | %.4f | %.0f |\n", c.name, c.out, c.in, n,
-                   gemv == 1 ? "(qmv)" : gemv == 8 ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
+                   gemv == 1 ? "(qmv)" : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());
@@ -1007,6 +1008,15 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 8, 2048, 66, false, 0, 66, "qmv_kernel<8>", 1e-5, 1);
         check_matmul_quant(r, t, 23, 1024, 45, true, 3, 60, "qmv_kernel, 23 rows (8 + 8 + 7), at column 3", 1e-5, 1);
         check_matmul_quant(r, t, 32, 256, 200, false, 0, 200, "qmv_kernel, 32 rows, 1 super-block", 1e-5, 1);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+        // qmma_kernel: each token tile count, a partial last tile, rows not a multiple of the block's 128,
+        // split-K (few row blocks, many super-blocks) and one split, accumulate at a column offset
+        check_matmul_quant(r, t, 5, 1024, 77, false, 0, 77, "qmma_kernel<1>, split-K", 2e-2, 2);
+        check_matmul_quant(r, t, 23, 2048, 300, true, 3, 310, "qmma_kernel<3>, split-K, at column 3", 2e-2, 2);
+        check_matmul_quant(r, t, 32, 512, 4100, false, 0, 4100, "qmma_kernel<4>", 2e-2, 2);
+        check_matmul_quant(r, t, 64, 5120, 129, true, 0, 129, "qmma_kernel<8>, split-K", 2e-2, 2);
+        check_matmul_quant(r, t, 17, 256, 40000, false, 0, 40000, "qmma_kernel<3>, one super-block", 2e-2, 2);
+#endif
     }
     check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
     check_matmul_quant(r, DType::Q6_K, 4, 2560, 33, true, 5, 50, "qgemv32_kernel<4>, at column 5", 1e-5, 32);

@@ -8,12 +8,12 @@ cached under .cache/lucebench-device like check_llamacpp.py) and the synthetic G
 Then:
   1. lucebench-gpu-op-check (every op, the matmul_quant / embed_quant / heads_to_tiled entries included), then
      its --time-quant table (matmul_quant alone on the 27B shapes, each n class: ms and weight GB/s);
-  2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept; qmv_kernel, and LB_GPU_QMV=0: the GEMVs before
-     it) against the CPU `ar` (the fp32 reference of the same dequantised weights) and against the CUDA `ar`
+  2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept; qmv_kernel / qmma_kernel, and LB_GPU_QMV=0
+     LB_GPU_QMMA=0: the kernels before them) against the CPU `ar` (the fp32 reference of the same dequantised weights) and against the CUDA `ar`
      with LB_GPU_QUANT=0 (dequantised to bf16 at load): agreement and first divergence per prompt;
   3. 27B Q4_K_M, `ar`: decode tok/s (1 warm-up, 5 reps: median and spread), bytes per token (decode_bytes)
      and the roofline % against the measured device copy bandwidth; prefill tok/s at 128 / 512; decode
-     again with LB_GPU_QMV=0 (before: qgemv_kernel);
+     again with LB_GPU_QMV=0 LB_GPU_QMMA=0 (before: qgemv_kernel);
   4. 27B Q4_K_M: where a decode step's time goes, kernel by kernel, on the GPU's clock (CUPTI injection
      library scripts/device/kernel_timeline.cpp, as timeline_decode.py): per kernel and matrix the time it
      adds to the step, and the step's idle time between kernels and between steps;
@@ -22,8 +22,8 @@ Then:
   6. llama.cpp llama-bench pp512 / tg128 (-fa on, f16 KV, all layers on the GPU) on the same GGUF, if its build
      finished in time (STAGE=build first on a warm machine makes sure it does).
 Writes $OUT/gq/: check_quant_gpu.json, op_check.md, time_quant.md, verify_time_27b.txt, timeline_27b.csv,
-llama-bench logs, build logs. Before/after: decode with LB_GPU_QMV=0 here, per-matrix qgemv vs qmv rows in
-time_quant; verify against BEFORE (the same script at ed4dc58 on an H200).
+llama-bench logs, build logs. Before/after: decode with LB_GPU_QMV=0 LB_GPU_QMMA=0 here, per-matrix
+qgemv/qgemm against qmv/qmma rows in time_quant; verify against BEFORE (this script at ed4dc58 on an H200).
 STAGE=build: only the builds and the GGUF files (a second call on the warm machine does the rest).
 """
 
@@ -57,6 +57,7 @@ DEADLINE_S = float(os.environ.get("DEADLINE_S", "520" if STAGE == "build" else "
 BEFORE = {"card": "NVIDIA H200", "decode_tok_s": 42.1, "step_ms": 28.510,
           "verify_ms": {1: 29.124, 8: 63.801, 16: 72.785, 22: 78.410, 32: 85.216, 64: 159.702}}
 TIMELINE_LIB = Path("/tmp/gq-libkernel_timeline.so")
+BEFORE_ENV = {"LB_GPU_QMV": "0", "LB_GPU_QMMA": "0"}  # the kernels before qmv / qmma
 T0 = time.time()
 R: dict = {"label": "SYNTHETIC weights (random): speed figures only", "arch": ARCH, "stage": STAGE}
 
@@ -162,7 +163,7 @@ def correctness_08b(path: Path) -> None:
     kv = ["--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "256"]
     runs = {}
     for name, exe, env in (("cuda", GPU_BUILD / "lucebench-ar", None),
-                           ("cuda_qmv0", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QMV="0")),
+                           ("cuda_before", GPU_BUILD / "lucebench-ar", dict(os.environ, **BEFORE_ENV)),
                            ("cuda_bf16", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QUANT="0")),
                            ("cpu", CPU_BUILD / "lucebench-ar", None)):
         e = Engine(exe, path, *kv, env=env)
@@ -170,7 +171,7 @@ def correctness_08b(path: Path) -> None:
                       "tokens": [e.gen(p, n_gen, ignore_eos=True)["output_ids"] for p in prompts]}
         e.close()
     out = {}
-    for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_qmv0", "cpu")):
+    for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_before", "cpu")):
         rows = []
         for i, p in enumerate(prompts):
             a, b = runs[ref]["tokens"][i], runs[other]["tokens"][i]
@@ -238,8 +239,8 @@ def measure_27b(path: Path) -> None:
     e.close()
     save()
     e = Engine(GPU_BUILD / "lucebench-ar", path, "--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "4096",
-               env=dict(os.environ, LB_GPU_QMV="0"))
-    decode(e, "decode_27b_before", "LB_GPU_QMV=0: qgemv_kernel, before")
+               env=dict(os.environ, **BEFORE_ENV))
+    decode(e, "decode_27b_before", "LB_GPU_QMV=0 LB_GPU_QMMA=0: qgemv_kernel, before")
     e.close()
     try:
         timeline_27b(path, prompt)
@@ -257,7 +258,7 @@ def measure_27b(path: Path) -> None:
 
 
 def kernel_class(name: str) -> str:
-    for key, cls in (("qmv_kernel", "quantised GEMV (qmv)"), ("qgemv", "quantised GEMV (qgemv)"),
+    for key, cls in (("qmv_kernel", "quantised GEMV (qmv)"), ("qmma", "quantised GEMM (qmma)"), ("qgemv", "quantised GEMV (qgemv)"),
                      ("qgemm", "quantised GEMM"), ("qsplit", "quantised GEMM"), ("delta", "DeltaNet (conv/prep/rule)"),
                      ("conv1d", "DeltaNet (conv/prep/rule)"), ("gated_rmsnorm", "DeltaNet (conv/prep/rule)"),
                      ("attn", "attention"), ("heads_to_tiled", "heads_to_tiled"), ("rmsnorm", "norms, silu, embed"),
@@ -468,7 +469,7 @@ def main() -> int:
     tl = R.get("timeline_27b", {})
     v = {int(r[0]): float(r[3]) for r in R.get("verify_27b_table", {}).get("rows", [])}
     log("SUMMARY (SYNTHETIC weights, {}): op check rc {}; 27B Q4_K_M decode {:.1f} tok/s, roofline {:.0f}% "
-        "(LB_GPU_QMV=0, before: {:.1f} tok/s, {:.0f}%; at ed4dc58 on an H200: {} tok/s); GPU step {:.2f} ms, "
+        "(LB_GPU_QMV=0 LB_GPU_QMMA=0, before: {:.1f} tok/s, {:.0f}%; at ed4dc58 on an H200: {} tok/s); GPU step {:.2f} ms, "
         "quantised GEMVs {:.2f} ms of it; verify B=22 {} x a step (before: {:.2f}x); llama.cpp {}"
         .format(R.get("card", "?").split(",")[0], R["op_check"]["rc"], d.get("median", 0), d.get("roofline_pct", 0),
                 b.get("median", 0), b.get("roofline_pct", 0), BEFORE["decode_tok_s"],

@@ -17,6 +17,14 @@
 #include "common.cuh"
 #include "quant_blocks.cuh"
 
+// The tensor-core kernels (bf16 mma: sm_80 and later): CUDA builds with bf16 weights. The fp16 build (sm_75)
+// and HIP run the GEMV kernels over groups of tokens instead.
+#if defined(LB_CUDA) && !defined(LB_GPU_FP16)
+#define LB_QUANT_MMA 1
+#else
+#define LB_QUANT_MMA 0
+#endif
+
 namespace lb::gpu {
 
 namespace {
@@ -331,7 +339,200 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
     }
 }
 
-#if defined(LB_CUDA)
+#if LB_QUANT_MMA
+// qmma_kernel<T, NT> (Tuning::qmma; q4_K and q6_K, 5..64 rows: a verify's): the tensor cores on weights
+// dequantised in registers, each block read once for all rows. A warp owns 16 output rows and runs
+// mma.m16n8k16 (bf16 in, fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free
+// (a dot product), so each lane's A fragment (rows g, g + 8; k 2q, 2q + 1, 2q + 8, 2q + 9 of 16) takes 4
+// consecutive elements of a 64-element run that lane owns in every super-block, exactly the bytes it loads:
+//   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), low nibbles then high;
+//   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4);
+// and the activations (bf16 in shared memory, one super-block staged at a time for the block's 8 warps) are
+// read at the same elements. Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
+// qgemm_kernel). Split-K over super-blocks (partials summed in split order) when the row blocks leave
+// multiprocessors idle. The next super-block's weight bytes are loaded before this one's arithmetic.
+constexpr int kQmmaWarps = 8, kQmmaRows = 16 * kQmmaWarps;
+// Staged activations: 4 bf16 of padding after each 64 elements and rows of 272, so that a warp's 8-byte
+// fragment reads (rows g, q-th 64-element runs) fall in distinct banks for q4_K.
+__device__ __forceinline__ int qmma_col(int k) { return k + 4 * (k >> 6); }
+
+template <DType T>
+struct QmmaRaw;
+
+template <>
+struct QmmaRaw<DType::Q4_K> {
+    uint4 lo, hi;  // quant bytes [32q, 32q + 32) of qs
+    uint32_t dm, s0, s1, s2;
+    __device__ __forceinline__ void load(const uint8_t* b, int q) {
+        lo = *(const uint4*)(b + 16 + 32 * q);
+        hi = *(const uint4*)(b + 32 + 32 * q);
+        dm = *(const uint32_t*)b;
+        s0 = *(const uint32_t*)(b + 4);
+        s1 = *(const uint32_t*)(b + 8);
+        s2 = *(const uint32_t*)(b + 12);
+    }
+};
+
+template <>
+struct QmmaRaw<DType::Q6_K> {
+    uint32_t A[4], C[4], H[4];  // ql[l0, l0 + 16), ql[l0 + 32, l0 + 48), qh[l0, l0 + 16) of half h
+    int32_t sc;                 // the 4 scales of runs j = 0..3, packed
+    uint16_t d;
+    __device__ __forceinline__ void load(const uint8_t* b, int q) {
+        const int h = q >> 1, l0 = 16 * (q & 1);
+        const uint8_t* ql = b + 64 * h + l0;
+        const uint8_t* qh = b + 128 + 32 * h + l0;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            A[m] = ld32_a2(ql + 4 * m);
+            C[m] = ld32_a2(ql + 32 + 4 * m);
+            H[m] = ld32_a2(qh + 4 * m);
+        }
+        const uint8_t* s = b + 192 + 8 * h + (l0 >> 4);
+        sc = int32_t(uint32_t(s[0]) | (uint32_t(s[2]) << 8) | (uint32_t(s[4]) << 16) | (uint32_t(s[6]) << 24));
+        d = ld16(b + 208);
+    }
+};
+
+// The 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs.
+template <DType T>
+__device__ __forceinline__ void qmma_chunk(const QmmaRaw<T>& w, int c, const float sc[4], const float mn[4],
+                                           uint32_t* p01, uint32_t* p23) {
+    float v[4];
+    if constexpr (T == DType::Q4_K) {
+        const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
+        const uint32_t word = c < 8 ? (src[c] & 0x0F0F0F0Fu) : ((src[c - 8] >> 4) & 0x0F0F0F0Fu);
+        unpack4(word, 0.f, v);
+        const int j = c < 8 ? 0 : 1;  // sub-block 2q or 2q + 1
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e] - mn[j];
+    } else {
+        const int j = c >> 2, m = c & 3;
+        uint32_t word;
+        if (j == 0) word = (w.A[m] & 0x0F0F0F0Fu) | ((w.H[m] << 4) & 0x30303030u);
+        else if (j == 1) word = (w.C[m] & 0x0F0F0F0Fu) | ((w.H[m] << 2) & 0x30303030u);
+        else if (j == 2) word = ((w.A[m] >> 4) & 0x0F0F0F0Fu) | (w.H[m] & 0x30303030u);
+        else word = ((w.C[m] >> 4) & 0x0F0F0F0Fu) | ((w.H[m] >> 2) & 0x30303030u);
+        unpack4(word, 32.f, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e];
+    }
+    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+    *p01 = *(uint32_t*)&a;
+    *p23 = *(uint32_t*)&b;
+}
+
+// Per-run scales of the lane's run: q4_K: d sc and dmin m of sub-blocks 2q, 2q + 1; q6_K: d sc of runs j.
+template <DType T>
+__device__ __forceinline__ void qmma_scales(const QmmaRaw<T>& w, int q, float sc[4], float mn[4]) {
+    if constexpr (T == DType::Q4_K) {
+        const float d = h2f(uint16_t(w.dm & 0xFFFF)), dmin = h2f(uint16_t(w.dm >> 16));
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float a, b;
+            q4k_sm_w(2 * q + j, w.s0, w.s1, w.s2, &a, &b);
+            sc[j] = d * a;
+            mn[j] = dmin * b;
+        }
+        sc[2] = sc[3] = mn[2] = mn[3] = 0.f;
+    } else {
+        const float d = h2f(w.d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            sc[j] = d * float(int8_t(uint32_t(w.sc) >> (8 * j)));
+            mn[j] = 0.f;
+        }
+    }
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (the rest of the last tile is zeros).
+template <DType T, int NT>
+__global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __restrict__ x, int n, int in,
+                                                                const uint8_t* __restrict__ W, int out,
+                                                                float* __restrict__ y, int ldy, bool accumulate,
+                                                                int sb_per_split, float* __restrict__ part) {
+    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT, XS = 272;
+    __shared__ __align__(16) __nv_bfloat16 xs[NTOK][XS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
+    const int row_a = blockIdx.x * kQmmaRows + 16 * warp + g, row_b = row_a + 8;
+    const int nblk = in / 256;
+    const int sb0 = blockIdx.y * sb_per_split, sb1 = min(nblk, sb0 + sb_per_split);
+    const size_t rb = size_t(nblk) * BB;
+    const uint8_t* wa = W + size_t(min(row_a, out - 1)) * rb;
+    const uint8_t* wb = W + size_t(min(row_b, out - 1)) * rb;
+    // the lane's run: element offsets (in a super-block) of its chunk c: P(4c) = base + step(c)
+    const int h6 = q >> 1, l6 = 16 * (q & 1);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    QmmaRaw<T> ca, cb, na, nb;
+    if (sb0 < sb1) {
+        ca.load(wa + size_t(sb0) * BB, q);
+        cb.load(wb + size_t(sb0) * BB, q);
+    }
+    for (int sb = sb0; sb < sb1; ++sb) {
+        // stage x[:, 256 sb, + 256) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
+        for (int i = threadIdx.x; i < NTOK * 64; i += kQmmaWarps * 32) {
+            const int t = i >> 6, k4 = 4 * (i & 63);
+            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb) * 256 + k4)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+            *(uint2*)&xs[t][qmma_col(k4)] = *(const uint2*)p;
+        }
+        if (sb + 1 < sb1) {
+            na.load(wa + size_t(sb + 1) * BB, q);
+            nb.load(wb + size_t(sb + 1) * BB, q);
+        }
+        __syncthreads();
+        float sa[4], ma[4], sbv[4], mbv[4];
+        qmma_scales<T>(ca, q, sa, ma);
+        qmma_scales<T>(cb, q, sbv, mbv);
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+            uint32_t a[4];  // {row g: k 2q, 2q+1}, {row g + 8: same}, {row g: k 2q+8, 2q+9}, {row g + 8: same}
+            qmma_chunk<T>(ca, c, sa, ma, &a[0], &a[2]);
+            qmma_chunk<T>(cb, c, sbv, mbv, &a[1], &a[3]);
+            const int e0 = T == DType::Q4_K ? 64 * q + 4 * c : 128 * h6 + l6 + 32 * (c >> 2) + 4 * (c & 3);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const uint2 bx = *(const uint2*)&xs[8 * j + g][qmma_col(e0)];
+                mma_bf16_16816(acc[j], a, bx.x, bx.y);
+            }
+        }
+        __syncthreads();
+        ca = na;
+        cb = nb;
+    }
+    // C fragment: acc[j][0, 1]: row g, tokens 8j + 2q, + 1; acc[j][2, 3]: row g + 8
+    float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int t = 8 * j + 2 * q + (e & 1), row = e < 2 ? row_a : row_b;
+            if (t < n && row < out) {
+                if (pz) {
+                    pz[size_t(t) * out + row] = acc[j][e];
+                } else {
+                    float* dst = y + size_t(t) * ldy + row;
+                    *dst = accumulate ? *dst + acc[j][e] : acc[j][e];
+                }
+            }
+        }
+}
+#endif
+
+#if LB_QUANT_MMA
 constexpr int QM = 64, QN = 64, QKS = 64, QPAD = 8;
 
 // Block (tile of 64 rows, tile of 64 tokens, K split z): 4 warps, each 32 tokens x 32 rows of the tile.
@@ -423,7 +624,7 @@ template <DType T>
 void launch(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
             gpuStream_t s, bool gemv32) {
     const unsigned gemv_blocks = unsigned((out + kGemvWarps * kRowsPerWarp - 1) / (kGemvWarps * kRowsPerWarp));
-#if defined(LB_CUDA)
+#if LB_QUANT_MMA
     if (n > kQuantGemvMax) {
         const int tiles = ((out + QN - 1) / QN) * ((n + QM - 1) / QM), ksteps_all = in / QKS;
         // Split-K while the tiles leave multiprocessors idle (>= 4 K steps a split); the partials need scratch,
@@ -493,6 +694,45 @@ bool quant_type_ok(DType t) {
     return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0;
 }
 
+#if LB_QUANT_MMA
+template <DType T>
+void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                 gpuStream_t s) {
+    const int row_blocks = (out + kQmmaRows - 1) / kQmmaRows, nblk = in / 256;
+    // split-K while the row blocks give the GPU fewer than 2 blocks a multiprocessor (>= 2 super-blocks a
+    // split); the partials need scratch, refused during graph capture (then one split)
+    int splits = std::min({(2 * context().sms + row_blocks - 1) / row_blocks, nblk / 2, 16});
+    if (splits < 2 || !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
+    const int per = (nblk + splits - 1) / splits;
+    splits = (nblk + per - 1) / per;
+    float* part = splits > 1 ? context().splitk.p : nullptr;
+    const dim3 grid(row_blocks, splits);
+    switch ((n + 7) / 8) {
+#define LB_QMMA_CASE(NT) \
+    case NT: qmma_kernel<T, NT><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
+        LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
+        LB_QMMA_CASE(7) default: qmma_kernel<T, 8><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
+#undef LB_QMMA_CASE
+    }
+    if (splits > 1) {
+        const size_t count = size_t(n) * out;
+        qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, splits, n, out, y, ldy, accumulate);
+    }
+}
+#endif
+
+// gemv 2: qmma_kernel (5..64 rows), else the knob's choice above kQuantGemvMax rows
+static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
+#if LB_QUANT_MMA
+    if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > 64) return false;
+    if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;
+    return gemv == 2 || (gemv == 0 && n > kQuantGemvMax && tuning().qmma);
+#else
+    (void)t; (void)n; (void)in; (void)W; (void)gemv;
+    return false;
+#endif
+}
+
 static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmvMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;  // 16-byte loads of whole blocks
@@ -501,6 +741,12 @@ static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
 
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv) {
+#if LB_QUANT_MMA
+    if (qmma_takes(t, n, in, W, gemv)) {
+        if (t == DType::Q4_K) return launch_qmma<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+        return launch_qmma<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+    }
+#endif
     if (qmv_takes(t, n, in, W, gemv)) {
         if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
         return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
