@@ -227,6 +227,10 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     if (blk < nblk)
 #pragma unroll
         for (int r = 0; r < R; ++r) cur[r].load(rows[r] + size_t(blk) * BB, t);
+    // launched with programmatic dependent launch (launch_k): the first weight bytes are requested while the
+    // kernel before still runs; x and y (its outputs) are read only after the wait
+    griddep_launch();
+    griddep_wait();
     for (; blk < nblk; blk += 4) {
         if (blk + 4 < nblk)
 #pragma unroll
@@ -331,9 +335,10 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
         float* yt = y + size_t(t0) * ldy;
         switch (m) {
 #define LB_QMV_CASE(M) \
-    case M: qmv_kernel<T, M><<<blocks, kQmvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
+    case M: launch_k(qmv_kernel<T, M>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
             LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
-            LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7) default: qmv_kernel<T, 8><<<blocks, kQmvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
+            LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7)
+            default: launch_k(qmv_kernel<T, 8>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
 #undef LB_QMV_CASE
         }
     }
