@@ -37,7 +37,7 @@ struct Tuning {
     bool qmv = true;              // LB_GPU_QMV: q4_K / q6_K matrices at up to 32 rows take qmv_kernel (scales
                                   // factored out of the dot products, 16-byte loads a step ahead; 0: qgemv /
                                   // qgemm as before)
-    bool qmma = true;             // LB_GPU_QMMA: q4_K / q6_K matrices at 5..64 rows (a verify's) take qmma_kernel
+    bool qmma = true;             // LB_GPU_QMMA: q4_K / q6_K matrices at 5..72 rows (a verify's) take qmma_kernel
                                   // (tensor cores on weights dequantised in registers; 0: qmv / qgemm)
     int fused_mlp = -1;           // LB_GPU_FUSED_MLP: the one-kernel decode MLP (-1: the backend's default,
                                   // on for CUDA, off for HIP, where it has not run on hardware)

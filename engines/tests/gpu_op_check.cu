@@ -927,12 +927,12 @@ void time_quant() {
     for (const Case& c : cases) {
         const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
         Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
-        Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
+        Dev<float> x(size_t(72) * c.in), y(size_t(72) * c.out);
         // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4 and the
         // tensor-core qgemm_kernel (-1) above
         const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {9, -1}, {9, 2},
                                             {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2}, {33, -1}, {33, 2},
-                                            {64, -1}, {64, 2}};
+                                            {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
@@ -1014,7 +1014,7 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 5, 1024, 77, false, 0, 77, "qmma_kernel<1>, split-K", 2e-2, 2);
         check_matmul_quant(r, t, 23, 2048, 300, true, 3, 310, "qmma_kernel<3>, split-K, at column 3", 2e-2, 2);
         check_matmul_quant(r, t, 32, 512, 4100, false, 0, 4100, "qmma_kernel<4>", 2e-2, 2);
-        check_matmul_quant(r, t, 64, 5120, 129, true, 0, 129, "qmma_kernel<8>, split-K", 2e-2, 2);
+        check_matmul_quant(r, t, 65, 5120, 129, true, 0, 129, "qmma_kernel<9>, split-K", 2e-2, 2);
         check_matmul_quant(r, t, 17, 256, 40000, false, 0, 40000, "qmma_kernel<3>, one super-block", 2e-2, 2);
 #endif
     }

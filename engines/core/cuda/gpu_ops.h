@@ -72,9 +72,10 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 // y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
 // a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16; q4_K and
 // q6_K take qmv_kernel (the qmv knob) up to kQuantGemvMax rows and qmma_kernel (the qmma knob, CUDA:
-// tensor cores on weights dequantised in registers) from there up to 64 rows.
+// tensor cores on weights dequantised in registers) from there up to kQmmaMaxRows rows.
 constexpr int kQuantGemvMax = 4;
 constexpr int kQmvMaxRows = 32;
+constexpr int kQmmaMaxRows = 72;
 #if defined(LB_GPU_FP16)
 constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matrix converted to it)
 #else
@@ -82,7 +83,7 @@ constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
 // gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows); 2: qmma_kernel where it applies
-// (q4_K, q6_K, n <= 64, CUDA); 8: qgemv_kernel (qgemm_kernel above kQuantGemvMax); 32: qgemv32_kernel;
+// (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel above kQuantGemvMax); 32: qgemv32_kernel;
 // 0: the knobs' choice (qmma above kQuantGemvMax rows, qmv, then qgemv32).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);

@@ -2,12 +2,16 @@
 // them, so that a step streams the file's bytes, not a bf16 copy of them; and the embedding lookup from such
 // a table. CPU reference: decode_row (../quant.cpp, ggml's dequantisation) then ../cpu/matmul.cpp.
 //
-// Weights are dequantised in registers exactly as ggml does (fp32: d * scale * q - dmin * min), 8 elements at
-// a time (dq8); two kernels use them:
-//  * qgemv_kernel<T, N> (n <= kQuantGemvMax): one warp per two output rows, fp32 FMA, all n tokens share each
-//    dequantised weight. Decode (n = 1). qgemv32_kernel<T, N> (the qgemv32 knob): the same with a lane taking a
-//    32-element scale group at a time (dq32), which spends fewer instructions on addresses and scales.
-//  * qgemm_kernel<T> (n above): 64 tokens x 64 rows a block; the K loop dequantises a 64 x 64 weight tile to
+// Weights are dequantised in registers exactly as ggml does (fp32: d * scale * q - dmin * min). Kernels:
+//  * qmv_kernel<T, N> (q4_K, q6_K; n <= kQuantGemvMax, or up to kQmvMaxRows in passes of 8 with the qmma knob
+//    off): the decode GEMV, built to stream the weights (see its comment: 16-byte loads a step ahead, scales
+//    factored out of the dot products). Knob qmv.
+//  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
+//    cores, weights dequantised in registers and each block read once for all rows. Knob qmma.
+//  * qgemv_kernel<T, N> (the other types, and q4_K/q6_K with the knobs off; n <= kQuantGemvMax): 8 elements
+//    at a time (dq8), one warp per two output rows, fp32 FMA. qgemv32_kernel<T, N> (the qgemv32 knob): the
+//    same with a lane taking a 32-element scale group at a time (dq32).
+//  * qgemm_kernel<T> (n above; prefill): 64 tokens x 64 rows a block; the K loop dequantises a 64 x 64 weight tile to
 //    bf16 in shared memory and multiplies on the tensor cores (fp32 accumulation; activations rounded to
 //    bf16 as the bf16 GEMM does). Each weight block is read once per 64 tokens, so a verify of up to 64 rows
 //    streams the weights once. Split-K (partials summed in split order) when the output tiles do not fill
@@ -345,7 +349,7 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 }
 
 #if LB_QUANT_MMA
-// qmma_kernel<T, NT> (Tuning::qmma; q4_K and q6_K, 5..64 rows: a verify's): the tensor cores on weights
+// qmma_kernel<T, NT> (Tuning::qmma; q4_K and q6_K, 5..72 rows: a verify's, DDTree budget 64 included): the tensor cores on weights
 // dequantised in registers, each block read once for all rows. A warp owns 16 output rows and runs
 // mma.m16n8k16 (bf16 in, fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free
 // (a dot product), so each lane's A fragment (rows g, g + 8; k 2q, 2q + 1, 2q + 8, 2q + 9 of 16) takes 4
@@ -458,7 +462,7 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (the rest of the last tile is zeros).
+// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (NT <= 9: 39 KB of staged x) (the rest of the last tile is zeros).
 template <DType T, int NT>
 __global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __restrict__ x, int n, int in,
                                                                 const uint8_t* __restrict__ W, int out,
@@ -716,7 +720,7 @@ void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float
 #define LB_QMMA_CASE(NT) \
     case NT: qmma_kernel<T, NT><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
         LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
-        LB_QMMA_CASE(7) default: qmma_kernel<T, 8><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
+        LB_QMMA_CASE(7) LB_QMMA_CASE(8) default: qmma_kernel<T, 9><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
 #undef LB_QMMA_CASE
     }
     if (splits > 1) {
@@ -726,10 +730,10 @@ void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float
 }
 #endif
 
-// gemv 2: qmma_kernel (5..64 rows), else the knob's choice above kQuantGemvMax rows
+// gemv 2: qmma_kernel (up to kQmmaMaxRows rows), else the knob's choice above kQuantGemvMax rows
 static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 #if LB_QUANT_MMA
-    if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > 64) return false;
+    if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmmaMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;
     return gemv == 2 || (gemv == 0 && n > kQuantGemvMax && tuning().qmma);
 #else
