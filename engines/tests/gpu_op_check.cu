@@ -914,7 +914,8 @@ void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
 }  // namespace
 
 // `--time-quant`: matmul_quant alone on Qwen3.5-27B's matrix shapes in the Q4_K_M types, for each n class:
-// median time (CUDA events, 20 reps after 3) and the weight bytes read per second (timing only, no check).
+// median time (CUDA events, 20 reps after 3; weights not in L2) and the weight bytes read per second (timing
+// only, no check).
 void time_quant() {
     struct Case { const char* name; DType t; int out, in; };
     const Case cases[] = {{"ffn gate_up q4_K", DType::Q4_K, 2 * 17408, 5120}, {"ffn down q6_K", DType::Q6_K, 5120, 17408},
@@ -926,7 +927,11 @@ void time_quant() {
     printf("| matrix | out x in | n | ms | weight GB/s |\n|---|---|---|---|---|\n");
     for (const Case& c : cases) {
         const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
-        Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
+        // zero blocks (the time does not depend on the values), in as many copies as make 512 MB, taken in turn:
+        // each launch reads its weights from memory, not from a previous launch's L2 lines (50-60 MB), as in
+        // a decode step, where every matrix is read once
+        const size_t copies = std::max<size_t>(1, ((size_t(512) << 20) + bytes - 1) / bytes);
+        Dev<uint8_t> w(bytes * copies);
         Dev<float> x(size_t(72) * c.in), y(size_t(72) * c.out);
         // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4 and the
         // tensor-core qgemm_kernel (-1) above
@@ -937,7 +942,8 @@ void time_quant() {
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
                 GPU_CHECK(gpuEventRecord(e0, g_s));
-                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, gemv < 0 ? 8 : gemv);
+                gpu::matmul_quant(x.p, n, c.in, w.p + bytes * (size_t(r) % copies), c.t, c.out, y.p, c.out, false, g_s,
+                                  gemv < 0 ? 8 : gemv);
                 GPU_CHECK(gpuEventRecord(e1, g_s));
                 GPU_CHECK(gpuEventSynchronize(e1));
                 float ms = 0;

@@ -477,8 +477,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __re
     const size_t rb = size_t(nblk) * BB;
     const uint8_t* wa = W + size_t(min(row_a, out - 1)) * rb;
     const uint8_t* wb = W + size_t(min(row_b, out - 1)) * rb;
-    // the lane's run: element offsets (in a super-block) of its chunk c: P(4c) = base + step(c)
-    const int h6 = q >> 1, l6 = 16 * (q & 1);
+    const int h6 = q >> 1, l6 = 16 * (q & 1);  // q6_K: the lane's half and 16-element column run
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
