@@ -22,7 +22,7 @@
 #                                             here, ~15 s), the same drafter, TTFT at 64K and 128K keep 0.05, against
 #                                             our own full prefill of the 27B and llama.cpp's (llama-bench -p L
 #                                             -n 0 -fa 1, bf16 K/V as ours, -b/-ub 2048) on the same GGUF; all of it
-#                                             by $PFLASH_END_S (530 s) after the start: see pflash_ttft.py
+#                                             by $PFLASH_END_S (520 s) after the start: see pflash_ttft.py
 #                                             --deadline-s for what is skipped or cut. The drafter is dense; with
 #                                             LB_PFLASH_SPARSE_FROM=32768 in the environment it is block-sparse
 #                                             (its forward time does not depend on the target: stage sparse has it)
@@ -144,7 +144,7 @@ want sparse && LB_PFLASH_SPARSE_FROM=${PFLASH_SPARSE_FROM:-32768} LB_PFLASH_SPAR
 
 if want big; then
   # everything by PFLASH_END_S after the start (the call's hard limit is 540 s)
-  left=$(( ${PFLASH_END_S:-530} - $(elapsed) ))
+  left=$(( ${PFLASH_END_S:-520} - $(elapsed) ))
   python3 scripts/device/pflash_ttft.py --build "$B" --drafter "$DRAFTER" --target "$GGUF27" --out "$O/ttft-27b" \
     --kv bf16 --lengths "${PFLASH_LENGTHS_27B:-65536,131072}" --warmup-length 32768 --llama-bench \
     --llama-ubatch "${PFLASH_LLAMA_UBATCH:-2048}" --deadline-s "$left" \
