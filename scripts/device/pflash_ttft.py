@@ -268,11 +268,11 @@ def llama_estimate_s(L: int) -> float:
 
 def full_prefills(args, r: dict, kv: str, lengths: list[int], max_ctx: int, extra: list[str], deadline: Deadline,
                   llama: LlamaBuild | None, skip, save) -> None:
-    """The full-prefill baselines after PFlash: ours (lucebench-ar, shortest length first) and llama.cpp's
-    (llama-bench, longest first: the headline ratio), each llama.cpp run as soon as its build is ready. Ours
+    """The full-prefill baselines after PFlash: ours (lucebench-ar) and llama.cpp's (llama-bench), each the
+    longest length first (the headline ratio), each llama.cpp run as soon as its build is ready. Ours
     get the time left minus llama_estimate_s of each pending llama.cpp run; one cut off at that limit is
     recorded as a lower bound (at_least_ms)."""
-    ours = [] if args.no_full_prefill else sorted(lengths)
+    ours = [] if args.no_full_prefill else sorted(lengths, reverse=True)
     theirs = sorted(lengths, reverse=True) if llama is not None else []
     if llama is not None and llama.error:
         r["llama_bench"] = {"error": llama.error}
@@ -300,7 +300,7 @@ def full_prefills(args, r: dict, kv: str, lengths: list[int], max_ctx: int, extr
                     ar = Engine(args.build / "lucebench-ar", args.target, "--max-ctx", str(max_ctx), "--kv-k", kv,
                                 "--kv-v", kv, *extra)
                     r["full_prefill_load_s"] = round(time.monotonic() - t, 1)
-                    ar.gen(prompt(min(4096, lengths[0] // 2), ar.ready["model"]["vocab_size"], 8, 1)["prompt_ids"], 1)
+                    ar.gen(prompt(min(4096, min(lengths) // 2), ar.ready["model"]["vocab_size"], 8, 1)["prompt_ids"], 1)
                     limit = min(TIMEOUT_S, deadline.left() - reserve())
                 req = prompt(L, ar.ready["model"]["vocab_size"], 8, seed=L)
                 pfl = r["pflash"].get(str(L))
