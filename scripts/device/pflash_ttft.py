@@ -258,7 +258,29 @@ def main() -> int:
             save()
         full_prefills(args, r, kv, lengths, max_ctx, extra, deadline, llama, skip, save)
     save()
+    print(summary(res), flush=True)
     return 0
+
+
+def summary(res: dict) -> str:
+    """The result as a table: per KV type and length, TTFT and the full prefills (ms) and the ratios."""
+    rows = [f"{res['label']}; {res['card']}; {res['date']}; keep {res['keep_ratio']}",
+            "| KV | L | PFlash TTFT ms | kept (target) | own full prefill ms | x | llama.cpp full prefill ms | x |",
+            "|---|---|---|---|---|---|---|---|"]
+    for kv, r in res["kv"].items():
+        for L in sorted({int(x) for x in list(r["pflash"]) + list(r["full_prefill"])}):
+            p = r["pflash"].get(str(L), {})
+            f = r["full_prefill"].get(str(L), {})
+            ll = r.get("llama_bench", {}).get("prefill_ms", {}).get(str(L))
+            own = f"{f['prefill_ms']:.0f}" if "prefill_ms" in f else (f">{f['at_least_ms']:.0f}" if f else "-")
+            def num(x, spec: str) -> str:
+                return "-" if x is None else format(x, spec)
+
+            rows.append(f"| {kv} | {L} | {num(p.get('ttft_ms'), '.0f')} | {p.get('kept_tokens_target', '-')} | {own} | "
+                        f"{num(p.get('speedup_vs_own_full_prefill'), '.2f')} | {num(ll, '.0f')} | "
+                        f"{num(p.get('speedup_vs_llamacpp'), '.2f')} |")
+    rows += [f"skipped: {s}" for s in res["skipped"]]
+    return "\n".join(rows)
 
 
 def llama_estimate_s(L: int) -> float:
