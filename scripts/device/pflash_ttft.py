@@ -307,6 +307,9 @@ def full_prefills(args, r: dict, kv: str, lengths: list[int], max_ctx: int, extr
     try:
         while ours or theirs:
             if theirs and llama.ready():
+                if ar is not None:  # the card to llama.cpp alone
+                    ar.close()
+                    ar = None
                 llama_row(args, r, kv, theirs.pop(0), deadline, llama)
                 save()
                 continue
