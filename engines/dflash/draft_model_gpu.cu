@@ -30,7 +30,7 @@ struct DraftModelGpu::Impl {
     wtype* fc = nullptr;
     float *hidden_norm = nullptr, *final_norm = nullptr;
     std::vector<void*> allocations;
-    uint64_t weight_bytes = 0, buffer_bytes = 0;
+    uint64_t weight_bytes = 0, cache_bytes = 0, buffer_bytes = 0;
     int max_ctx = 0, max_rows = 0, vocab = 0, n_ctx = 0;
     std::vector<float*> kc, vc;  // per layer [max_ctx + block_size, nkv, hd] fp32
     int* positions = nullptr;    // 0, 1, 2, ...: rows' positions, and the identity row list
@@ -79,6 +79,7 @@ DraftModelGpu::DraftModelGpu(const DeviceHead& head) : p_(std::make_unique<Impl>
 DraftModelGpu::~DraftModelGpu() = default;
 const DraftConfig& DraftModelGpu::config() const { return p_->cfg; }
 uint64_t DraftModelGpu::weight_bytes() const { return p_->weight_bytes; }
+uint64_t DraftModelGpu::context_cache_bytes() const { return p_->cache_bytes; }
 uint64_t DraftModelGpu::buffer_bytes() const { return p_->buffer_bytes; }
 int DraftModelGpu::context_length() const { return p_->n_ctx; }
 void DraftModelGpu::reset() { p_->n_ctx = 0; }
@@ -148,8 +149,8 @@ void DraftModelGpu::allocate(int max_ctx, int max_add_rows, int vocab) {
     P.kc.assign(size_t(c.n_layers), nullptr);
     P.vc.assign(size_t(c.n_layers), nullptr);
     for (int l = 0; l < c.n_layers; ++l) {
-        P.kc[size_t(l)] = (float*)P.alloc(4 * rows * kvd, &n);
-        P.vc[size_t(l)] = (float*)P.alloc(4 * rows * kvd, &n);
+        P.kc[size_t(l)] = (float*)P.alloc(4 * rows * kvd, &P.cache_bytes);
+        P.vc[size_t(l)] = (float*)P.alloc(4 * rows * kvd, &P.cache_bytes);
     }
     P.positions = (int*)P.alloc(sizeof(int) * rows, &n);
     std::vector<int> iota(rows);

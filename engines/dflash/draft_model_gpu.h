@@ -42,7 +42,8 @@ public:
     // k <= 16, else from logits copied to the host). The candidates of depths 1..block_size - 1.
     std::vector<DepthCandidates> propose(int bonus, int k);
     uint64_t weight_bytes() const;
-    uint64_t buffer_bytes() const;  // context cache and workspace
+    uint64_t context_cache_bytes() const;  // the context K/V rows of every layer
+    uint64_t buffer_bytes() const;         // workspace: activations, block logits, top-K, row lists
 
 private:
     struct Impl;
