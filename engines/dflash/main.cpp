@@ -387,6 +387,7 @@ int run(int argc, char** argv) {
     TargetHead head;
     std::unique_ptr<Drafter> drafter;
     uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0, draft_buffer_bytes = 0;
+    std::string draft_cache_dtype = "f32";
 #if defined(LB_HAVE_GPU)
     std::unique_ptr<DraftModelGpu> gpu_draft;
 #endif
@@ -444,9 +445,11 @@ int run(int argc, char** argv) {
             if (loop.prefill_chunk == 0) loop.prefill_chunk = kGpuPrefillChunk;
             gpu_draft = std::make_unique<DraftModelGpu>(be->device_head());
             gpu_draft->load(*dsrc, dc);
-            gpu_draft->allocate(opt.max_ctx + dc.block_size, loop.prefill_chunk, cfg.vocab);
+            gpu_draft->allocate(opt.max_ctx + dc.block_size, loop.prefill_chunk, cfg.vocab,
+                                tuning().dflash_draft_bf16 ? DType::BF16 : DType::F32);
             draft_weight_bytes = gpu_draft->weight_bytes();
             draft_cache_bytes = gpu_draft->context_cache_bytes();
+            if (tuning().dflash_draft_bf16) draft_cache_dtype = "bf16";
             draft_buffer_bytes = gpu_draft->buffer_bytes();
             drafter = std::make_unique<GpuDrafter>(*gpu_draft);
 #endif
@@ -468,16 +471,17 @@ int run(int argc, char** argv) {
     options["block_size"] = dc.block_size;
     // The draft computes in fp32 on the CPU; on a GPU its matrices are in the backend's matrix type.
     options["draft_dtype"] = backend == "cpu" ? std::string("f32") : be->weight_dtype();
+    options["draft_cache_dtype"] = draft_cache_dtype;  // the draft's context K/V (LB_DFLASH_DRAFT_BF16)
     options["prefill_chunk"] = loop.prefill_chunk;  // 0: the whole prompt in one verify
     options["force_accept_length"] = loop.force_accept_length > 0 ? Json(loop.force_accept_length) : Json();
     const MemoryReport mem = be->memory();
     Json ready = ready_line("dflash", backend, options, cfg, stats, be->device(), opt.max_ctx, mem.weights ? &mem : nullptr);
     // The draft's share of memory beside the target's (model.memory.draft): weights, its context K/V cache for
-    // max_ctx rows (fp32) and, on a GPU, its workspace (activations, the block's logits over the vocabulary).
+    // max_ctx rows and, on a GPU, its workspace (activations, the block's logits over the vocabulary).
     Json draft_mem = Json::object();
     draft_mem["weights_bytes"] = Json(draft_weight_bytes);
     draft_mem["context_cache_bytes"] = Json(draft_cache_bytes);
-    draft_mem["context_cache_dtype"] = "f32";
+    draft_mem["context_cache_dtype"] = draft_cache_dtype;
     draft_mem["buffer_bytes"] = Json(draft_buffer_bytes);
     if (mem.weights) ready["model"]["memory"]["draft"] = draft_mem;
     emit(ready);

@@ -195,8 +195,10 @@ def run_modes(exe, target: Path, draft: Path, prompts: list[list[int]], n_gen: i
     flags = ["--max-ctx", str(max_ctx), *backend]
     res = {}
     for mode, extra in {"ar": [], **modes}.items():
+        # a mode named "...+bf16cache" runs with the draft's context cache in bf16 (LB_DFLASH_DRAFT_BF16)
+        env = {"LB_DFLASH_DRAFT_BF16": "1"} if mode.endswith("+bf16cache") else None
         e = Engine(exe["ar"], target, *flags) if mode == "ar" else Engine(exe["dflash"], target, "--draft",
-                                                                           str(draft), *flags, *extra)
+                                                                           str(draft), *flags, *extra, env=env)
         e.gen(prompts[0], n_gen, **kw)
         rows = []
         for p in prompts:
@@ -250,6 +252,8 @@ def part_reference_al(exe, out: Path, backend: list[str]) -> None:
         if b < deepest:
             modes[f"chain{b}"] = ["--chain", "--budget", str(b)]
         modes[f"tree{b}"] = ["--budget", str(b)]
+    if not backend:  # the GPU draft's bf16 context cache: its AL beside the fp32 cache's
+        modes["chain+bf16cache"], modes["tree22+bf16cache"] = modes["chain"], modes["tree22"]
     max_ctx = max(len(p) for ps in prompts.values() for p in ps) + n_gen + 64
     result = {"label": "TRAINED REFERENCE", "reference": {k: ref[k] for k in ("n_prompts", "n_gen", "block_size",
                                                                                "stop_ids") if k in ref},
@@ -309,6 +313,9 @@ def part_reference_al(exe, out: Path, backend: list[str]) -> None:
             ", ".join(f"b{b} {ds['modes'][f'tree{b}']['al']:.3f}" for b in REF_BUDGETS) +
             f"; lossless {'yes' if lossless_all else 'NO'}; ar {ds['ar_tok_s']:.0f} tok/s, tree22 "
             f"{ds['modes']['tree22']['x_ar']:.2f}x ({time.time() - t0:.0f} s)")
+        if "chain+bf16cache" in dm:
+            say(f"    draft context cache bf16: chain AL {dm['chain+bf16cache']['al']:.3f}, tree22 AL "
+                f"{dm['tree22+bf16cache']['al']:.3f} (fp32: {chain_al:.3f}, {dm['tree22']['al']:.3f})")
         result["datasets"][name] = ds
     for line in table:
         say("  " + line)
