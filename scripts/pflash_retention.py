@@ -190,13 +190,14 @@ def main() -> int:
     ap.add_argument("--answer-suites", default="needle", help="suites whose full-prompt answers are generated too")
     ap.add_argument("--n-gen", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="cpu", help="the engine's backend: cpu, or cuda for a CUDA build")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     keeps = [float(k) for k in args.keeps.split(",")]
     bridge_tok = PFlashBridge(args.target, args.drafter)
     rows: list[dict] = []
     for length in [int(x) for x in args.lengths.split(",")]:
-        argv = [str(args.exe), "--model", str(args.target), "--drafter", str(args.drafter), "--backend", "cpu",
+        argv = [str(args.exe), "--model", str(args.target), "--drafter", str(args.drafter), "--backend", args.backend,
                 "--max-ctx", str(length + args.n_gen + 64), "--min-prompt-tokens", "0"]
         engines = {k: EngineProcess(argv + ["--keep-ratio", repr(k)], log_path=args.out.with_suffix(f".{k}.log"))
                    for k in [1.0, keeps[0]]}

@@ -130,6 +130,13 @@ public:
         fail("unsupported", "the " + name() + " backend has no scored forward (PFlash importance)");
     }
 
+    // Block-sparse prefill attention (PFlash's drafter; docs/engines.md, "PFlash"): forwards whose sequence
+    // reaches `from` tokens run each attention layer over the key blocks gpu::BlockSparse keeps (alpha: its
+    // threshold; 2 sink blocks, 4 recent, the forward's last 256 rows dense); from = 0: dense (the default).
+    virtual void set_block_sparse(int from, float alpha) {
+        if (from > 0) fail("unsupported", "the " + name() + " backend has no block-sparse attention");
+    }
+
     // Device timing: wall clock on CPU, events on GPU. stop() waits for the device.
     virtual void timer_start() = 0;
     virtual double timer_stop_ms() = 0;

@@ -83,9 +83,34 @@ void untile_cols(std::vector<float>& m, int64_t rows, int nk, int nv, int64_t pe
 
 void append(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
 
+// One tensor of a canonical matrix: its name, expected shape and (untile_head > 0) the rows
+// [untile_row0, untile_row0 + nv * untile_head) to reorder tiled -> grouped.
+struct Piece {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t untile_row0 = 0, untile_head = 0;
+};
+
+bool block_type(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
+
+// The rows of a tensor as stored (bytes), with untile_rows' reordering applied to whole rows.
+std::vector<uint8_t> raw_rows(const TensorInfo& t, const Piece& p, int nk, int nv) {
+    std::vector<uint8_t> b(t.data, t.data + t.nbytes);
+    const int r = nv / std::max(1, nk);
+    if (p.untile_head <= 0 || r <= 1) return b;
+    const size_t rb = t.nbytes / size_t(t.shape.at(0)), run = size_t(p.untile_head) * rb;
+    const uint8_t* src = t.data + size_t(p.untile_row0) * rb;
+    for (int kh = 0; kh < nk; ++kh)
+        for (int j = 0; j < r; ++j)
+            std::copy(src + size_t(j * nk + kh) * run, src + size_t(j * nk + kh + 1) * run,
+                      b.begin() + size_t(p.untile_row0) * rb + size_t(kh * r + j) * run);
+    return b;
+}
+
 }  // namespace
 
-ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const Uploader& upload, LoadStats* stats) {
+ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const Uploader& upload, LoadStats* stats,
+                          const QuantUploader* quant) {
     const bool gguf = src.format() == "gguf";
     const ArchConventions& conv = conventions(cfg.arch);
     Reader rd{src, cfg, gguf, !gguf && conv.hf_norm_plus_one, "", stats};
@@ -102,10 +127,39 @@ ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const
     const int64_t kd = cfg.lin_key_dim(), vd = cfg.lin_value_dim(), cd = cfg.conv_dim(), K = cfg.conv_kernel;
     auto vec = [&](std::vector<float>&& v) { int64_t n = int64_t(v.size()); return upload(std::move(v), n, 1, false); };
     auto mat = [&](std::vector<float>&& v, int64_t r, int64_t c) { return upload(std::move(v), r, c, true); };
+    // A canonical matrix from its pieces (row-concatenated). With `quant` and a block-typed piece: the stored
+    // rows to `quant`; otherwise decoded to fp32, rows untiled, and (tiled_cols) the columns untiled too.
+    auto matrix = [&](const std::vector<Piece>& pieces, int64_t r, int64_t c, bool tiled_cols = false) {
+        bool raw = false;
+        for (const Piece& p : pieces) raw |= gguf && quant && block_type(rd.info(p.name, p.shape).dtype);
+        if (raw) {
+            std::vector<RawRows> parts;
+            for (const Piece& p : pieces) {
+                const TensorInfo& t = rd.info(p.name, p.shape);
+                if (stats) stats->n_params += t.numel();
+                std::vector<uint8_t> b = raw_rows(t, p, nk, nv);
+                if (!parts.empty() && parts.back().dtype == t.dtype) {
+                    parts.back().rows += t.shape.at(0);
+                    parts.back().bytes.insert(parts.back().bytes.end(), b.begin(), b.end());
+                } else {
+                    parts.push_back(RawRows{t.dtype, t.shape.at(0), std::move(b)});
+                }
+            }
+            return (*quant)(std::move(parts), r, c, tiled_cols && nv / std::max(1, nk) > 1);
+        }
+        std::vector<float> m;
+        for (const Piece& p : pieces) {
+            std::vector<float> v = rd.read(p.name, p.shape);
+            if (gguf && p.untile_head > 0) untile_rows(v, p.shape.back(), p.untile_row0, nk, nv, p.untile_head);
+            append(m, v);
+        }
+        if (gguf && tiled_cols) untile_cols(m, r, nk, nv, cfg.lin_v_dim);
+        return mat(std::move(m), r, c);
+    };
 
     ModelWeights w;
     const std::string embed_name = gguf ? "token_embd.weight" : rd.prefix + "embed_tokens.weight";
-    w.embed = mat(rd.read(embed_name, {V, H}), V, H);
+    w.embed = matrix({{embed_name, {V, H}}}, V, H);
     w.final_norm = vec(rd.norm(gguf ? "output_norm.weight" : rd.prefix + "norm.weight", H));
     std::string head_name = gguf ? "output.weight" : "lm_head.weight";
     if (!gguf && !src.find(head_name) && src.find("language_model.lm_head.weight")) head_name = "language_model.lm_head.weight";
@@ -113,7 +167,7 @@ ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const
         w.lm_head = w.embed;
     } else {
         if (!src.find(head_name)) fail("load", "missing tensor " + head_name + " (tie_word_embeddings is false)");
-        w.lm_head = mat(rd.read(head_name, {V, H}), V, H);
+        w.lm_head = matrix({{head_name, {V, H}}}, V, H);
     }
 
     for (int l = 0; l < cfg.n_layers; ++l) {
@@ -127,27 +181,25 @@ ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const
         L.post_norm = vec(rd.norm(nm("post_attention_layernorm.weight", post_norm_gguf.c_str()), H));
         if (L.full) {
             const int64_t q_rows = (L.kind == LayerKind::GatedAttention ? 2 : 1) * nh * hd;  // query (+ gate)
-            std::vector<float> qkv = rd.read(nm("self_attn.q_proj.weight", "attn_q.weight"), {q_rows, H});
-            append(qkv, rd.read(nm("self_attn.k_proj.weight", "attn_k.weight"), {nkv * hd, H}));
-            append(qkv, rd.read(nm("self_attn.v_proj.weight", "attn_v.weight"), {nkv * hd, H}));
-            L.attn_qkv = mat(std::move(qkv), cfg.attn_qkv_rows(l), H);
+            L.attn_qkv = matrix({{nm("self_attn.q_proj.weight", "attn_q.weight"), {q_rows, H}},
+                                 {nm("self_attn.k_proj.weight", "attn_k.weight"), {nkv * hd, H}},
+                                 {nm("self_attn.v_proj.weight", "attn_v.weight"), {nkv * hd, H}}},
+                                cfg.attn_qkv_rows(l), H);
             L.q_norm = vec(rd.norm(nm("self_attn.q_norm.weight", "attn_q_norm.weight"), hd));
             L.k_norm = vec(rd.norm(nm("self_attn.k_norm.weight", "attn_k_norm.weight"), hd));
-            L.o_proj = mat(rd.read(nm("self_attn.o_proj.weight", "attn_output.weight"), {H, nh * hd}), H, nh * hd);
+            L.o_proj = matrix({{nm("self_attn.o_proj.weight", "attn_output.weight"), {H, nh * hd}}}, H, nh * hd);
         } else {
-            std::vector<float> in = rd.read(nm("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"), {cd, H});
-            std::vector<float> z = rd.read(nm("linear_attn.in_proj_z.weight", "attn_gate.weight"), {vd, H});
-            std::vector<float> bb = rd.read(nm("linear_attn.in_proj_b.weight", "ssm_beta.weight"), {nv, H});
-            std::vector<float> a = rd.read(nm("linear_attn.in_proj_a.weight", "ssm_alpha.weight"), {nv, H});
+            // The in-projection [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]; GGUF stores the value heads tiled.
+            L.lin_in = matrix({{nm("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"), {cd, H}, 2 * kd, cfg.lin_v_dim},
+                               {nm("linear_attn.in_proj_z.weight", "attn_gate.weight"), {vd, H}, 0, cfg.lin_v_dim},
+                               {nm("linear_attn.in_proj_b.weight", "ssm_beta.weight"), {nv, H}, 0, 1},
+                               {nm("linear_attn.in_proj_a.weight", "ssm_alpha.weight"), {nv, H}, 0, 1}},
+                              cfg.lin_in_rows(), H);
             std::vector<float> conv = rd.read(nm("linear_attn.conv1d.weight", "ssm_conv1d.weight"), {cd, 1, K});
             std::vector<float> A, dt;
             if (gguf) {
                 A = rd.read(src.find(b + "ssm_a") ? b + "ssm_a" : b + "ssm_a.weight", {nv});
                 dt = rd.read(src.find(b + "ssm_dt.bias") ? b + "ssm_dt.bias" : b + "ssm_dt", {nv});
-                untile_rows(in, H, 2 * kd, nk, nv, cfg.lin_v_dim);
-                untile_rows(z, H, 0, nk, nv, cfg.lin_v_dim);
-                untile_rows(bb, H, 0, nk, nv, 1);
-                untile_rows(a, H, 0, nk, nv, 1);
                 untile_rows(conv, K, 2 * kd, nk, nv, cfg.lin_v_dim);
                 untile_rows(A, 1, 0, nk, nv, 1);
                 untile_rows(dt, 1, 0, nk, nv, 1);
@@ -156,22 +208,16 @@ ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const
                 for (auto& x : A) x = -std::exp(x);
                 dt = rd.read(b + "linear_attn.dt_bias", {nv});
             }
-            append(in, z);
-            append(in, bb);
-            append(in, a);
-            L.lin_in = mat(std::move(in), cfg.lin_in_rows(), H);
             L.conv_w = upload(std::move(conv), cd, K, false);
             L.neg_A = vec(std::move(A));
             L.dt_bias = vec(std::move(dt));
             L.ssm_norm = vec(rd.read(nm("linear_attn.norm.weight", "ssm_norm.weight"), {cfg.lin_v_dim}));
-            std::vector<float> out = rd.read(nm("linear_attn.out_proj.weight", "ssm_out.weight"), {H, vd});
-            if (gguf) untile_cols(out, H, nk, nv, cfg.lin_v_dim);
-            L.out_proj = mat(std::move(out), H, vd);
+            L.out_proj = matrix({{nm("linear_attn.out_proj.weight", "ssm_out.weight"), {H, vd}}}, H, vd, gguf);
         }
-        std::vector<float> gu = rd.read(nm("mlp.gate_proj.weight", "ffn_gate.weight"), {I, H});
-        append(gu, rd.read(nm("mlp.up_proj.weight", "ffn_up.weight"), {I, H}));
-        L.gate_up = mat(std::move(gu), 2 * I, H);
-        L.down = mat(rd.read(nm("mlp.down_proj.weight", "ffn_down.weight"), {H, I}), H, I);
+        L.gate_up = matrix({{nm("mlp.gate_proj.weight", "ffn_gate.weight"), {I, H}},
+                            {nm("mlp.up_proj.weight", "ffn_up.weight"), {I, H}}},
+                           2 * I, H);
+        L.down = matrix({{nm("mlp.down_proj.weight", "ffn_down.weight"), {H, I}}}, H, I);
         w.layers.push_back(L);
     }
 

@@ -70,8 +70,16 @@ ModelConfig config_from_source(const TensorSource& src);
 
 // A tensor as a backend stores it: an opaque pointer (host float* on CPU, device memory on GPU).
 struct Mat {
+    Mat() = default;
+    Mat(void* p, int64_t r, int64_t c) : ptr(p), rows(r), cols(c) {}
     void* ptr = nullptr;
     int64_t rows = 0, cols = 0;  // vectors: rows = n, cols = 1
+    // Set only for a matrix a backend keeps in GGUF's blocks (QuantUploader): the element type at ptr, or
+    // (parts non-empty, ptr null) runs of whole rows in order, each a Mat of one type. tiled_cols: the
+    // columns are in llama.cpp's tiled value-head order (a DeltaNet out_proj; see load_weights).
+    DType dtype = DType::F32;
+    std::vector<Mat> parts;
+    bool tiled_cols = false;
 };
 
 struct LayerWeights {
@@ -94,6 +102,19 @@ struct ModelWeights {
 // operands (a GPU stores them in bf16/fp16); the others (norm gains, conv taps, A, dt_bias) stay fp32.
 using Uploader = std::function<Mat(std::vector<float>&& data, int64_t rows, int64_t cols, bool matrix)>;
 
+// A run of whole rows of one element type as the file stores them (dtype_row_bytes(dtype, cols) bytes a row).
+struct RawRows {
+    DType dtype = DType::F32;
+    int64_t rows = 0;
+    std::vector<uint8_t> bytes;
+};
+// How a backend that keeps GGUF's quantised blocks takes a matrix with at least one block-typed part: its row
+// runs in row order (adjacent runs of one type merged), after the canonical form's row concatenations and
+// permutations, which move whole rows and so whole blocks. A column permutation moves parts of blocks, so the
+// DeltaNet out_proj (columns in llama.cpp's tiled value-head order) is handed over as stored, tiled_cols true:
+// the backend reorders its input instead (gpu::heads_to_tiled).
+using QuantUploader = std::function<Mat(std::vector<RawRows>&& parts, int64_t rows, int64_t cols, bool tiled_cols)>;
+
 struct LoadStats {
     int64_t n_params = 0;     // parameters of the text model as stored in the file
     uint64_t weight_bytes = 0;  // bytes of those parameters in the file
@@ -102,7 +123,9 @@ struct LoadStats {
 
 // Reads, checks (names, shapes) and converts every tensor, handing each to `upload` as soon as it is
 // ready. Throws EngineError("load") naming the missing or misshapen tensor.
-ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const Uploader& upload, LoadStats* stats);
+// `quant` (GGUF only; may be null): matrices with a quantised part go to it instead of `upload`.
+ModelWeights load_weights(const TensorSource& src, const ModelConfig& cfg, const Uploader& upload, LoadStats* stats,
+                          const QuantUploader* quant = nullptr);
 
 // Weight bytes one decode step streams, from the loaded matrices' total (embedding table included once):
 // every matrix once; the embedding table is not streamed (one row is read), so it counts only as the LM

@@ -12,11 +12,11 @@ using Qwen35Weights = ModelWeights;
 using Qwen35Layer = LayerWeights;
 
 inline Qwen35Weights load_qwen35_weights(const TensorSource& src, const Qwen35Config& cfg, const Uploader& upload,
-                                         LoadStats* stats) {
+                                         LoadStats* stats, const QuantUploader* quant = nullptr) {
     if (cfg.arch != Arch::Qwen35)
         fail("unsupported", std::string("this backend computes qwen3_5 models only, not ") + arch_name(cfg.arch) +
                                 " (the cpu backend runs it)");
-    return load_weights(src, cfg, upload, stats);
+    return load_weights(src, cfg, upload, stats, quant);
 }
 inline uint64_t qwen35_streamed_weight_bytes(const Qwen35Config& cfg, uint64_t matrix_bytes, size_t elem_bytes) {
     return streamed_weight_bytes(cfg, matrix_bytes, elem_bytes);

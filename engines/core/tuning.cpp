@@ -35,6 +35,9 @@ const Knob kKnobs[] = {
     {"LB_GPU_FUSED_ATTN", "fused_attn", &Tuning::fused_attn},
     {"LB_GPU_FUSED_DELTA", "fused_delta", &Tuning::fused_delta},
     {"LB_GPU_DELTA_OUT", "delta_out", &Tuning::delta_out},
+    {"LB_GPU_PREFILL_CHUNK", "prefill_chunk", nullptr, &Tuning::prefill_chunk, nullptr, 0, 1 << 30},
+    {"LB_GPU_QUANT", "gpu_quant", &Tuning::gpu_quant},
+    {"LB_GPU_QGEMV32", "qgemv32", &Tuning::qgemv32},
     {"LB_GPU_FUSED_MLP", "fused_mlp", nullptr, &Tuning::fused_mlp, nullptr, 0, 1},
     {"LB_MK_FUSE", "mk_fuse", &Tuning::mk_fuse},
     {"LB_MK_FUSE_OUT", "mk_fuse_out", &Tuning::mk_fuse_out},
@@ -44,6 +47,8 @@ const Knob kKnobs[] = {
     {"LB_MK_ATT_ROWS", "mk_att_rows", &Tuning::mk_att_rows},
     {"LB_MK_GENERIC", "mk_generic", &Tuning::mk_generic},
     {"LB_MK_TRACE", "mk_trace", nullptr, nullptr, &Tuning::mk_trace},
+    {"LB_PFLASH_SPARSE_FROM", "pflash_sparse_from", nullptr, &Tuning::pflash_sparse_from, nullptr, 0, 1 << 30},
+    {"LB_PFLASH_SPARSE_ALPHA", "pflash_sparse_alpha", nullptr, &Tuning::pflash_sparse_alpha, nullptr, 1, 100},
     {"LB_DFLASH_TRACE", "dflash_trace", nullptr, nullptr, &Tuning::dflash_trace},
     {"LB_DFLASH_DRAFT_BF16", "dflash_draft_bf16", &Tuning::dflash_draft_bf16},
 };

@@ -27,6 +27,12 @@ struct Tuning {
     bool fused_attn = true;       // LB_GPU_FUSED_ATTN: decode attention layers through the fused kernels (0: off)
     bool fused_delta = true;      // LB_GPU_FUSED_DELTA: DeltaNet decode step in one kernel (0: off)
     bool delta_out = true;        // LB_GPU_DELTA_OUT: DeltaNet step fused with its out-projection (0: off)
+    int prefill_chunk = 8192;     // LB_GPU_PREFILL_CHUNK: tokens a prefill forward runs at once; longer forwards
+                                  // run in chunks of this size, so activations stay bounded (0: no chunking)
+    bool gpu_quant = true;        // LB_GPU_QUANT: GGUF matrices in q4_K/q5_K/q6_K/q8_0/q4_0 stay in their blocks on
+                                  // the GPU (0: dequantised to the weight type at load, as before)
+    bool qgemv32 = false;         // LB_GPU_QGEMV32: block-quantised GEMV lanes take 32-element scale groups (1)
+                                  // instead of 8 elements (0)
     int fused_mlp = -1;           // LB_GPU_FUSED_MLP: the one-kernel decode MLP (-1: the backend's default,
                                   // on for CUDA, off for HIP, where it has not run on hardware)
     // ---- the megakernel's decode kernel
@@ -38,6 +44,10 @@ struct Tuning {
     bool mk_att_rows = true;      // LB_MK_ATT_ROWS: attention out-projection by rows (0: off)
     bool mk_generic = false;      // LB_MK_GENERIC: the run-time build even for the default configuration (1: on)
     std::string mk_trace;         // LB_MK_TRACE: file for the per-stage clock stamps (timing only; empty: none)
+    // ---- lucebench-pflash
+    int pflash_sparse_from = 0;   // LB_PFLASH_SPARSE_FROM: the drafter's attention is block-sparse in forwards whose
+                                  // sequence reaches this many tokens (0: dense; upstream: about 32K; GPU only)
+    int pflash_sparse_alpha = 85; // LB_PFLASH_SPARSE_ALPHA: its threshold alpha, in percent (1..100)
     // ---- lucebench-dflash
     std::string dflash_trace;     // LB_DFLASH_TRACE: file that gets one JSON line per round (bonus position,
                                   // the draft's top-1 per depth, tokens accepted; for tests; empty: none)

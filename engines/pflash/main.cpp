@@ -1,7 +1,8 @@
 // lucebench-pflash: speculative prefill (docs/engines.md, "PFlash"). A small Qwen3 drafter reads the whole
 // prompt; the attention of its last prompt tokens ranks 32-token chunks; the kept chunks' text, mapped onto
 // the target's tokens through character offsets sent with the request, is all the target prefills; then
-// greedy autoregressive decoding. CPU backend only for now (the scoring forward exists on CPU only).
+// greedy autoregressive decoding. Both models on one backend: cpu, or the GPU one this binary was built
+// for (two backends in one process, each with its own device context).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -12,13 +13,16 @@
 #include "core/engine_main.h"
 #include "core/errors.h"
 #include "core/server.h"
+#include "core/tuning.h"
 #include "pflash/compress.h"
 
 namespace lb {
 namespace {
 
-// Drafter tokens per plain forward before the scored tail: bounds the activations of one forward.
-constexpr int kDrafterChunk = 2048;
+// Drafter tokens per plain forward before the scored tail on the CPU backend: bounds the activations of
+// one forward. The GPU backend takes the whole prompt in one scored forward and chunks it itself
+// (LB_GPU_PREFILL_CHUNK), with the tail rows in its last chunk.
+constexpr int kCpuDrafterChunk = 2048;
 
 class PFlashHandler : public RequestHandler {
 public:
@@ -52,7 +56,7 @@ public:
         // Prompts shorter than the threshold are not compressed (upstream: 32,000 tokens): the target prefills
         // all of them, and the reply says so (kept = all, no drafter forward).
         const bool compress = nt >= opt_.min_prompt_tokens;
-        double score_ms = 0, select_ms = 0, bridge_ms = 0;
+        double score_ms = 0, select_ms = 0, bridge_ms = 0, drafter_ms = 0;
         pflash::Selection sel;
         pflash::Bridged kept;
         std::vector<int> ids;
@@ -64,10 +68,13 @@ public:
             }
             drafter_.reset();
             const int n_tail = std::min(rule_.n_tail, nd);
-            for (int a = 0; a < nd - n_tail; a += kDrafterChunk)
-                drafter_.forward(req.drafter_ids.data() + a, std::min(kDrafterChunk, nd - n_tail - a), nullptr);
+            const int head = drafter_.name() == "cpu" ? nd - n_tail : 0;  // tokens before the scored forward
+            drafter_.timer_start();
+            for (int a = 0; a < head; a += kCpuDrafterChunk)
+                drafter_.forward(req.drafter_ids.data() + a, std::min(kCpuDrafterChunk, head - a), nullptr);
             TailScores scores;
-            drafter_.forward_scored(req.drafter_ids.data() + nd - n_tail, n_tail, n_tail, &scores);
+            drafter_.forward_scored(req.drafter_ids.data() + head, nd - head, n_tail, &scores);
+            drafter_ms = drafter_.timer_stop_ms();
             raw = pflash::importance(scores);
             smoothed = pflash::smooth(raw, rule_.pool);
             score_ms = clock.lap();
@@ -125,11 +132,16 @@ public:
         pf["forced_chunks"] = int(sel.forced.size());
         pf["n_chunks"] = sel.n_chunks;
         Json t = Json::object();
-        t["score"] = score_ms;
+        t["score"] = score_ms;  // the drafter's forwards, the importance's reduction and smoothing
         t["select"] = select_ms;
         t["bridge"] = bridge_ms;
         t["target_prefill"] = target_ms;
         pf["time_ms"] = t;
+        pf["drafter_forward_ms"] = drafter_ms;  // of score: the drafter's forwards (the backend's timer)
+        Json mem = Json::object();  // device (or host) bytes each model holds: weights, caches, scratch
+        mem["target"] = Json(int64_t(target_.peak_mem_bytes()));
+        mem["drafter"] = Json(int64_t(drafter_.peak_mem_bytes()));
+        pf["memory_bytes"] = mem;
         r["prefill"] = pf;
         if (req.return_importance && compress) {
             Json a = Json::array(), b = Json::array();
@@ -162,6 +174,10 @@ private:
     pflash::Rule rule_;
 };
 
+#ifndef LB_DEFAULT_BACKEND
+#define LB_DEFAULT_BACKEND "cpu"
+#endif
+
 int run(int argc, char** argv) {
     EngineOptions opt;
     try {
@@ -173,17 +189,26 @@ int run(int argc, char** argv) {
     }
     if (opt.keep_ratio == 0.0) opt.keep_ratio = 0.05;  // upstream's default
     if (opt.min_prompt_tokens < 0) opt.min_prompt_tokens = 32000;  // upstream compresses above 32,000 tokens
-    const std::string backend = opt.backend.empty() ? "cpu" : opt.backend;
+    const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
     std::unique_ptr<Backend> target, drafter;
     ModelConfig tcfg, dcfg;
     LoadStats tstats, dstats;
     const bool loaded = load_or_report([&] {
-        if (backend != "cpu")
-            fail("unsupported", "lucebench-pflash runs on the cpu backend only for now (the drafter's scored forward "
-                                "has no GPU form yet); use --backend cpu");
-        target = make_cpu_backend();
-        drafter = make_cpu_backend();
-        fprintf(stderr, "[pflash] loading target %s and drafter %s on cpu\n", opt.model.c_str(), opt.drafter.c_str());
+        if (backend == "cpu") {
+            target = make_cpu_backend();
+            drafter = make_cpu_backend();
+        } else {
+#if defined(LB_HAVE_GPU)
+            if (backend != LB_DEFAULT_BACKEND)
+                fail("unsupported", "this binary was built for " + std::string(LB_DEFAULT_BACKEND) + ", not " + backend);
+            target = make_gpu_backend(opt.device);
+            drafter = make_gpu_backend(opt.device);
+#else
+            fail("unsupported", "this binary was built for the cpu backend only; rebuild with --backend " + backend);
+#endif
+        }
+        fprintf(stderr, "[pflash] loading target %s and drafter %s on %s\n", opt.model.c_str(), opt.drafter.c_str(),
+                backend.c_str());
         auto tsrc = open_checkpoint(opt.model);
         tcfg = config_from_source(*tsrc);
         target->load(*tsrc, tcfg, &tstats);
@@ -195,6 +220,7 @@ int run(int argc, char** argv) {
                                     " model; PFlash scores with a dense Qwen3 drafter");
         drafter->load(*dsrc, dcfg, &dstats);
         drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
+        drafter->set_block_sparse(tuning().pflash_sparse_from, float(tuning().pflash_sparse_alpha) / 100.f);
     });
     if (!loaded) return 1;
     fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens\n",
@@ -208,7 +234,12 @@ int run(int argc, char** argv) {
     options["chunk"] = 32;
     options["bridge"] = "character offsets";
     options["drafter"] = opt.drafter;
-    options["backends"] = "cpu only for now: the drafter's scored forward has no GPU form yet";
+    options["drafter_attention"] =
+        tuning().pflash_sparse_from > 0
+            ? "block-sparse from " + std::to_string(tuning().pflash_sparse_from) + " tokens: 128-token key blocks, kept " +
+                  "when within ln(alpha) of the query tile's best block score (mean q . mean k), alpha " +
+                  std::to_string(tuning().pflash_sparse_alpha) + "%, 2 sink and 4 recent blocks, the last 256 rows dense"
+            : "dense";
     Json dm = Json::object();
     dm["arch"] = arch_name(dcfg.arch);
     dm["n_layers"] = dcfg.n_layers;

@@ -2,6 +2,7 @@
 // on this device, against the CPU reference (core/cpu/) on random inputs, odd sizes included so that the
 // fallbacks run. The fused decode kernels are checked against compositions of the CPU reference ops.
 // Prints one table row a check (op, variant, shape, error, tolerance) and exits 1 when any check fails.
+// `--time-quant`: only the timing of matmul_quant on Qwen3.5-27B's shapes (time_quant).
 //
 // Error: max |gpu - cpu| / max |cpu| over the compared outputs. Tolerances: 1e-5 where the GPU computes in
 // fp32 (different summation order, __expf), 1e-4 for the fused MLP's and DeltaNet's fixed-point sums, 5e-4 for
@@ -164,6 +165,92 @@ void check_matmul(Rng& r, int n, int in, int out, bool acc, const char* variant,
            rel_err(dy.down(), ref), tol);
 }
 
+// GGUF block matrices (matmul_quant.cu): random blocks (random bytes, fp16 scale fields set so that the values
+// are O(0.05), centred for the k-quants with a min), the CPU reference decode_row (ggml's dequantisation) then
+// cpu::matmul. The product goes to columns [col0, col0 + out) of rows of ldy floats, as a run of a matrix's rows.
+std::vector<uint8_t> random_blocks(Rng& r, DType t, int rows, int in, std::vector<float>* values) {
+    const size_t rb = dtype_row_bytes(t, size_t(in)), bb = dtype_block_bytes(t);
+    std::vector<uint8_t> raw(rb * size_t(rows));
+    for (auto& b : raw) b = uint8_t(int((r.uni() + 1.f) * 128.f) & 0xFF);
+    auto put = [&](size_t at, float v) { const uint16_t h = f32_to_f16(v); std::memcpy(&raw[at], &h, 2); };
+    for (size_t blk = 0; blk < raw.size() / bb; ++blk) {
+        const size_t b0 = blk * bb;
+        const float d = 0.05f * (0.75f + 0.5f * std::fabs(r.uni()));
+        switch (t) {
+            case DType::Q4_K: put(b0, d / 150.f); put(b0 + 2, d / 150.f * 7.5f); break;
+            case DType::Q5_K: put(b0, d / 300.f); put(b0 + 2, d / 300.f * 15.5f); break;
+            case DType::Q6_K: put(b0 + 208, d / 1500.f); break;
+            case DType::Q8_0: put(b0, d / 64.f); break;
+            case DType::Q4_0: put(b0, d / 5.f); break;
+            default: {  // wtype: plain values
+                for (size_t i = 0; i < bb / 2; ++i) {
+                    const uint16_t w = to_w(r.uni() * 0.05f);
+                    std::memcpy(&raw[b0 + 2 * i], &w, 2);
+                }
+            }
+        }
+    }
+    values->resize(size_t(rows) * in);
+    for (int i = 0; i < rows; ++i) {
+        if (t == gpu::kWtypeDType)
+            for (int k = 0; k < in; ++k) { uint16_t w; std::memcpy(&w, &raw[i * rb + 2 * k], 2); (*values)[size_t(i) * in + k] = from_w(w); }
+        else
+            decode_row(t, &raw[i * rb], &(*values)[size_t(i) * in], size_t(in));
+    }
+    return raw;
+}
+
+void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int col0, int ldy, const char* variant,
+                        double tol, int gemv = 8) {
+    std::vector<float> Wf;
+    std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
+    auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
+    Dev<uint8_t> dw(raw);
+    Dev<float> dx(x), dy(y0);
+    gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, gemv);
+    std::vector<float> prod(size_t(n) * out), ref = y0;
+    cpu::matmul(x.data(), n, in, Wf.data(), out, prod.data());
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < out; ++c) {
+            float& dst = ref[size_t(i) * ldy + col0 + c];
+            dst = (acc ? dst : 0.f) + prod[size_t(i) * out + c];
+        }
+    report("matmul_quant", std::string(dtype_name(t) == std::string("bf16") || dtype_name(t) == std::string("f16") ? "wtype" : dtype_name(t)) + ", " + variant + (acc ? " +=" : ""),
+           shape({{"n", n}, {"in", in}, {"out", out}}) + (ldy != out ? " ldy=" + std::to_string(ldy) : ""),
+           rel_err(dy.down(), ref), tol);
+}
+
+void check_embed_quant(Rng& r, DType t) {
+    const int H = 768, V = 300, n = 5;
+    std::vector<float> Ef;
+    std::vector<uint8_t> raw = random_blocks(r, t, V, H, &Ef);
+    std::vector<int> tok = {7, 0, 299, 7, 123};
+    Dev<uint8_t> de(raw);
+    Dev<int> dt(tok);
+    Dev<float> x(size_t(n) * H);
+    gpu::embed_quant(dt.p, n, de.p, t, H, x.p, g_s);
+    std::vector<float> ref(size_t(n) * H);
+    for (int i = 0; i < n; ++i) std::copy_n(&Ef[size_t(tok[i]) * H], H, &ref[size_t(i) * H]);
+    report("embed_quant", std::string("embed_quant_kernel<") + dtype_name(t) + ">", shape({{"n", n}, {"H", H}}),
+           rel_err(x.down(), ref), 1e-6);
+}
+
+void check_heads_to_tiled(Rng& r) {
+    const int n = 3, nk = 2, nv = 6, ph = 40, w = nv * ph;
+    auto x = r.vec(size_t(n) * w);
+    Dev<float> dx(x), dy(size_t(n) * w);
+    gpu::heads_to_tiled(dx.p, n, nk, nv, ph, dy.p, g_s);
+    std::vector<float> ref(x.size());
+    const int rr = nv / nk;
+    for (int t = 0; t < n; ++t)
+        for (int kh = 0; kh < nk; ++kh)
+            for (int j = 0; j < rr; ++j)
+                for (int e = 0; e < ph; ++e)
+                    ref[size_t(t) * w + (j * nk + kh) * ph + e] = x[size_t(t) * w + (kh * rr + j) * ph + e];
+    report("heads_to_tiled", "heads_to_tiled_kernel", shape({{"n", n}, {"nk", nk}, {"nv", nv}, {"per_head", ph}}),
+           rel_err(dy.down(), ref), 0);
+}
+
 void check_rmsnorm(Rng& r, int rows, int dim) {
     auto x = r.vec(size_t(rows) * dim, 3.f), g = r.vec(dim);
     Dev<float> dx(x), dg(g), dy(x.size());
@@ -291,13 +378,17 @@ struct Cache {  // K and V caches [ctx, nkv, hd] of type t, random rows at posit
     }
 };
 
-// The CPU attention over q heads taken from qkv rows [q (hd), gate (hd)] per head, times sigmoid(gate).
+// The CPU attention over q heads taken from qkv rows [q (hd), gate (hd)] per head, times sigmoid(gate)
+// (gated), or from rows [q (hd)] per head (not gated: Qwen3).
 std::vector<float> cpu_attention(const std::vector<float>& qkv, int ld, int n, int nh, int nkv, int hd, int pos0,
-                                 const std::vector<uint8_t>& kc, const std::vector<uint8_t>& vc, DType t) {
+                                 const std::vector<uint8_t>& kc, const std::vector<uint8_t>& vc, DType t,
+                                 bool gated = true) {
+    const int qs = gated ? 2 : 1;
     std::vector<float> q(size_t(n) * nh * hd), out(q.size());
     for (int i = 0; i < n; ++i)
-        for (int h = 0; h < nh; ++h) std::copy_n(&qkv[size_t(i) * ld + size_t(h) * 2 * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+        for (int h = 0; h < nh; ++h) std::copy_n(&qkv[size_t(i) * ld + size_t(h) * qs * hd], hd, &q[(size_t(i) * nh + h) * hd]);
     cpu::attention(q.data(), n, nh, nkv, hd, pos0, kc.data(), t, vc.data(), t, out.data());
+    if (!gated) return out;
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < nh; ++h)
             for (int e = 0; e < hd; ++e)
@@ -308,17 +399,18 @@ std::vector<float> cpu_attention(const std::vector<float>& qkv, int ld, int n, i
 // attn_prep on the CPU: per-head RMSNorm and partial RoPE of q and k at positions pos0.., the K and V rows
 // encoded into the caches.
 void cpu_attn_prep(std::vector<float>& qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta,
-                   const std::vector<float>& qg, const std::vector<float>& kg, int pos0, Cache& c) {
+                   const std::vector<float>& qg, const std::vector<float>& kg, int pos0, Cache& c, bool gated = true) {
+    const int qs = gated ? 2 : 1;
     for (int i = 0; i < n; ++i) {
         float* row = &qkv[size_t(i) * ld];
         for (int h = 0; h < nh; ++h) {
-            float* q = row + size_t(h) * 2 * hd;
+            float* q = row + size_t(h) * qs * hd;
             cpu::rmsnorm(q, qg.data(), q, 1, hd, 1e-6f);
             cpu::rope(q, 1, 1, hd, rot, theta, pos0 + i);
         }
         for (int j = 0; j < nkv; ++j) {
-            float* k = row + size_t(2 * nh) * hd + size_t(j) * hd;
-            const float* v = row + size_t(2 * nh + nkv) * hd + size_t(j) * hd;
+            float* k = row + size_t(qs * nh) * hd + size_t(j) * hd;
+            const float* v = row + size_t(qs * nh + nkv) * hd + size_t(j) * hd;
             cpu::rmsnorm(k, kg.data(), k, 1, hd, 1e-6f);
             cpu::rope(k, 1, 1, hd, rot, theta, pos0 + i);
             const size_t r = size_t(pos0 + i) * nkv + j;
@@ -334,21 +426,22 @@ std::vector<float> decode_rows(const std::vector<uint8_t>& c, DType t, size_t ro
     return f;
 }
 
-void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant) {
-    const int ld = (2 * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
+void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant, bool gated = true) {
+    const int qs = gated ? 2 : 1;
+    const int ld = (qs * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
     const float theta = 1e7f;
     auto qkv = r.vec(size_t(n) * ld, 2.f), qg = r.vec(hd), kg = r.vec(hd);
     Cache c(r, t, ctx, nkv, hd, pos0);
     Dev<float> dq(qkv), dqg(qg), dkg(kg);
     Dev<uint8_t> dkc(c.k), dvc(c.v);
     Dev<int> dpos(std::vector<int>{pos0});
-    gpu::attn_prep(dq.p, ld, n, nh, nkv, hd, rot, theta, dqg.p, dkg.p, 1e-6f, dpos.p, dkc.p, t, dvc.p, t, g_s);
+    gpu::attn_prep(dq.p, ld, n, nh, nkv, hd, rot, theta, dqg.p, dkg.p, 1e-6f, dpos.p, dkc.p, t, dvc.p, t, g_s, gated);
     std::vector<float> ref = qkv;
-    cpu_attn_prep(ref, ld, n, nh, nkv, hd, rot, theta, qg, kg, pos0, c);
+    cpu_attn_prep(ref, ld, n, nh, nkv, hd, rot, theta, qg, kg, pos0, c, gated);
     std::vector<float> got = dq.down(), gq, rq;
     for (int i = 0; i < n; ++i) {  // the q heads (the k rows are checked in the cache)
-        gq.insert(gq.end(), &got[size_t(i) * ld], &got[size_t(i) * ld + 2 * nh * hd]);
-        rq.insert(rq.end(), &ref[size_t(i) * ld], &ref[size_t(i) * ld + 2 * nh * hd]);
+        gq.insert(gq.end(), &got[size_t(i) * ld], &got[size_t(i) * ld + qs * nh * hd]);
+        rq.insert(rq.end(), &ref[size_t(i) * ld], &ref[size_t(i) * ld + qs * nh * hd]);
     }
     const std::string sh = shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"rot", rot}});
     report("attn_prep", std::string(variant) + " (q)", sh, rel_err(gq, rq), 1e-5);
@@ -360,18 +453,165 @@ void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, c
     report("attn_prep", std::string(variant) + " (K, V " + dtype_name(t) + ")", sh, rel_err(gk, rk), kv_tol(t));
 }
 
-void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, const char* variant, double tol) {
-    const int ld = (2 * nh + 2 * nkv) * hd, pos0 = 9, ctx = pos0 + n;
+void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, const char* variant, double tol, bool gated = true) {
+    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, pos0 = 9, ctx = pos0 + n;
     auto qkv = r.vec(size_t(n) * ld, 0.5f);
     Cache c(r, t, ctx, nkv, hd, ctx);
     Dev<float> dq(qkv), dout(size_t(n) * nh * hd);
     Dev<uint8_t> dkc(c.k), dvc(c.v);
     Dev<int> dpos(std::vector<int>{pos0});
-    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s);
-    auto ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t);
-    report("attention", std::string(variant) + " (" + dtype_name(t) + ")",
+    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated);
+    auto ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t, gated);
+    report("attention", std::string(variant) + (gated ? " (" : ", no gate (") + dtype_name(t) + ")",
            shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), rel_err(dout.down(), ref), tol);
 }
+
+// PFlash tail scores: the GPU un-rotates the tail rows' queries (as attn_prep leaves them) and the cached
+// keys; the reference un-rotates the same with cpu::rope_at at -pos and runs cpu::tail_attention_probs.
+// The keys are random rotated rows stored in the cache type; the queries random rotated rows. Tolerance 1e-3:
+// at positions in the thousands the device's powf / sincosf and the host's pow / cos / sin give angles that
+// differ by ~1e-4 rad; a wrong mask, index or position shows as 1e-2 and more.
+void check_tail_scores(Rng& r, int n, int n_tail, int nh, int nkv, int hd, int rot, int ctx, DType t, bool gated) {
+    const int qs = gated ? 2 : 1, ld = (qs * nh + 2 * nkv) * hd;
+    const float theta = 1e6f;
+    auto qkv = r.vec(size_t(n) * ld, 2.f);
+    Cache c(r, t, ctx, nkv, hd, ctx);
+    Dev<float> dq(qkv), dprobs(size_t(n_tail) * ctx), scratch(gpu::tail_scores_scratch(n_tail, nh, hd, ctx));
+    Dev<uint8_t> dkc(c.k);
+    gpu::tail_scores(dq.p + size_t(n - n_tail) * ld, ld, gated, n_tail, nh, nkv, hd, rot, theta, dkc.p, t, ctx,
+                     scratch.p, dprobs.p, g_s);
+    // reference: pre-RoPE q of the tail rows and keys
+    std::vector<float> q(size_t(n_tail) * nh * hd), K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd);
+    std::vector<int> qpos(static_cast<size_t>(n_tail)), kback(static_cast<size_t>(ctx)), qback(static_cast<size_t>(n_tail));
+    for (int i = 0; i < n_tail; ++i) {
+        qpos[size_t(i)] = ctx - n_tail + i;
+        qback[size_t(i)] = -qpos[size_t(i)];
+        for (int h = 0; h < nh; ++h)
+            std::copy_n(&qkv[size_t(n - n_tail + i) * ld + size_t(h) * qs * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+    }
+    for (int s = 0; s < ctx; ++s) kback[size_t(s)] = -s;
+    cpu::rope_at(q.data(), n_tail, nh, hd, rot, theta, qback.data());
+    cpu::rope_at(K.data(), ctx, nkv, hd, rot, theta, kback.data());
+    std::vector<float> ref(size_t(n_tail) * ctx);
+    cpu::tail_attention_probs(q.data(), qpos.data(), n_tail, nh, nkv, hd, K.data(), ctx, ref.data());
+    report("tail_scores", std::string(gated ? "gated" : "no gate") + " (K " + dtype_name(t) + ")",
+           shape({{"n_tail", n_tail}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"rot", rot}, {"ctx", ctx}}),
+           rel_err(dprobs.down(), ref), 1e-3);
+}
+
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+// Block-sparse attention (PFlash's drafter): the selection against the rule recomputed on the host (every
+// block the rule keeps by a margin of 1e-3 is kept, every block it drops by that margin is absent, the sinks,
+// the recent blocks and the dense tail rows complete), and the attention over the kept tiles against
+// cpu::attention restricted to those keys (masked softmax). Queries and the keys of every third 128-block
+// share a direction, so that the rule keeps some blocks and drops others.
+void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType t) {
+    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n, G = nh / nkv, rows = 64 / G, n_tiles = (n + rows - 1) / rows;
+    std::vector<float> u = r.vec(hd);
+    for (float& x : u) x = x > 0 ? 0.3f : -0.3f;
+    auto qkv = r.vec(size_t(n) * ld, 0.5f);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h)
+            for (int d = 0; d < hd; ++d) qkv[size_t(i) * ld + size_t(h) * hd + d] += u[d];
+    Cache c(r, t, ctx, nkv, hd, 0);
+    for (int p = 0; p < ctx; ++p)
+        for (int j = 0; j < nkv; ++j) {
+            auto a = r.vec(hd, 0.5f), b = r.vec(hd);
+            if ((p / 128) % 3 == 1) for (int d = 0; d < hd; ++d) a[d] += u[d];
+            encode_row(t, a.data(), &c.k[(size_t(p) * nkv + j) * c.row], size_t(hd));
+            encode_row(t, b.data(), &c.v[(size_t(p) * nkv + j) * c.row], size_t(hd));
+        }
+    gpu::BlockSparse bs;
+    bs.size_for(n, nh, nkv, hd, ctx);
+    bs.dense_from = ctx - 40;  // the last 40 rows dense
+    Dev<int> dtiles(bs.tiles_ints), dcounts(bs.counts_ints);
+    Dev<float> dkmean(bs.kmean_floats), dq(qkv), dout(size_t(n) * nh * hd);
+    bs.tiles = dtiles.p; bs.counts = dcounts.p; bs.kmean = dkmean.p;
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    Dev<int> dpos(std::vector<int>{pos0});
+    const bool took = gpu::block_sparse_select(dq.p, ld, n, nh, nkv, hd, false, pos0, dkc.p, t, bs, g_s);
+    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, false, took ? &bs : nullptr);
+    const std::string sh = shape({{"n", n}, {"pos0", pos0}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}});
+    if (!took) { report("block_sparse", "select (not taken)", sh, 1, 0); return; }
+    auto tiles = dtiles.down(), counts = dcounts.down();
+    auto K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd), V = decode_rows(c.v, t, c.row, 0, size_t(ctx) * nkv, hd);
+    // the rule on the host
+    int bad = 0, dropped = 0, kept_total = 0, seen_total = 0;
+    const int blocks = (ctx + 127) / 128;
+    std::vector<float> kmean(size_t(blocks) * nkv * hd, 0.f);
+    for (int j = 0; j < blocks; ++j)
+        for (int h = 0; h < nkv; ++h) {
+            const int p1 = std::min(ctx, (j + 1) * 128);
+            for (int p = j * 128; p < p1; ++p)
+                for (int d = 0; d < hd; ++d) kmean[(size_t(j) * nkv + h) * hd + d] += K[(size_t(p) * nkv + h) * hd + d] / float(p1 - j * 128);
+        }
+    std::vector<std::vector<char>> allowed(size_t(n_tiles) * nkv);
+    for (int tile = 0; tile < n_tiles; ++tile)
+        for (int h = 0; h < nkv; ++h) {
+            const int t0 = tile * rows, t1 = std::min(t0 + rows, n), last = pos0 + t1 - 1, jl = last / 128;
+            const int s_tiles = last / 64 + 1, cnt = counts[size_t(tile) * nkv + h];
+            std::vector<char>& al = allowed[size_t(tile) * nkv + h];
+            al.assign(size_t(s_tiles), 0);
+            for (int i = 0; i < cnt; ++i) {
+                const int k = tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i];
+                if (k < 0 || k >= s_tiles || (i > 0 && k <= tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i - 1])) ++bad;
+                else al[size_t(k)] = 1;
+            }
+            std::vector<float> qm(size_t(hd), 0.f), sc(size_t(jl + 1));
+            for (int i = t0; i < t1; ++i)
+                for (int g = 0; g < G; ++g)
+                    for (int d = 0; d < hd; ++d) qm[size_t(d)] += qkv[size_t(i) * ld + size_t(h * G + g) * hd + d] / float((t1 - t0) * G);
+            float best = -1e30f;
+            for (int j = 0; j <= jl; ++j) {
+                float dot = 0;
+                for (int d = 0; d < hd; ++d) dot += qm[size_t(d)] * kmean[(size_t(j) * nkv + h) * hd + d];
+                sc[size_t(j)] = dot / std::sqrt(float(hd));
+                best = std::max(best, sc[size_t(j)]);
+            }
+            for (int j = 0; j <= jl; ++j) {
+                const bool forced = last >= bs.dense_from || j < bs.sinks || j > jl - bs.recent;
+                const float margin = sc[size_t(j)] - best - std::log(bs.alpha);
+                const bool kept = al[size_t(2 * j)] != 0;
+                if ((forced || margin > 1e-3f) && !kept) ++bad;
+                if (!forced && margin < -1e-3f && kept) ++bad;
+                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != kept) ++bad;
+                dropped += !kept;
+            }
+            for (char a : al) kept_total += a;
+            seen_total += s_tiles;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "select (%d of %d key tiles kept)", kept_total, seen_total);
+    report("block_sparse", what, sh, bad == 0 && dropped > 0 ? 0 : 1, 0);
+    // the attention over the kept tiles
+    std::vector<float> ref(size_t(n) * nh * hd, 0.f);
+    const float scale = 1.f / std::sqrt(float(hd));
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < nh; ++h) {
+            const int kvh = h / G, last = pos0 + i;
+            const std::vector<char>& al = allowed[size_t(i / rows) * nkv + kvh];
+            const float* q = &qkv[size_t(i) * ld + size_t(h) * hd];
+            std::vector<float> p(size_t(last + 1), 0.f);
+            float mx = -1e30f;
+            for (int s2 = 0; s2 <= last; ++s2) {
+                if (!al[size_t(s2 / 64)]) continue;
+                float d = 0;
+                for (int e = 0; e < hd; ++e) d += q[e] * K[(size_t(s2) * nkv + kvh) * hd + e];
+                p[size_t(s2)] = d * scale;
+                mx = std::max(mx, p[size_t(s2)]);
+            }
+            double sum = 0;
+            for (int s2 = 0; s2 <= last; ++s2)
+                if (al[size_t(s2 / 64)]) { p[size_t(s2)] = std::exp(p[size_t(s2)] - mx); sum += p[size_t(s2)]; }
+            float* o = &ref[(size_t(i) * nh + h) * hd];
+            for (int s2 = 0; s2 <= last; ++s2)
+                if (al[size_t(s2 / 64)])
+                    for (int e = 0; e < hd; ++e) o[e] += float(p[size_t(s2)] / sum) * V[(size_t(s2) * nkv + kvh) * hd + e];
+        }
+    report("block_sparse", std::string("attention_wmma_kernel<") + std::to_string(hd) + ">, kept tiles (" + dtype_name(t) + ")",
+           sh, rel_err(dout.down(), ref), 2e-2);
+}
+#endif
 
 void check_silu_mul(Rng& r, int n, int I) {
     auto gu = r.vec(size_t(n) * 2 * I, 3.f);
@@ -673,7 +913,44 @@ void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
 
 }  // namespace
 
-int main() {
+// `--time-quant`: matmul_quant alone on Qwen3.5-27B's matrix shapes in the Q4_K_M types, for each n class:
+// median time (CUDA events, 20 reps after 3) and the weight bytes read per second (timing only, no check).
+void time_quant() {
+    struct Case { const char* name; DType t; int out, in; };
+    const Case cases[] = {{"ffn gate_up q4_K", DType::Q4_K, 2 * 17408, 5120}, {"ffn down q6_K", DType::Q6_K, 5120, 17408},
+                          {"ffn down q4_K", DType::Q4_K, 5120, 17408}, {"lin_in q4_K", DType::Q4_K, 16480, 5120},
+                          {"ssm_out q4_K", DType::Q4_K, 5120, 6144}, {"lm_head q6_K", DType::Q6_K, 248320, 5120}};
+    gpuEvent_t e0, e1;
+    GPU_CHECK(gpuEventCreate(&e0));
+    GPU_CHECK(gpuEventCreate(&e1));
+    printf("| matrix | out x in | n | ms | weight GB/s |\n|---|---|---|---|---|\n");
+    for (const Case& c : cases) {
+        const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
+        Dev<uint8_t> w(bytes);  // zero blocks: the time does not depend on the values
+        Dev<float> x(size_t(64) * c.in), y(size_t(64) * c.out);
+        // (n, GEMV lane width): both GEMV kernels at n = 1 and 4, the tensor-core GEMM above
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 32}, {4, 8}, {4, 32}, {5, 0}, {9, 0}, {17, 0}, {23, 0}, {33, 0}, {64, 0}};
+        for (auto [n, gemv] : runs) {
+            std::vector<float> ts;
+            for (int r = 0; r < 23; ++r) {
+                GPU_CHECK(gpuEventRecord(e0, g_s));
+                gpu::matmul_quant(x.p, n, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, gemv);
+                GPU_CHECK(gpuEventRecord(e1, g_s));
+                GPU_CHECK(gpuEventSynchronize(e1));
+                float ms = 0;
+                GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
+                if (r >= 3) ts.push_back(ms);
+            }
+            std::sort(ts.begin(), ts.end());
+            const double ms = ts[ts.size() / 2];
+            printf("| %s | %d x %d | %d%s | %.4f | %.0f |\n", c.name, c.out, c.in, n, n <= gpu::kQuantGemvMax ?
+                   (gemv == 32 ? " (qgemv32)" : " (qgemv)") : "", ms, bytes / ms / 1e6);
+        }
+    }
+    GPU_CHECK(gpuGetLastError());
+}
+
+int main(int argc, char** argv) {
     gpuDeviceProp prop;
     GPU_CHECK(gpuSetDevice(0));
     GPU_CHECK(gpuGetDeviceProperties(&prop, 0));
@@ -688,6 +965,10 @@ int main() {
            "bf16"
 #endif
     );
+    if (argc > 1 && std::string(argv[1]) == "--time-quant") {
+        time_quant();
+        return 0;
+    }
     printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");
     printf("|---|---|---|---|---|---|\n");
     Rng r(1);
@@ -701,6 +982,33 @@ int main() {
     check_matmul(r, 64, 2048, 256, true, "gemm_vec_kernel, split-K", 2e-2);
     check_matmul(r, 33, 1001, 70, false, "gemm_kernel (in % 8 != 0)", 2e-2);
 #endif
+    // GGUF block matrices: every type, each n class (GEMV n <= kQuantGemvMax, the tensor-core GEMM above it: a
+    // verify's rows, split-K, two token tiles, prefill), odd output sizes, a run of rows written at a column
+    // offset of a wider y. Tolerances: 1e-5 for the fp32 GEMV; 2e-2 where the GEMM rounds weights and
+    // activations to bf16 (as the bf16 GEMM does).
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) {
+        const int in = t == DType::Q8_0 || t == DType::Q4_0 ? 320 : 512;
+        check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
+        check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv_kernel<3>", 1e-5);
+        check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv32_kernel<1>", 1e-5, 32);
+        check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv32_kernel<3>", 1e-5, 32);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+        check_matmul_quant(r, t, 23, in, 1001, false, 0, 1001, "qgemm_kernel (verify rows)", 2e-2);
+#endif
+    }
+    check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
+    check_matmul_quant(r, DType::Q6_K, 4, 2560, 33, true, 5, 50, "qgemv32_kernel<4>, at column 5", 1e-5, 32);
+    check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    check_matmul_quant(r, DType::Q4_K, 5, 2560, 77, false, 0, 77, "qgemm_kernel, split-K", 2e-2);
+    check_matmul_quant(r, DType::Q6_K, 64, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);
+    check_matmul_quant(r, DType::Q5_K, 65, 768, 130, false, 0, 130, "qgemm_kernel (two token tiles)", 2e-2);
+    check_matmul_quant(r, DType::Q4_K, 200, 256, 2048, true, 0, 2048, "qgemm_kernel (prefill, one split)", 2e-2);
+    check_matmul_quant(r, gpu::kWtypeDType, 23, 512, 77, false, 0, 77, "qgemm_kernel", 2e-2);
+#endif
+    check_matmul_quant(r, gpu::kWtypeDType, 1, 1000, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) check_embed_quant(r, t);
+    check_heads_to_tiled(r);
     check_rmsnorm(r, 7, 1000);
     check_rmsnorm(r, 3, 37);
     check_gated_rmsnorm(r, 3, 4, 128);
@@ -726,6 +1034,26 @@ int main() {
     check_attention(r, 9, 8, 2, 128, DType::Q8_0, "attention_tiled_kernel<128>", 5e-4);
 #endif
     check_attention(r, 5, 8, 2, 256, DType::BF16, "attention_kernel (n < 8)", 5e-4);
+    // Qwen3 (no output gate, q_proj rows queries only)
+    check_attn_prep(r, 5, 16, 8, 128, 128, DType::BF16, "attn_prep_kernel<bf16>, no gate", false);
+    check_attn_prep(r, 3, 6, 2, 64, 64, DType::Q8_0, "attn_prep_kernel<any>, no gate", false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    check_attention(r, 40, 16, 8, 128, DType::BF16, "attention_wmma_kernel<128>", 2e-2, false);
+    check_attention(r, 12, 16, 8, 128, DType::BF16, "attention_tiled_kernel<128>", 5e-4, false);
+#endif
+    check_attention(r, 5, 16, 8, 128, DType::BF16, "attention_kernel (n < 8)", 5e-4, false);
+    check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4, false);
+    // PFlash tail scores (Qwen3-0.6B's heads; an odd shape with partial rotary; quantised keys)
+    check_tail_scores(r, 12, 8, 16, 8, 128, 128, 3000, DType::BF16, false);
+    check_tail_scores(r, 5, 3, 6, 2, 40, 24, 301, DType::F32, false);
+    check_tail_scores(r, 9, 8, 8, 2, 256, 64, 777, DType::Q8_0, true);
+    check_tail_scores(r, 8, 8, 16, 8, 128, 128, 513, DType::Q4_0, false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    // block-sparse attention (the PFlash drafter's option): Qwen3-0.6B's heads; a chunk not aligned to blocks
+    check_block_sparse(r, 300, 1500, 16, 8, 128, DType::BF16);
+    check_block_sparse(r, 200, 1000 + 37, 16, 8, 128, DType::Q8_0);
+    check_block_sparse(r, 100, 700, 8, 2, 256, DType::BF16);
+#endif
     check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4);
     check_silu_mul(r, 3, 1001);
     check_argmax_pos(r);

@@ -9,7 +9,11 @@
 //     backend's on the same model and tree;
 //  3. two models in one process: two different random models on one GPU, their generations interleaved
 //     (prefill, decode steps, greedy decode loops), each equal to its own run alone;
-//  4. cost (`--time`): one verify forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
+//  4. Qwen3 dense (`--qwen3` runs only these): exactness and outputs on a random Qwen3 model, and a scored
+//     forward (PFlash's importance, backend.h TailScores) against the CPU backend's on a 700-token prompt
+//     (run it with LB_GPU_PREFILL_CHUNK=256 so that the prompt takes three chunks);
+//  5. cost (`--time`; `--time-model PATH` for only this, on a checkpoint file such as a GGUF): one verify
+//     forward of B + 1 rows (B in 1, 8, 16, 22, 32, 64; a DDTree-like tree: the
 //     top-1 chain to depth 15, further nodes as siblings) through Backend::verify, against one decode step of
 //     the same backend (its fused decode graph) and beside it the append forward of as many tokens, on
 //     full-shape synthetic Qwen3.5-0.8B weights at a 512-token context; then one DeltaNet layer's delta_tree
@@ -36,7 +40,7 @@ using namespace spec_check;
 
 namespace {
 
-std::unique_ptr<Backend> gpu_backend(const lbtest::MemCheckpoint& src, const ModelConfig& cfg, int max_ctx,
+std::unique_ptr<Backend> gpu_backend(const TensorSource& src, const ModelConfig& cfg, int max_ctx,
                                      DType kv = DType::BF16) {
     auto be = make_gpu_backend(0);
     be->load(src, cfg, nullptr);
@@ -61,6 +65,14 @@ const char* k08b = R"({"model_type": "qwen3_5_text", "vocab_size": 248320, "hidd
   "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
   "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "full_attention_interval": 4,
   "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}})";
+
+const char* kQwen3 = R"({"model_type": "qwen3", "vocab_size": 257, "hidden_size": 40, "intermediate_size": 72,
+  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12, "rms_norm_eps": 1e-6,
+  "tie_word_embeddings": false, "rope_theta": 1000000.0})";
+// Qwen3-0.6B's head layout (16 / 8 heads of 128), two layers: the tensor-core prefill kernel and the tail scores
+const char* kQwen3Heads = R"({"model_type": "qwen3", "vocab_size": 300, "hidden_size": 256, "intermediate_size": 384,
+  "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+  "tie_word_embeddings": true, "rope_theta": 1000000.0})";
 
 // Five prompts per model: a random model's bf16 logits have near-ties (a flip there ends the comparison),
 // so the rounds compared are summed over the runs.
@@ -150,6 +162,39 @@ void outputs(const char* name, const char* config, uint32_t seed) {
     CHECK(logit_err < 6e-2 && feat_err < 6e-2, "%s: logits/features differ from the CPU backend", name);
     CHECK(lp_err <= 2 * logit_abs + 1e-3, "%s: top-k log-probs differ from the CPU backend by %.2e (logits by %.2e)", name,
           lp_err, logit_abs);
+}
+
+// A scored forward (TailScores) on the GPU against the CPU backend's: the same random Qwen3 model, prompt and
+// 8 tail rows. The GPU holds bf16 weights, so q and k differ by that rounding; a wrong position, mask or
+// un-rotation moves probabilities by their whole scale.
+void scored() {
+    lbtest::MemCheckpoint src(kQwen3Heads, 31);
+    const ModelConfig cfg = config_from_source(src);
+    auto gpu = gpu_backend(src, cfg, 800);
+    auto cpu = make_cpu_backend();
+    cpu->load(src, cfg, nullptr);
+    cpu->allocate(800, DType::BF16, DType::BF16);
+    const std::vector<int> prompt = random_prompt(700, cfg.vocab, 41);
+    TailScores g, c;
+    const int ng = gpu->forward_scored(prompt.data(), 700, 8, &g);
+    // the CPU backend's scored forward holds its activations for every row: 500 plain tokens first
+    cpu->forward(prompt.data(), 500, nullptr);
+    const int nc = cpu->forward_scored(prompt.data() + 500, 200, 8, &c);
+    CHECK(g.layers == c.layers && g.n_tail == 8 && g.ctx == 700 && g.probs.size() == c.probs.size(),
+          "scored forward: shapes differ from the CPU backend's");
+    if (spec_check::failures()) return;
+    double err = 0, scale = 0, mass = 0;
+    for (size_t i = 0; i < g.probs.size(); ++i) {
+        err = std::max(err, double(std::fabs(g.probs[i] - c.probs[i])));
+        scale = std::max(scale, double(std::fabs(c.probs[i])));
+    }
+    for (int t = 0; t < 8; ++t)  // positions after a row's own are 0
+        for (int s2 = 700 - 8 + t + 1; s2 < 700; ++s2) mass += g.probs[size_t(t) * 700 + size_t(s2)];
+    printf("qwen3 scored forward (700 tokens, 8 tail rows, %zu layers) vs the CPU backend: probabilities max abs. "
+           "error %.2e of their max %.2e (%.2e relative), next token %d (CPU %d)\n", g.layers.size(), err, scale,
+           err / scale, ng, nc);
+    CHECK(err / scale < 0.15, "scored forward: probabilities differ from the CPU backend's by %.2e relative", err / scale);
+    CHECK(mass == 0, "scored forward: probability after a row's own position");
 }
 
 // Two different models in one process on one GPU, generations interleaved: each must give the tokens of its
@@ -264,15 +309,13 @@ double delta_tree_ms(int n, const std::vector<int>& parents) {
     return median(ts);
 }
 
-void timing() {
-    auto t0 = std::chrono::steady_clock::now();
-    lbtest::MemCheckpoint src(k08b, 5);
+void timing(const TensorSource& src, const char* what) {
     const ModelConfig cfg = config_from_source(src);
-    printf("synthetic Qwen3.5-0.8B (random weights, full shape) built in %.1f s\n",
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    printf("timing on %s\n", what);
     const int ctx = 512, max_ctx = 1024, reps = 20;
     const std::vector<int> prompt = random_prompt(ctx, cfg.vocab, 3);
     auto be = gpu_backend(src, cfg, max_ctx);
+    printf("weights on the GPU: %s\n", be->weight_dtype().c_str());
     const MemoryReport mem = be->memory();
     printf("memory: weights %.1f MiB, KV cache %.1f MiB (%d tokens), recurrent state %.2f MiB, verify state %llu bytes "
            "a row\n", mem.weights / 1048576.0, mem.kv_cache / 1048576.0, max_ctx, mem.recurrent_state / 1048576.0,
@@ -288,7 +331,8 @@ void timing() {
         per_step.push_back(be->timer_stop_ms() / 64);
     }
     const double step_ms = median(per_step);
-    printf("context %d: decode step (fused graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx, step_ms);
+    printf("context %d: decode step (%s graph) %.3f ms (median of 5 runs of 64 steps)\n", ctx,
+           be->weight_dtype().rfind("gguf", 0) == 0 ? "unfused" : "fused", step_ms);
     printf("| B | rows | verify ms | / decode step | append forward of as many tokens, ms |\n|---|---|---|---|---|\n");
     be->reset();
     be->forward(prompt.data(), ctx, nullptr);
@@ -331,6 +375,20 @@ int main(int argc, char** argv) {
     GPU_CHECK(gpuGetDeviceProperties(&p, 0));
     printf("device: %s\n", p.name);
     try {
+        if (argc > 1 && std::string(argv[1]) == "--qwen3") {
+            exactness("qwen3 tiny", kQwen3, 5);
+            outputs("qwen3 tiny", kQwen3, 6);
+            scored();
+            if (failures()) { printf("%d check(s) failed\n", failures()); return 1; }
+            printf("GPU Qwen3 checks passed\n");
+            return 0;
+        }
+        // --time-model PATH: only the cost table, on that checkpoint (e.g. a synthetic 27B Q4_K_M GGUF)
+        if (argc > 2 && std::string(argv[1]) == "--time-model") {
+            auto src = open_checkpoint(argv[2]);
+            timing(*src, argv[2]);
+            return failures() ? 1 : 0;
+        }
         exactness("qwen3.5 tiny", kTiny, 1);
         exactness("qwen3.5 odd", kOdd, 2);
         exactness("qwen3.5 tiny", kTiny, 1, DType::Q8_0);
@@ -338,7 +396,15 @@ int main(int argc, char** argv) {
         outputs("qwen3.5 tiny", kTiny, 3);
         outputs("qwen3.5 odd", kOdd, 4);
         two_models();
-        if (argc > 1 && std::string(argv[1]) == "--time") timing();
+        exactness("qwen3 tiny", kQwen3, 5);
+        outputs("qwen3 tiny", kQwen3, 6);
+        if (argc > 1 && std::string(argv[1]) == "--time") {
+            auto t0 = std::chrono::steady_clock::now();
+            lbtest::MemCheckpoint src(k08b, 5);
+            printf("synthetic Qwen3.5-0.8B (random weights, full shape) built in %.1f s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            timing(src, "synthetic Qwen3.5-0.8B (bf16 weights)");
+        }
     } catch (const EngineError& e) {
         printf("engine error %s: %s\n", e.kind.c_str(), e.what());
         return 1;

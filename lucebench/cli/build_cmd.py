@@ -34,7 +34,7 @@ def default_engines(backend: str) -> list[str]:
 @app.command("build")
 def build(
     engines: Optional[list[str]] = typer.Argument(
-        None, help="Engines to build: ar, megakernel (CUDA only), pflash (CPU only), llama.cpp. Default: what "
+        None, help="Engines to build: ar, megakernel (CUDA only), pflash, llama.cpp. Default: what "
                    "`lucebench run` needs on this backend: ar and llama.cpp, and megakernel on cuda."),
     backend: Optional[str] = typer.Option(None, "--backend", help="cpu, cuda or hip (default: detected)."),
     arch: Optional[str] = typer.Option(None, "--arch", help="GPU architecture, e.g. 90 or sm_86 (default: detected)."),

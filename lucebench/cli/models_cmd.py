@@ -32,8 +32,13 @@ def synth(
     draft_for: Optional[Path] = typer.Option(None, "--draft-for",
                                              help="a target checkpoint folder: write a random DFlash draft for it "
                                                   "in the published (z-lab) layout instead"),
+    fmt: str = typer.Option("hf", "--format",
+                            help="hf (safetensors, Hugging Face layout) or gguf (a llama.cpp qwen35 file, "
+                                 "quantised as --quant, written directly)"),
+    quant: str = typer.Option("q4_k_m", "--quant", help="with --format gguf: q4_k_m or q8_0 (llama.cpp's recipes)"),
 ) -> None:
-    """Write a random-weight checkpoint in Hugging Face layout that transformers loads, or a DFlash draft."""
+    """Write a random-weight checkpoint in Hugging Face layout that transformers loads, a llama.cpp GGUF
+    (--format gguf), or a DFlash draft."""
     from lucebench.models.shapes import get_shape, shape_from_config
     from lucebench.models.synth import synthesize
 
@@ -44,7 +49,11 @@ def synth(
         raise UserError(f"already holds {what}; refusing to replace it", where=f"--out {out}",
                         hint="choose an empty or new folder, or pass --force to replace what is there")
 
+    if fmt not in ("hf", "gguf"):
+        raise UserError(f"unknown format {fmt!r}", where="--format", hint="hf or gguf")
     if draft_for is not None:
+        if fmt != "hf":
+            raise UserError("a DFlash draft is written in Hugging Face layout", where="--format", hint="leave --format out")
         if layout != "text":
             raise UserError("a DFlash draft has one layout", where="--layout", hint="leave --layout out")
         _synth_draft(draft_for, out, seed=seed, dtype=dtype)
@@ -65,6 +74,9 @@ def synth(
             raise UserError("a config must be a JSON object", where=str(config))
         sh = shape_from_config(cfg, name=config.stem, where=str(config))
     console = Console(stderr=True)
+    if fmt == "gguf":
+        _synth_gguf(sh, out, quant=quant, seed=seed, console=console)
+        return
     with console.status(f"writing {sh.name}") as status:
         def progress(name: str, done: int, total: int) -> None:
             status.update(f"writing {sh.name}: {done / 1e9:.2f} / {total / 1e9:.2f} GB ({name})")
@@ -73,6 +85,19 @@ def synth(
                             shard_bytes=int(shard_gb * 1e9), progress=progress)
     console.print(f"wrote {sh.name} ({result.n_params:,} parameters, {result.weight_bytes / 1e9:.2f} GB {dtype}, "
                   f"{layout} layout) to {out} in {result.seconds:.1f} s")
+
+
+def _synth_gguf(sh, out: Path, *, quant: str, seed: int, console: Console) -> None:
+    from lucebench.models.gguf_synth import synthesize_gguf
+
+    with console.status(f"writing {sh.name} ({quant} GGUF)") as status:
+        def progress(name: str, done: int, total: int) -> None:
+            status.update(f"writing {sh.name}: {done / 1e9:.2f} / {total / 1e9:.2f} GB ({name})")
+
+        result = synthesize_gguf(sh, out, quant=quant, seed=seed, progress=progress)
+    mix = ", ".join(f"{n} {t}" for t, n in sorted(result.types.items()))
+    console.print(f"wrote SYNTHETIC {sh.name} ({result.n_params:,} parameters, {result.weight_bytes / 1e9:.2f} GB "
+                  f"{quant}: {mix} tensors) to {result.path} in {result.seconds:.1f} s")
 
 
 def _synth_draft(target: Path, out: Path, *, seed: int, dtype: str) -> None:

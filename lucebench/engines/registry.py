@@ -196,8 +196,8 @@ ENGINE_TYPES: dict[str, EngineType] = {
         EngineType("pflash", "bundled", frozenset({"keep_ratio", "kv", "context"}), frozenset({"cpu", "cuda", "hip"}),
                    _launch_bundled("pflash"), PFlashOptions,
                    "PFlash compressed prefill: a drafter scores the prompt, the target prefills what is kept",
-                   # The drafter's scored forward (the importance) has no GPU form yet.
-                   "lucebench-pflash", runs_on=frozenset({"cpu"})),
+                   # Both models on the cpu or the CUDA backend; HIP compiles the same code, not yet run on a card.
+                   "lucebench-pflash", runs_on=frozenset({"cpu", "cuda"})),
         EngineType("hf", "baseline", frozenset({"context"}), frozenset({"cpu", "cuda"}), _launch_hf, HfOptions,
                    "PyTorch + transformers' Qwen3.5, greedy"),
         EngineType("llama.cpp", "baseline", frozenset({"kv", "context"}), frozenset({"cpu", "cuda", "hip"}),

@@ -144,6 +144,8 @@ def pool_prefill(stats: list[PrefillStats | None]) -> PrefillStats | None:
         drafter_prompt_tokens=total([s.drafter_prompt_tokens for s in parts]),
         kept_tokens_drafter=total([s.kept_tokens_drafter for s in parts]),
         kept_tokens_target=sum(s.kept_tokens_target for s in parts), time_ms=times,
+        drafter_forward_ms=None if any(s.drafter_forward_ms is None for s in parts)
+        else sum(s.drafter_forward_ms or 0.0 for s in parts),
         needles_kept=None if any(n is None for n in needles) else [k for n in needles for k in (n or [])],
         needle_depths=None if any(d is None for d in depths) else [x for d in depths for x in (d or [])])
 

@@ -234,6 +234,10 @@ class PrefillStats(_Strict):
     time_ms: dict[str, float] = Field(
         default_factory=dict, description="TTFT split: score (drafter forward + scores), select, bridge, "
                                           "target_prefill")
+    drafter_forward_ms: float | None = Field(
+        None, ge=0, description="of time_ms.score: the drafter's forwards over the prompt (the backend's timer)")
+    memory_bytes: dict[str, int] | None = Field(
+        None, description="bytes each model holds on its backend (weights, caches, scratch): target, drafter")
     needles_kept: list[bool] | None = Field(
         None, description="harness: per needle of the prompt, whether all of its tokens lie in kept_ranges")
     needle_depths: list[float] | None = Field(None, description="harness: the depth of each needle, as needles_kept")

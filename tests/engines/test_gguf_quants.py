@@ -65,9 +65,11 @@ def test_block_decoders_match_gguf(qtype, ar_exe, tmp_path):
 
 
 def q4_k_m_type(name: str, layer: int, n_layers: int) -> Q | None:
-    """The type llama.cpp's Q4_K_M recipe (llama-quant.cpp) gives a qwen35 tensor: 1-D tensors, norms and
-    ssm_conv1d stay F32; output Q6_K; the DeltaNet attn_qkv Q5_K; attn_v and ffn_down Q6_K in the
-    "more bits" layers (first and last eighth, every third between); everything else Q4_K."""
+    """Close to the type llama.cpp's Q4_K_M recipe (llama-quant.cpp) gives a qwen35 tensor: 1-D tensors, norms
+    and ssm_conv1d stay F32; output Q6_K; attn_v and ffn_down Q6_K in the "more bits" layers (first and last
+    eighth, every third between); everything else Q4_K. One change, so that all three k-quants occur: the
+    DeltaNet attn_qkv is Q5_K here (the recipe gives it attn_v's rule; lucebench.models.gguf_synth has the
+    exact recipe)."""
     if name.endswith("_norm.weight") or "ssm_conv1d" in name or name.endswith(("ssm_a", "ssm_dt.bias")):
         return None
     more_bits = layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2

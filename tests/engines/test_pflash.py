@@ -187,6 +187,8 @@ def test_compressed_prefill_is_the_kept_prompt(start, engine, models):
     assert pf["kept_tokens_drafter"] <= pf["drafter_prompt_tokens"] == len(fields["drafter_ids"])
     assert pf["kept_chunks"] == max(math.floor(pf["n_chunks"] * 0.2), pf["forced_chunks"]) < pf["n_chunks"]
     assert set(pf["time_ms"]) == {"score", "select", "bridge", "target_prefill"}
+    assert 0 < pf["drafter_forward_ms"] <= pf["time_ms"]["score"]
+    assert pf["memory_bytes"]["target"] > 0 and pf["memory_bytes"]["drafter"] > 0
     assert r["timing"]["prefill_ms"] >= sum(pf["time_ms"].values()) * 0.99
     ar = engine(target, "--max-ctx", str(len(ids) + 16))
     ref = ar.generate([ids[p] for p in kept], 12)
@@ -241,7 +243,7 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     options = e.ready["engine"]["options"]
     assert options["keep_ratio"] == 0.05 and options["bridge"] == "character offsets"
     assert options["min_prompt_tokens"] == 32000  # upstream's threshold
-    assert options["backends"].startswith("cpu only") and options["drafter_model"]["arch"] == "qwen3"
+    assert options["drafter_model"]["arch"] == "qwen3" and e.ready["engine"]["backend"] == "cpu"
     r = e.generate([1, 2, 3], 2)
     assert r["type"] == "error" and r["kind"] == "bad_request" and "drafter_ids" in r["message"]
     r = e.generate([1, 2, 3], 2, drafter_ids=[1, 5000], drafter_offsets=[[0, 1], [1, 2]],
@@ -256,11 +258,16 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     for flags, what in ((["--drafter", str(target)], "dense Qwen3 drafter"), ([], "needs --drafter"),
                         (["--drafter", str(drafter), "--budget", "3"], "does not take --budget"),
                         (["--drafter", str(drafter), "--min-prompt-tokens", "-5"], "--min-prompt-tokens must be"),
-                        (["--drafter", str(drafter), "--backend", "cuda"], "cpu backend only")):
+                        (["--drafter", str(drafter), "--backend", "cuda"], "built for the cpu backend only")):
         proc = subprocess.run([str(pflash_exe), "--model", str(target), *flags], capture_output=True, text=True,
                               input="", timeout=60)
         line = json.loads(proc.stdout.splitlines()[0])
         assert proc.returncode != 0 and line["type"] == "error" and what in line["message"], line
+    # the drafter's block-sparse attention is a GPU option: the cpu backend refuses it at load
+    proc = subprocess.run([str(pflash_exe), "--model", str(target), "--drafter", str(drafter)], capture_output=True,
+                          text=True, input="", timeout=60, env={**os.environ, "LB_PFLASH_SPARSE_FROM": "32768"})
+    line = json.loads(proc.stdout.splitlines()[0])
+    assert proc.returncode != 0 and line["type"] == "error" and "no block-sparse attention" in line["message"], line
 
 
 # ---------------------------------------------------------------------------------------------- CLI

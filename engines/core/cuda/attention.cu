@@ -1,5 +1,9 @@
 // Full attention over a prefill chunk: the prologue (q/k norms, partial RoPE, cache append) and causal GQA
-// attention with the sigmoid output gate. CPU reference: ../cpu/attention.cpp, ../cpu/norms.cpp.
+// attention, with the sigmoid output gate (Qwen3.5's gated attention) or without it (Qwen3's). qs is the
+// query heads' stride in head dims: 2 when q_proj holds per head [query, gate], 1 when it holds queries only.
+// CPU reference: ../cpu/attention.cpp, ../cpu/norms.cpp.
+#include <cmath>
+
 #include "common.cuh"
 
 namespace lb::gpu {
@@ -19,7 +23,7 @@ template <int KVF>
 __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int ld, int nh, int nkv, int hd, int rot,
                                                                 float theta, const float* q_gain, const float* k_gain,
                                                                 float eps, const int* d_pos, void* kcache, DType kt,
-                                                                void* vcache, DType vt) {
+                                                                void* vcache, DType vt, int qs) {
     if (KVF >= 0) kt = vt = DType(KVF);
     __shared__ float xr[AP_MAX_HD], vr[AP_MAX_HD];
     const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, half = rot / 2;
@@ -36,8 +40,8 @@ __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int l
     griddep_wait();
     const int pos = *d_pos + t;
     float* row = qkv + size_t(t) * ld;
-    float* v = is_q ? row + size_t(h) * 2 * hd : row + 2 * nh * hd + size_t(h - nh) * hd;
-    const float* vv = row + 2 * nh * hd + size_t(nkv) * hd + size_t(is_q ? 0 : h - nh) * hd;
+    float* v = is_q ? row + size_t(h) * qs * hd : row + qs * nh * hd + size_t(h - nh) * hd;
+    const float* vv = row + qs * nh * hd + size_t(nkv) * hd + size_t(is_q ? 0 : h - nh) * hd;
     float ss = 0;
 #pragma unroll
     for (int k = 0; k < AP_PER; ++k) {
@@ -79,12 +83,12 @@ __global__ __launch_bounds__(AP_THREADS) void attn_prep_kernel(float* qkv, int l
 // Each lane holds hd / 32 output elements (hd <= 512).
 constexpr int ATT_WARPS = 4;
 __global__ void attention_kernel(const float* qkv, int ld, int nh, int nkv, int hd, const int* d_pos,
-                                 const void* kcache, DType kt, const void* vcache, DType vt, float* out) {
+                                 const void* kcache, DType kt, const void* vcache, DType vt, float* out, int qs) {
     const int t = blockIdx.x, h = blockIdx.y, kvh = h / (nh / nkv);
     const int warp = threadIdx.x / LB_WARP, lane = threadIdx.x % LB_WARP;
     const int last = *d_pos + t;
-    const float* q = qkv + size_t(t) * ld + size_t(h) * 2 * hd;
-    const float* gate = q + hd;
+    const float* q = qkv + size_t(t) * ld + size_t(h) * qs * hd;
+    const float* gate = q + hd;  // qs == 2 only
     const int per = (hd + LB_WARP - 1) / LB_WARP;  // <= 16
     float qv[16], acc[16];
     for (int k = 0; k < per; ++k) {
@@ -128,7 +132,7 @@ __global__ void attention_kernel(const float* qkv, int ld, int nh, int nkv, int 
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float o = 0;
         for (int w = 0; w < ATT_WARPS; ++w) o += sm_acc[w][e] * __expf(sm_m[w] - M);
-        out[(size_t(t) * nh + h) * hd + e] = o / L * sigmoidf(gate[e]);
+        out[(size_t(t) * nh + h) * hd + e] = qs == 2 ? o / L * sigmoidf(gate[e]) : o / L;
     }
 }
 
@@ -153,7 +157,7 @@ constexpr size_t attention_tiled_smem() {
 template <int HD>
 __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float* qkv, int ld, int n, int nh, int nkv,
                                                                      const int* d_pos, const void* kcache, DType kt,
-                                                                     const void* vcache, DType vt, float* out) {
+                                                                     const void* vcache, DType vt, float* out, int qs) {
     static_assert(HD % 128 == 0, "lane owns HD / 32 dims as float4 chunks 128 apart");
     constexpr int LDQ = HD + 4;       // Qs / Ks row stride: rows r..r+7 start in 8 distinct 4-bank groups
     constexpr int LDP = TA_TK + 4;
@@ -178,7 +182,7 @@ __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float
         const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
         const int t = t0 + v / G, h = kvh * G + v % G;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * qs * HD + d);
         *(float4*)(Qs + v * LDQ + d) = q;
     }
 
@@ -282,14 +286,14 @@ __global__ __launch_bounds__(TA_THREADS) void attention_tiled_kernel(const float
         const int v = warp * 4 + a, t = t0 + v / G, h = kvh * G + v % G;
         if (t >= n) continue;
         const float L = l_s[v];
-        const float* gate = qkv + size_t(t) * ld + size_t(h) * 2 * HD + HD;
+        const float* gate = qkv + size_t(t) * ld + size_t(h) * qs * HD + HD;  // qs == 2 only
         float* o = out + (size_t(t) * nh + h) * HD;
 #pragma unroll
         for (int c = 0; c < NC; ++c)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int e = c * 128 + lane * 4 + i;
-                o[e] = acc[a][c][i] / L * sigmoidf(gate[e]);
+                o[e] = qs == 2 ? acc[a][c][i] / L * sigmoidf(gate[e]) : acc[a][c][i] / L;
             }
     }
 }
@@ -317,7 +321,9 @@ constexpr size_t attention_wmma_smem() {
 template <int HD>
 __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float* qkv, int ld, int n, int nh, int nkv,
                                                                     const int* d_pos, const void* kcache, DType kt,
-                                                                    const void* vcache, DType vt, float* out) {
+                                                                    const void* vcache, DType vt, float* out, int qs,
+                                                                    const int* sp_tiles, const int* sp_counts,
+                                                                    int sp_max) {
     using namespace nvcuda;
     static_assert(AW_QV == AW_TK && AW_THREADS == 4 * AW_QV, "4 threads a vector in the softmax steps");
     constexpr int LDW = HD + 8, LDS = AW_TK + 4, LDP = AW_TK + 8;  // strides keep fragment rows 32-byte aligned
@@ -341,7 +347,7 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
         const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
         const int t = t0 + v / G, h = kvh * G + v % G;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * 2 * HD + d);
+        if (t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * qs * HD + d);
         wtype* dst = Qs + v * LDW + d;
         dst[0] = wtype(q.x); dst[1] = wtype(q.y); dst[2] = wtype(q.z); dst[3] = wtype(q.w);
     }
@@ -385,10 +391,14 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
 
     // pass 1: the 4 threads of vector sv own keys 16 sq .. 16 sq + 15 of each tile; m and l are kept
     // identical in all 4
+    // the key tiles this block reads: all up to s_end, or (block-sparse) the selected ones, ascending
+    const int* my_tiles = sp_tiles ? sp_tiles + (size_t(tile) * nkv + kvh) * sp_max : nullptr;
+    const int n_it = my_tiles ? sp_counts[size_t(tile) * nkv + kvh] : s_end / AW_TK + 1;
     const int sv = tid / 4, sq = tid % 4;
     const int last = p0 + t0 + sv / G;  // last key of vector sv
     float m = -FLT_MAX, l = 0.f;
-    for (int s0 = 0; s0 <= s_end; s0 += AW_TK) {
+    for (int it = 0; it < n_it; ++it) {
+        const int s0 = my_tiles ? my_tiles[it] * AW_TK : it * AW_TK;
         __syncthreads();  // Qs written / the previous tile's Ks and Ss read
         load_tile(Ks, kcache, kt, krow, s0);
         __syncthreads();
@@ -419,7 +429,8 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[OFR];
 #pragma unroll
     for (int f = 0; f < OFR; ++f) wmma::fill_fragment(o[f], 0.f);
-    for (int s0 = 0; s0 <= s_end; s0 += AW_TK) {
+    for (int it = 0; it < n_it; ++it) {
+        const int s0 = my_tiles ? my_tiles[it] * AW_TK : it * AW_TK;
         __syncthreads();  // the previous tile's Ks, Vs, Ss, Ps read
         load_tile(Ks, kcache, kt, krow, s0);
         load_tile(Vs, vcache, vt, vrow, s0);
@@ -453,7 +464,81 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
     __syncthreads();
     for (int e = tid; e < AW_QV * HD; e += AW_THREADS) {
         const int v = e / HD, d = e % HD, t = t0 + v / G, h = kvh * G + v % G;
-        if (t < n) out[(size_t(t) * nh + h) * HD + d] = Os[v * HD + d] * sigmoidf(qkv[size_t(t) * ld + size_t(h) * 2 * HD + HD + d]);
+        if (t >= n) continue;
+        const float o = Os[v * HD + d];
+        out[(size_t(t) * nh + h) * HD + d] = qs == 2 ? o * sigmoidf(qkv[size_t(t) * ld + size_t(h) * 2 * HD + HD + d]) : o;
+    }
+}
+
+// Block-sparse selection (BlockSparse in gpu_ops.h). kmean[(j * nkv + kvh) * hd + d]: the mean of the cached
+// (rotated) keys of block j, positions j * BS_BLOCK .. min(+BS_BLOCK, end) - 1. grid (blocks, nkv).
+constexpr int BS_BLOCK = 2 * AW_TK;
+__global__ void key_block_mean_kernel(const void* kcache, DType kt, int nkv, int hd, int end, float* kmean) {
+    const int j = blockIdx.x, kvh = blockIdx.y;
+    const int p0 = j * BS_BLOCK, p1 = min(p0 + BS_BLOCK, end);
+    const size_t krow = kv_row_bytes(kt, hd);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float sum = 0.f;
+        for (int p = p0; p < p1; ++p) sum += kv_load((const uint8_t*)kcache + (size_t(p) * nkv + kvh) * krow, kt, d);
+        kmean[(size_t(j) * nkv + kvh) * hd + d] = sum / float(p1 - p0);
+    }
+}
+
+// grid (query tiles, nkv), BSEL_THREADS threads, dynamic shared memory (hd + key blocks) floats. A query tile
+// is the wmma kernel's: rows t0 .. t0 + AW_QV / G - 1 of the chunk, the G query heads of KV head blockIdx.y.
+// Its block score of key block j is mean(q) . kmean_j / sqrt(hd); kept: j < sinks, the `recent` blocks up to
+// the tile's own, and every j whose score is within ln(alpha) of the tile's best (its softmax weight among the
+// blocks at least alpha times the best's). Writes the kept key tiles (AW_TK positions each, ascending) of the
+// keys the tile sees; a tile whose last row is at or past dense_from gets every key tile.
+constexpr int BSEL_THREADS = 256;
+__global__ __launch_bounds__(BSEL_THREADS) void block_select_kernel(const float* qkv, int ld, int qs, int n, int nh,
+                                                                    int nkv, int hd, int pos0, const float* kmean,
+                                                                    float log_alpha, int sinks, int recent,
+                                                                    int dense_from, int max_tiles, int* tiles,
+                                                                    int* counts) {
+    extern __shared__ float bsel_sm[];
+    float* qm = bsel_sm;       // [hd]
+    float* sc = bsel_sm + hd;  // [key blocks]
+    __shared__ float red[BSEL_THREADS / 32];
+    const int G = nh / nkv, rows = AW_QV / G, tid = threadIdx.x;
+    const int tile = blockIdx.x, kvh = blockIdx.y, t0 = tile * rows, t1 = min(t0 + rows, n);
+    const int last = pos0 + t1 - 1;        // the tile's last query position
+    const int jl = last / BS_BLOCK;        // the last key block it sees
+    const int s_tiles = last / AW_TK + 1;  // key tiles 0 .. s_tiles - 1 hold the keys it sees
+    int* out = tiles + (size_t(tile) * nkv + kvh) * max_tiles;
+    if (last >= dense_from) {
+        for (int i = tid; i < s_tiles; i += blockDim.x) out[i] = i;
+        if (tid == 0) counts[size_t(tile) * nkv + kvh] = s_tiles;
+        return;
+    }
+    for (int d = tid; d < hd; d += blockDim.x) {
+        float sum = 0.f;
+        for (int t = t0; t < t1; ++t)
+            for (int g = 0; g < G; ++g) sum += qkv[size_t(t) * ld + size_t(kvh * G + g) * qs * hd + d];
+        qm[d] = sum / float((t1 - t0) * G);
+    }
+    __syncthreads();
+    const float scale = rsqrtf(float(hd));
+    float mx = -FLT_MAX;
+    for (int j = tid; j <= jl; j += blockDim.x) {
+        const float* km = kmean + (size_t(j) * nkv + kvh) * hd;
+        float dot = 0.f;
+        for (int d = 0; d < hd; ++d) dot += qm[d] * km[d];
+        sc[j] = dot * scale;
+        mx = fmaxf(mx, sc[j]);
+    }
+    mx = warp_max(mx);
+    if (tid % 32 == 0) red[tid / 32] = mx;
+    __syncthreads();
+    if (tid == 0) {
+        float best = -FLT_MAX;
+        for (int w = 0; w < int(blockDim.x / 32); ++w) best = fmaxf(best, red[w]);
+        int c = 0;
+        for (int j = 0; j <= jl; ++j) {
+            if (!(j < sinks || j > jl - recent || sc[j] - best >= log_alpha)) continue;
+            for (int k = 2 * j; k < 2 * j + 2 && k < s_tiles; ++k) out[c++] = k;
+        }
+        counts[size_t(tile) * nkv + kvh] = c;
     }
 }
 #endif
@@ -462,15 +547,60 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
 
 void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
-               gpuStream_t s) {
+               gpuStream_t s, bool gated) {
     if (hd > AP_MAX_HD || rot > hd) lb::fail("unsupported", "attention head_dim > 512 on the GPU");
     auto* kernel = kv_bf16_kernels(kt, vt) ? attn_prep_kernel<int(DType::BF16)> : attn_prep_kernel<-1>;
     launch_k(kernel, dim3(n, nh + nkv), dim3(AP_THREADS), 0, s, qkv, ld, nh, nkv, hd, rot, theta, q_gain, k_gain, eps,
-             d_pos, kcache, kt, vcache, vt);
+             d_pos, kcache, kt, vcache, vt, gated ? 2 : 1);
+}
+
+namespace {
+// Whether attention() takes the tensor-core kernel for this shape (the one block-sparse attention runs in).
+bool attention_wmma_ok(int n, int nh, int nkv, int hd, int ld) {
+#if defined(LB_CUDA)
+    const int G = nkv > 0 ? nh / nkv : 0;
+    if (!(n >= 16 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && AW_QV % G == 0 && ld % 4 == 0)) return false;
+    const size_t limit = size_t(smem_optin_limit());
+    return (hd == 256 && attention_wmma_smem<256>() <= limit) || (hd == 128 && attention_wmma_smem<128>() <= limit);
+#else
+    return false;
+#endif
+}
+}  // namespace
+
+void BlockSparse::size_for(int chunk, int nh, int nkv, int hd, int ctx) {
+#if defined(LB_CUDA)
+    const int G = std::max(1, nh / std::max(1, nkv));
+    max_tiles = (ctx + AW_TK - 1) / AW_TK;
+    tiles_ints = size_t((chunk + std::max(1, AW_QV / G) - 1) / std::max(1, AW_QV / G)) * nkv * max_tiles;
+    counts_ints = tiles_ints / size_t(max_tiles);
+    kmean_floats = size_t((ctx + BS_BLOCK - 1) / BS_BLOCK) * nkv * hd;
+#endif
+}
+
+bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int pos0,
+                         const void* kcache, DType kt, const BlockSparse& bs, gpuStream_t s) {
+#if defined(LB_CUDA)
+    if (!attention_wmma_ok(n, nh, nkv, hd, ld)) return false;
+    const int end = pos0 + n, G = nh / nkv, rows = AW_QV / G, n_tiles = (n + rows - 1) / rows;
+    const int blocks = (end + BS_BLOCK - 1) / BS_BLOCK;
+    if ((end + AW_TK - 1) / AW_TK > bs.max_tiles || size_t(blocks) * nkv * hd > bs.kmean_floats ||
+        size_t(n_tiles) * nkv > bs.counts_ints)
+        lb::fail("internal", "block_sparse_select: scratch sized for a shorter context or chunk");
+    key_block_mean_kernel<<<dim3(blocks, nkv), 128, 0, s>>>(kcache, kt, nkv, hd, end, bs.kmean);
+    const size_t smem = sizeof(float) * size_t(hd + blocks);
+    if (smem > size_t(smem_optin_limit())) lb::fail("unsupported", "block-sparse attention: context too long");
+    launch_smem(block_select_kernel, dim3(n_tiles, nkv), dim3(BSEL_THREADS), smem, s, qkv, ld, gated ? 2 : 1, n, nh,
+                nkv, hd, pos0, (const float*)bs.kmean, std::log(bs.alpha), std::max(1, bs.sinks), bs.recent,
+                bs.dense_from, bs.max_tiles, bs.tiles, bs.counts);
+    return true;
+#else
+    return false;
+#endif
 }
 
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
-               const void* vcache, DType vt, float* out, gpuStream_t s) {
+               const void* vcache, DType vt, float* out, gpuStream_t s, bool gated, const BlockSparse* sparse) {
     if (hd > 512) lb::fail("unsupported", "head_dim above 512");
 #if defined(LB_CUDA)
     // The tiled kernels for prefill (n >= 8; one-token steps and other shapes keep the one-block-per-row kernel).
@@ -479,15 +609,24 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
         (hd == 128 || hd == 256)) {
         const size_t limit = size_t(smem_optin_limit());
         auto go = [&](auto kernel, dim3 grid, int threads, size_t smem) {
-            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out);
+            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
+                        gated ? 2 : 1);
+        };
+        // the wmma kernel also reads the block-sparse tile lists (none: dense)
+        const int* sp_tiles = sparse ? sparse->tiles : nullptr;
+        const int* sp_counts = sparse ? sparse->counts : nullptr;
+        const int sp_max = sparse ? sparse->max_tiles : 0;
+        auto go_wmma = [&](auto kernel, dim3 grid, size_t smem) {
+            launch_smem(kernel, grid, dim3(AW_THREADS), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
+                        gated ? 2 : 1, sp_tiles, sp_counts, sp_max);
         };
         // tensor cores from 16 rows; the fp32 tiled kernel below for 8..15 rows (or where wmma's does not fit)
         if (n >= 16 && AW_QV % G == 0) {
             const dim3 gw((n + AW_QV / G - 1) / (AW_QV / G), nkv);
             if (hd == 256 && attention_wmma_smem<256>() <= limit)
-                return go(attention_wmma_kernel<256>, gw, AW_THREADS, attention_wmma_smem<256>());
+                return go_wmma(attention_wmma_kernel<256>, gw, attention_wmma_smem<256>());
             if (hd == 128 && attention_wmma_smem<128>() <= limit)
-                return go(attention_wmma_kernel<128>, gw, AW_THREADS, attention_wmma_smem<128>());
+                return go_wmma(attention_wmma_kernel<128>, gw, attention_wmma_smem<128>());
         }
         const dim3 grid((n + TA_QV / G - 1) / (TA_QV / G), nkv);
         if (hd == 256 && attention_tiled_smem<256>() <= limit)
@@ -496,7 +635,9 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
             return go(attention_tiled_kernel<128>, grid, TA_THREADS, attention_tiled_smem<128>());
     }
 #endif
-    attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out);
+    if (sparse) lb::fail("internal", "block-sparse attention outside the tensor-core kernel's shapes");
+    attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out,
+                                                               gated ? 2 : 1);
 }
 
 }  // namespace lb::gpu

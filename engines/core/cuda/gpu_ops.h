@@ -67,6 +67,24 @@ void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStrea
 // y[n, out] (=|+=) x[n, in] @ W[out, in]^T: GEMV (128-bit weight loads) for n <= 8, tensor-core GEMM above.
 void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bool accumulate, gpuStream_t s);
 void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, float eps, gpuStream_t s);
+// Matrices kept in GGUF's block formats (matmul_quant.cu): q4_K, q5_K, q6_K, q8_0, q4_0, and the backend's wtype
+// (DType::BF16, or F16 in an LB_GPU_FP16 build) for the f32/f16/bf16 parts of a matrix stored next to them.
+// y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
+// a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16.
+constexpr int kQuantGemvMax = 4;
+#if defined(LB_GPU_FP16)
+constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matrix converted to it)
+#else
+constexpr DType kWtypeDType = DType::BF16;
+#endif
+bool quant_type_ok(DType t);  // a block type matmul_quant reads
+// gemv: the GEMV's lane width, 8 (qgemv_kernel) or 32 (qgemv32_kernel); 0: the qgemv32 knob's choice.
+void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
+                  gpuStream_t s, int gemv = 0);
+// embed from a table of block rows.
+void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, float* x, gpuStream_t s);
+// y[n, nv * per_head] = x with its value heads reordered grouped -> tiled (llama.cpp's order; see model.h).
+void heads_to_tiled(const float* x, int n, int nk, int nv, int per_head, float* y, gpuStream_t s);
 // Causal depthwise conv + SiLU over channels [0, C) of x (row stride ldx), state [C, K-1] advanced.
 void conv1d_silu(const float* x, int ldx, int n, int C, int K, const float* w, float* state, float* y, gpuStream_t s);
 // In place on y = conv output [n, 2*hk*dk + ...]: L2-normalise q and k heads, scale q by 1/sqrt(dk);
@@ -79,15 +97,45 @@ void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
 void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, float* y, int n, int heads, int dim,
                    float eps, gpuStream_t s);
 // Full attention prologue, in place on qkv rows [n, ld]: per-head RMSNorm of q and k, partial RoPE,
-// then K and V appended to the caches at positions *d_pos + t.
+// then K and V appended to the caches at positions *d_pos + t. gated: q_proj rows per head are [query,
+// gate] (Qwen3.5); otherwise queries only (Qwen3). K and V follow the q_proj rows.
 void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, float theta, const float* q_gain,
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
-               gpuStream_t s);
+               gpuStream_t s, bool gated = true);
+// Block-sparse prefill attention (the PFlash drafter's option, docs/engines.md "PFlash"): each query tile of
+// the tensor-core attention kernel (AW_QV = 64 query vectors: 64 / G rows times the G heads of one KV head)
+// reads only some 128-position key blocks. block_sparse_select scores key block j for a tile by
+// mean(tile's queries) . mean(block's cached keys) / sqrt(hd) (both rotated) and keeps the first `sinks`
+// blocks, the `recent` blocks up to the tile's own (its diagonal), and every block whose score is within
+// ln(alpha) of the tile's best; tiles whose last row is at or past dense_from read every block. Causal masking
+// inside the kept blocks is unchanged. Scratch (device memory the caller owns, sized by size_for):
+struct BlockSparse {
+    float alpha = 0.85f;
+    int sinks = 2, recent = 4;
+    int dense_from = 0;                 // absolute position: query rows from here on attend densely
+    int* tiles = nullptr;               // [query tiles, nkv, max_tiles]: kept key tiles (64 positions), ascending
+    int* counts = nullptr;              // [query tiles, nkv]
+    float* kmean = nullptr;             // [key blocks, nkv, hd]
+    int max_tiles = 0;
+    size_t tiles_ints = 0, counts_ints = 0, kmean_floats = 0;
+    void size_for(int chunk, int nh, int nkv, int hd, int ctx);  // sets max_tiles and the three sizes
+};
+// Fills bs.tiles / bs.counts for the n rows at positions pos0.. (their K already in the cache); false (and
+// nothing launched) where attention() would not take the tensor-core kernel for this shape: run it dense.
+bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int pos0,
+                         const void* kcache, DType kt, const BlockSparse& bs, gpuStream_t s);
 // Causal GQA attention (online softmax) of the q heads in qkv over cache rows [0, *d_pos + t], times
-// sigmoid(gate); out [n, nh * hd].
+// sigmoid(gate) when gated; out [n, nh * hd]. sparse: the tile lists block_sparse_select filled (else dense).
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
-               const void* vcache, DType vt, float* out, gpuStream_t s);
+               const void* vcache, DType vt, float* out, gpuStream_t s, bool gated = true,
+               const BlockSparse* sparse = nullptr);
 void silu_mul(const float* gu, int n, int I, float* out, gpuStream_t s);
+// PFlash importance (backend.h, TailScores) of one attention layer: the last n_tail rows of qkv (after
+// attn_prep: normalised, rotated; gated as attn_prep's) against cache keys [0, ctx), both un-rotated, at
+// positions ctx - n_tail + t and s; probs [n_tail, ctx]. scratch: tail_scores_scratch floats.
+size_t tail_scores_scratch(int n_tail, int nh, int hd, int ctx);
+void tail_scores(const float* qkv, int ld, bool gated, int n_tail, int nh, int nkv, int hd, int rot, float theta,
+                 const void* kcache, DType kt, int ctx, float* scratch, float* probs, gpuStream_t s);
 void argmax(const float* x, int n, int* d_out, gpuStream_t s);
 void add_pos(int* d_pos, int n, gpuStream_t s);
 

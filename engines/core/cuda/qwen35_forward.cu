@@ -4,9 +4,32 @@
 
 namespace lb::gpu {
 namespace {
-const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
 const float* F(const Mat& m) { return (const float*)m.ptr; }
 }  // namespace
+
+void matmul(const float* x, int n, const Mat& W, float* y, bool accumulate, gpuStream_t s) {
+    const int in = int(W.cols), out = int(W.rows);
+    if (W.parts.empty() && !quant_type_ok(W.dtype)) return matmul(x, n, in, (const wtype*)W.ptr, out, y, accumulate, s);
+    if (W.parts.empty()) return matmul_quant(x, n, in, W.ptr, W.dtype, out, y, out, accumulate, s);
+    int64_t row0 = 0;
+    for (const Mat& p : W.parts) {
+        matmul_quant(x, n, in, p.ptr, p.dtype, int(p.rows), y + row0, out, accumulate, s);
+        row0 += p.rows;
+    }
+}
+
+void embed(const int* d_tokens, int n, const Mat& E, float* x, gpuStream_t s) {
+    if (quant_type_ok(E.dtype)) return embed_quant(d_tokens, n, E.ptr, E.dtype, int(E.cols), x, s);
+    embed(d_tokens, n, (const wtype*)E.ptr, int(E.cols), x, s);
+}
+
+void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float* x_tmp, float* y, gpuStream_t s) {
+    if (W.tiled_cols) {
+        heads_to_tiled(o, n, cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_v_dim, x_tmp, s);
+        o = x_tmp;
+    }
+    matmul(o, n, W, y, true, s);
+}
 
 bool ForwardWorkspace::ensure(const Qwen35Config& cfg, int n, const std::function<void*(size_t)>& alloc) {
     if (n <= cap) return false;
@@ -31,35 +54,40 @@ bool ForwardWorkspace::ensure(const Qwen35Config& cfg, int n, const std::functio
 void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWorkspace& ws, const ForwardCaches& c,
                     const int* d_tokens, int n, int* d_next, gpuStream_t s) {
     const int H = cfg.hidden, I = cfg.intermediate;
-    embed(d_tokens, n, W(w.embed), H, ws.x, s);
+    embed(d_tokens, n, w.embed, ws.x, s);
     for (int l = 0; l < cfg.n_layers; ++l) {
         const Qwen35Layer& L = w.layers[size_t(l)];
         const size_t li = size_t(l);
         rmsnorm(ws.x, F(L.input_norm), ws.h, n, H, cfg.eps, s);
         if (L.full) {
-            const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows();
-            matmul(ws.h, n, H, W(L.attn_qkv), rows, ws.big, false, s);
+            const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows(l);
+            const bool gated = cfg.gated(l);
+            matmul(ws.h, n, L.attn_qkv, ws.big, false, s);
             attn_prep(ws.big, rows, n, nh, nkv, hd, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm), cfg.eps,
-                      c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s);
-            attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s);
-            matmul(ws.o, n, nh * hd, W(L.o_proj), H, ws.x, true, s);
+                      c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s, gated);
+            if (c.score) c.score(l, ws.big, rows, n);
+            const bool sparse =
+                c.sparse && block_sparse_select(ws.big, rows, n, nh, nkv, hd, gated, c.pos0, c.k[li], c.kt, *c.sparse, s);
+            attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s, gated,
+                      sparse ? c.sparse : nullptr);
+            matmul(ws.o, n, L.o_proj, ws.x, true, s);
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
             const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
-            matmul(ws.h, n, H, W(L.lin_in), rows, ws.big, false, s);
+            matmul(ws.h, n, L.lin_in, ws.big, false, s);
             conv1d_silu(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.conv, s);
             deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g, ws.beta, s);
             delta_rule(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, c.ssm[li], ws.o, s);
             gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
-            matmul(ws.normed, n, vd, W(L.out_proj), H, ws.x, true, s);
+            out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by the delta rule, free now
         }
         rmsnorm(ws.x, F(L.post_norm), ws.h, n, H, cfg.eps, s);
-        matmul(ws.h, n, H, W(L.gate_up), 2 * I, ws.big, false, s);
+        matmul(ws.h, n, L.gate_up, ws.big, false, s);
         silu_mul(ws.big, n, I, ws.act, s);
-        matmul(ws.act, n, I, W(L.down), H, ws.x, true, s);
+        matmul(ws.act, n, L.down, ws.x, true, s);
     }
     rmsnorm(ws.x + size_t(n - 1) * H, F(w.final_norm), ws.h, 1, H, cfg.eps, s);
-    matmul(ws.h, 1, H, W(w.lm_head), cfg.vocab, ws.logits, false, s);
+    matmul(ws.h, 1, w.lm_head, ws.logits, false, s);
     argmax(ws.logits, cfg.vocab, d_next, s);
     add_pos(c.d_pos, n, s);
 }

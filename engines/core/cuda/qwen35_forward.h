@@ -30,7 +30,23 @@ struct ForwardCaches {
     const std::vector<float*>& ssm;
     const std::vector<float*>& conv;
     int* d_pos;
+    // Called for each attention layer right after attn_prep (rows normalised and rotated, this forward's K
+    // and V in the caches), with the layer id, the qkv rows and their stride, and the rows' count: a scored
+    // forward's tail scores read them there. Empty: none.
+    std::function<void(int layer, const float* qkv, int ld, int n)> score = nullptr;
+    // Block-sparse attention for this forward (PFlash's drafter; null: dense), with the forward's first
+    // position on the host (what *d_pos holds when it starts).
+    const BlockSparse* sparse = nullptr;
+    int pos0 = 0;
 };
+
+// y[n, W.rows] (=|+=) x[n, W.cols] @ W^T whatever W's storage: the backend's wtype (gpu::matmul), GGUF blocks
+// (gpu::matmul_quant), or row runs of several types (one launch a run).
+void matmul(const float* x, int n, const Mat& W, float* y, bool accumulate, gpuStream_t s);
+// The embedding rows of d_tokens from a table in either storage.
+void embed(const int* d_tokens, int n, const Mat& E, float* x, gpuStream_t s);
+// A DeltaNet out-projection: x_tmp takes the input reordered when W keeps llama.cpp's tiled columns.
+void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float* x_tmp, float* y, gpuStream_t s);
 
 // Embeds d_tokens[0..n), runs every layer, then the final norm and LM head on the last token; writes
 // its argmax to d_next and advances d_pos by n.

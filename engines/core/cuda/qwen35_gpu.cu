@@ -9,6 +9,11 @@
 // residual); the fused_mlp knob at 0 (LB_GPU_FUSED_MLP=0, ../tuning.h) selects the gate_up + down GEMVs (5 / 6
 // kernels a layer, 129 a token). CUDA only by default; HIP opts in with LB_GPU_FUSED_MLP=1. Shapes the fused
 // kernels do not handle take the unfused sequence.
+// Qwen3 dense layers (LayerKind::Attention: no output gate) take the same prefill kernels with the gate off;
+// the fused decode kernels read Qwen3.5's gated layout, so a model with such layers decodes through the
+// captured layer sequence (forward_layers for one token, also one graph launch a step).
+// Prefill runs in chunks of Tuning::prefill_chunk tokens, so a 128K-token prompt needs the activations of
+// one chunk; forward_scored (PFlash importance) scores the last chunk's tail rows (tail_scores.cu).
 // Verify + commit (backend.h) run verify_forward.h's layer sequence on the same caches. The ops' limits and
 // scratch are this backend's gpu::DeviceContext, bound in every entry point, so two backends (two models) in
 // one process share nothing.
@@ -74,7 +79,9 @@ public:
         GPU_CHECK(gpuGetDeviceProperties(&p, device_));
         return DeviceInfo{p.name, device_, uint64_t(p.totalGlobalMem)};
     }
-    std::string weight_dtype() const override { return LB_WTYPE_NAME; }
+    // GGUF blocks kept (quant_): "gguf(<types of the matrices>)", e.g. gguf(q4_k,q6_k,bf16) where bf16 is the
+    // weight type the file's f32/f16/bf16 matrices took.
+    std::string weight_dtype() const override { return quant_ ? "gguf(" + quant_types_ + ")" : LB_WTYPE_NAME; }
 
     void load(const TensorSource& src, const Qwen35Config& cfg, LoadStats* stats) override {
         gpu::ContextScope bind(ctx_);
@@ -95,12 +102,49 @@ public:
             }
             return m;
         };
-        w_ = load_qwen35_weights(src, cfg, up, stats);
+        // GGUF blocks stay as stored (the knob gpu_quant): each run of rows uploaded in its type, f32/f16/bf16 runs
+        // converted to wtype. The fused decode kernels read wtype only, so a model with blocks decodes through
+        // the unfused kernel sequence (still one graph a step).
+        QuantUploader qup = [this](std::vector<RawRows>&& parts, int64_t rows, int64_t cols, bool tiled_cols) {
+            Mat m{nullptr, rows, cols};
+            m.tiled_cols = tiled_cols;
+            for (RawRows& p : parts) {
+                Mat part{nullptr, p.rows, cols};
+                part.dtype = p.dtype;
+                if (!gpu::quant_type_ok(p.dtype)) {
+                    std::vector<float> f(size_t(p.rows * cols));
+                    decode_row(p.dtype, p.bytes.data(), f.data(), f.size());
+                    std::vector<wtype> conv(f.size());
+                    for (size_t i = 0; i < f.size(); ++i) conv[i] = wtype(f[i]);
+                    p.bytes.assign((const uint8_t*)conv.data(), (const uint8_t*)(conv.data() + conv.size()));
+                    part.dtype = gpu::kWtypeDType;
+                }
+                part.ptr = alloc(p.bytes.size());
+                GPU_CHECK(gpuMemcpy(part.ptr, p.bytes.data(), p.bytes.size(), gpuMemcpyHostToDevice));
+                matrix_bytes_ += p.bytes.size();
+                weight_bytes_ += p.bytes.size();
+                if (quant_types_.find(dtype_name(part.dtype)) == std::string::npos)
+                    quant_types_ += std::string(quant_types_.empty() ? "" : ",") + dtype_name(part.dtype);
+                m.parts.push_back(std::move(part));
+            }
+            quant_ = true;
+            if (m.parts.size() == 1) {  // one type: the Mat itself
+                Mat one = m.parts[0];
+                one.tiled_cols = tiled_cols;
+                return one;
+            }
+            return m;
+        };
+        // Qwen3.5 (gated attention + DeltaNet) and Qwen3 dense (plain attention) layers both run here.
+        w_ = load_weights(src, cfg, up, stats, tuning().gpu_quant ? &qup : nullptr);
+        embed_bytes_ = mat_bytes(w_.embed);
         // Fused MLP: a transposed copy of each down_proj ([I, H]: a block's slice of the intermediate is
         // contiguous rows). Prefill keeps reading `down`. Not counted in matrix_bytes_: decode reads down_t
         // instead of down, so the bytes a token streams (decode_bytes) stay the same.
         const int H = cfg.hidden, I = cfg.intermediate;
-        mlp_fused_ = want_fused_mlp_ && gpu::mlp_fused_ok(H, I);
+        ungated_ = false;
+        for (int l = 0; l < cfg.n_layers; ++l) ungated_ = ungated_ || cfg.kinds[size_t(l)] == LayerKind::Attention;
+        mlp_fused_ = want_fused_mlp_ && !ungated_ && !quant_ && gpu::mlp_fused_ok(H, I);
         for (const Qwen35Layer& L : w_.layers)
             if (L.down.rows != H || L.down.cols != I) mlp_fused_ = false;
         if (mlp_fused_) {
@@ -151,7 +195,7 @@ public:
         }
         // fused decode: which shapes it handles, attention split scratch
         const int H = cfg_.hidden, I = cfg_.intermediate, vd = cfg_.lin_value_dim();
-        fused_ = gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
+        fused_ = !ungated_ && !quant_ && gpu::gemv_fused_ok(H, gpu::GV_RMSNORM, 0) &&
                  (mlp_fused_ || gpu::gemv_fused_ok(I, gpu::GV_SILU, 0)) &&
                  (cfg_.n_full_layers() == 0 || (gpu::gemv_fused_ok(cfg_.n_heads * hd, gpu::GV_PLAIN, 0) &&
                                                  gpu::attention_decode_ok(cfg_.n_heads, cfg_.n_kv_heads, hd))) &&
@@ -184,15 +228,50 @@ public:
     int length() const override { return len_; }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
+        return run_forward(tokens, n, last_logits, 0, nullptr);
+    }
+
+    int forward_scored(const int* tokens, int n, int n_tail, TailScores* scores) override {
+        if (n_tail < 1 || n_tail > n)
+            fail("bad_request", "scored forward: " + std::to_string(n_tail) + " tail rows of a " + std::to_string(n) + "-row forward");
+        return run_forward(tokens, n, nullptr, n_tail, scores);
+    }
+
+    void set_block_sparse(int from, float alpha) override {
+        if (from < 0 || !(alpha > 0.f && alpha <= 1.f)) fail("bad_request", "block-sparse attention: from >= 0, 0 < alpha <= 1");
+        sparse_from_ = from;
+        bs_.alpha = alpha;
+    }
+
+    // forward() and forward_scored(): n tokens in chunks of at most prefill_chunk (the last chunk holds
+    // the n_tail scored rows, when scoring).
+    int run_forward(const int* tokens, int n, std::vector<float>* last_logits, int n_tail, TailScores* scores) {
         gpu::ContextScope bind(ctx_);
+        if (n < 1) fail("bad_request", "forward of no tokens");
+        if (len_ + n > max_ctx_)
+            fail("context_overflow", "forward of " + std::to_string(n) + " tokens at length " + std::to_string(len_) +
+                                         " exceeds max_ctx " + std::to_string(max_ctx_));
         stop_event_ = nullptr;
         pending_n_ = 0;
-        if (n == 1 && (fused_ || !last_logits)) {
+        if (n == 1 && !scores && (fused_ || !last_logits)) {
             launch_step(tokens[0], !next_holds(tokens[0]), len_);
         } else {
-            ensure_workspace(n);
-            GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens, sizeof(int) * size_t(n), gpuMemcpyHostToDevice, s_));
-            run_layers(ws_.tokens, n);
+            const int ctx = len_ + n;
+            int chunk = tuning().prefill_chunk > 0 ? std::max(tuning().prefill_chunk, n_tail) : n;
+            ensure_workspace(std::min(chunk, n));
+            std::function<void(int, const float*, int, int)> score;
+            if (scores) score = scorer(n_tail, ctx, scores);
+            const gpu::BlockSparse* sparse = sparse_from_ > 0 && ctx >= sparse_from_ ? sparse_for(chunk, ctx) : nullptr;
+            for (int a = 0, m = 0; a < n; a += m) {
+                m = std::min(chunk, n - a);
+                if (scores && n - a - m > 0 && n - a - m < n_tail) m = n - a - n_tail;  // the tail in one chunk
+                GPU_CHECK(gpuMemcpyAsync(ws_.tokens, tokens + a, sizeof(int) * size_t(m), gpuMemcpyHostToDevice, s_));
+                run_layers(ws_.tokens, m, a + m == n ? score : nullptr, sparse, len_ + a);
+            }
+            if (scores) {
+                GPU_CHECK(gpuMemcpyAsync(scores->probs.data(), probs_, sizeof(float) * scores->probs.size(),
+                                         gpuMemcpyDeviceToHost, s_));
+            }
         }
         GPU_CHECK(gpuGetLastError());
         int next = 0;
@@ -364,11 +443,11 @@ public:
         h.device = device_;
         h.embed = [this](const int* d_tokens, int n, float* d_x) {
             gpu::ContextScope bind(ctx_);
-            gpu::embed(d_tokens, n, W(w_.embed), cfg_.hidden, d_x, s_);
+            gpu::embed(d_tokens, n, w_.embed, d_x, s_);  // bf16 or GGUF blocks
         };
         h.lm_head = [this](const float* d_x, int n, float* d_logits) {
             gpu::ContextScope bind(ctx_);
-            gpu::matmul(d_x, n, cfg_.hidden, W(w_.lm_head), cfg_.vocab, d_logits, false, s_);
+            gpu::matmul(d_x, n, w_.lm_head, d_logits, false, s_);
         };
         return h;
     }
@@ -403,6 +482,10 @@ public:
     void synchronize() override { GPU_CHECK(gpuStreamSynchronize(s_)); }
     uint64_t peak_mem_bytes() const override { return allocated_; }
     uint64_t decode_bytes(int ctx) const override {
+        if (quant_) {  // the matrices as stored, less the (untied) embedding table, plus the token's row of it
+            const uint64_t streamed = matrix_bytes_ - (cfg_.tied ? 0 : embed_bytes_) + embed_bytes_ / uint64_t(cfg_.vocab);
+            return qwen35_decode_bytes(cfg_, streamed, 0, kt_, vt_, ctx);
+        }
         return qwen35_decode_bytes(cfg_, qwen35_streamed_weight_bytes(cfg_, matrix_bytes_, sizeof(wtype)), 0, kt_,
                                    vt_, ctx);
     }
@@ -446,6 +529,15 @@ private:
         return p;
     }
     static const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
+    static uint64_t mat_bytes(const Mat& m) {
+        // a Mat of the Uploader path keeps the default F32 tag and holds wtype
+        if (m.parts.empty())
+            return m.dtype == DType::F32 ? uint64_t(m.rows) * m.cols * sizeof(wtype)
+                                         : dtype_row_bytes(m.dtype, size_t(m.cols)) * uint64_t(m.rows);
+        uint64_t b = 0;
+        for (const Mat& p : m.parts) b += mat_bytes(p);
+        return b;
+    }
     static const float* F(const Mat& m) { return (const float*)m.ptr; }
 
     gpu::ForwardWorkspace ws_;
@@ -458,8 +550,62 @@ private:
         ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
-    void run_layers(const int* d_tokens, int n) {
-        gpu::forward_layers(cfg_, w_, ws_, {kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_}, d_tokens, n, d_next_, s_);
+    void run_layers(const int* d_tokens, int n, std::function<void(int, const float*, int, int)> score = nullptr,
+                    const gpu::BlockSparse* sparse = nullptr, int pos0 = 0) {
+        gpu::ForwardCaches c{kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_};
+        c.score = std::move(score);
+        c.sparse = sparse;
+        c.pos0 = pos0;
+        gpu::forward_layers(cfg_, w_, ws_, c, d_tokens, n, d_next_, s_);
+    }
+
+    // The block-sparse scratch for chunks of up to `chunk` rows in a sequence of ctx tokens (buffers only grow);
+    // the forward's last 2 key blocks of rows attend densely.
+    const gpu::BlockSparse* sparse_for(int chunk, int ctx) {
+        gpu::BlockSparse want;
+        want.size_for(chunk, cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim, ctx);
+        if (want.tiles_ints > bs_.tiles_ints) {
+            bs_.tiles = (int*)alloc(sizeof(int) * want.tiles_ints);
+            bs_.tiles_ints = want.tiles_ints;
+        }
+        if (want.counts_ints > bs_.counts_ints) {
+            bs_.counts = (int*)alloc(sizeof(int) * want.counts_ints);
+            bs_.counts_ints = want.counts_ints;
+        }
+        if (want.kmean_floats > bs_.kmean_floats) {
+            bs_.kmean = (float*)alloc(sizeof(float) * want.kmean_floats);
+            bs_.kmean_floats = want.kmean_floats;
+        }
+        bs_.max_tiles = want.max_tiles;
+        bs_.dense_from = ctx - 256;
+        return &bs_;
+    }
+
+    // A scored forward's hook (ForwardCaches::score): sizes *scores and the device buffers for a sequence of
+    // ctx tokens, and returns the call that scores each attention layer's last n_tail rows into probs_.
+    std::function<void(int, const float*, int, int)> scorer(int n_tail, int ctx, TailScores* scores) {
+        *scores = TailScores{};
+        scores->n_tail = n_tail;
+        scores->ctx = ctx;
+        for (int l = 0; l < cfg_.n_layers; ++l)
+            if (cfg_.is_attention(l)) scores->layers.push_back(l);
+        scores->probs.assign(scores->layers.size() * size_t(n_tail) * ctx, 0.f);
+        const size_t scratch = gpu::tail_scores_scratch(n_tail, cfg_.n_heads, cfg_.head_dim, ctx);
+        if (scores->probs.size() > probs_cap_) {
+            probs_ = (float*)alloc(sizeof(float) * scores->probs.size());
+            probs_cap_ = scores->probs.size();
+        }
+        if (scratch > score_scratch_cap_) {
+            score_scratch_ = (float*)alloc(sizeof(float) * scratch);
+            score_scratch_cap_ = scratch;
+        }
+        return [this, n_tail, ctx](int l, const float* qkv, int ld, int n) {
+            int slot = 0;
+            for (int j = 0; j < l; ++j) slot += cfg_.is_attention(j);
+            gpu::tail_scores(qkv + size_t(n - n_tail) * ld, ld, cfg_.gated(l), n_tail, cfg_.n_heads, cfg_.n_kv_heads,
+                             cfg_.head_dim, cfg_.rope_dims, cfg_.rope_theta, kc_[size_t(l)], kt_, ctx, score_scratch_,
+                             probs_ + size_t(slot) * n_tail * ctx, s_);
+        };
     }
 
     // One token through the fused decode kernels (captured into the decode graph). short_attn: attention
@@ -580,11 +726,19 @@ private:
     int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
     unsigned long long* d_key_ = nullptr;
     bool fused_ = false, fused_attn_ = true, fused_delta_ = true;
+    bool ungated_ = false;  // some layer is a Qwen3 (ungated) attention layer: no fused decode graph
+    int sparse_from_ = 0;   // set_block_sparse: forwards reaching this many tokens run block-sparse attention
+    gpu::BlockSparse bs_;   // its settings and scratch
+    float *probs_ = nullptr, *score_scratch_ = nullptr;  // forward_scored: [layers, n_tail, ctx] and the kernels'
+    size_t probs_cap_ = 0, score_scratch_cap_ = 0;       // scratch (floats; they only grow)
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // Tuning::fused_mlp; whether decode uses it (set at load)
     std::vector<wtype*> down_t_;                  // fused MLP: down_proj transposed, [I, H] a layer
     unsigned long long* mlp_acc_ = nullptr;       // fused MLP: output accumulator [H], 2^-32 fixed point,
                                                   // then (delta_out_) the DeltaNet mixers' two: [n_acc() * H]
     int n_acc() const { return delta_out_ ? 3 : 1; }
+    bool quant_ = false;           // some matrix keeps GGUF blocks (set at load): the unfused decode sequence
+    std::string quant_types_;      // their element types, for weight_dtype()
+    uint64_t embed_bytes_ = 0;     // the embedding table as stored
     bool want_delta_out_ = true, delta_out_ = false;  // Tuning::delta_out; whether decode uses it (set at load)
     unsigned* delta_counters_ = nullptr;              // delta_out: [n_layers, hv] state-use counters
     int att_splits_ = 8, last_next_ = 0;

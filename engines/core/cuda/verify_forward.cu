@@ -2,9 +2,10 @@
 
 #include <algorithm>
 
+#include "qwen35_forward.h"
+
 namespace lb::gpu {
 namespace {
-const wtype* W(const Mat& m) { return (const wtype*)m.ptr; }
 const float* F(const Mat& m) { return (const float*)m.ptr; }
 }  // namespace
 
@@ -56,7 +57,7 @@ bool VerifyWorkspace::ensure(const ModelConfig& cfg, int n, const std::function<
 void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspace& ws, const VerifyCaches& c, int len,
                    int n, gpuStream_t s, const std::vector<float*>& features) {
     const int H = cfg.hidden, I = cfg.intermediate;
-    embed(ws.tokens, n, W(w.embed), H, ws.x, s);
+    embed(ws.tokens, n, w.embed, ws.x, s);
     for (int l = 0; l < cfg.n_layers; ++l) {
         const LayerWeights& L = w.layers[size_t(l)];
         const size_t li = size_t(l);
@@ -64,31 +65,31 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
         if (L.full) {
             const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows(l);
             const bool gated = L.kind == LayerKind::GatedAttention;
-            matmul(ws.h, n, H, W(L.attn_qkv), rows, ws.big, false, s);
+            matmul(ws.h, n, L.attn_qkv, ws.big, false, s);
             attn_prep_tree(ws.big, rows, n, nh, nkv, hd, gated, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm),
                            cfg.eps, ws.positions, len, c.k[li], c.kt, c.v[li], c.vt, s);
             tree_attention(ws.big, rows, n, nh, nkv, hd, gated, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible, ws.o, s);
-            matmul(ws.o, n, nh * hd, W(L.o_proj), H, ws.x, true, s);
+            matmul(ws.o, n, L.o_proj, ws.x, true, s);
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
             const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
-            matmul(ws.h, n, H, W(L.lin_in), rows, ws.big, false, s);
+            matmul(ws.h, n, L.lin_in, ws.big, false, s);
             conv_tree(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.parent, ws.conv, ws.keep_conv[li], s);
             deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g, ws.beta, s);
             delta_tree(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, ws.parent, ws.visible, c.ssm[li], ws.o, ws.keep_u[li],
                        ws.keep_gamma[li], ws.keep_k[li], ws.scratch, s);
             gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
-            matmul(ws.normed, n, vd, W(L.out_proj), H, ws.x, true, s);
+            out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by delta_tree, free now
         }
         rmsnorm(ws.x, F(L.post_norm), ws.h, n, H, cfg.eps, s);
-        matmul(ws.h, n, H, W(L.gate_up), 2 * I, ws.big, false, s);
+        matmul(ws.h, n, L.gate_up, ws.big, false, s);
         silu_mul(ws.big, n, I, ws.act, s);
-        matmul(ws.act, n, I, W(L.down), H, ws.x, true, s);
+        matmul(ws.act, n, L.down, ws.x, true, s);
         if (li < features.size() && features[li])
             GPU_CHECK(gpuMemcpyAsync(features[li], ws.x, sizeof(float) * size_t(n) * H, gpuMemcpyDeviceToDevice, s));
     }
     rmsnorm(ws.x, F(w.final_norm), ws.h, n, H, cfg.eps, s);
-    matmul(ws.h, n, H, W(w.lm_head), cfg.vocab, ws.logits, false, s);
+    matmul(ws.h, n, w.lm_head, ws.logits, false, s);
     argmax_rows(ws.logits, n, cfg.vocab, ws.argmax, s);
 }
 
