@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
-# PFlash on one CUDA card (about 6-7 minutes on an H100): builds lucebench-ar, lucebench-pflash and the op check,
-# then
-#   1. lucebench-gpu-op-check         every GPU op against its CPU reference, with the Qwen3 (ungated) attention
-#                                     kernels and the PFlash tail scores (tail_scores.cu) on random inputs
-#      lucebench-verify-gpu-check --qwen3   verify + commit == AR on a random Qwen3 model, verify outputs against the
-#                                     CPU backend's, and the scored forward (importance) against the CPU backend's
-#                                     over three prefill chunks (LB_GPU_PREFILL_CHUNK=256)
-#   2. check_qwen3_gpu.py             Qwen3 dense on the CUDA backend against transformers' Qwen3ForCausalLM:
-#                                     odd tiny shapes, the qwen3-0.6b shape (SYNTHETIC), the trained reference
-#                                     drafter (TRAINED REFERENCE); greedy tokens to the first near-tie, logits error
-#   3. pflash_ttft.py                 TTFT at 32K, 64K and 128K, keep 0.05 (SYNTHETIC): a full-shape qwen3-0.6b
-#                                     drafter and the target $PFLASH_TARGET (default: full-shape synthetic
-#                                     Qwen3.5-0.8B), every phase timed, memory; against our own full prefill of the
-#                                     target (lucebench-ar), bf16 KV; llama.cpp's llama-bench on the same file when
-#                                     PFLASH_LLAMA=1 and the target is a .gguf (.cache/llamacpp carried; its build
-#                                     takes minutes)
-#   3b.                               the same with the drafter's block-sparse attention (LB_PFLASH_SPARSE_FROM
-#                                     32768, alpha 0.85), and the share of the dense run's kept prompt it keeps
-#   4. pflash_retention.py            needle retention on the trained reference models on the GPU (TRAINED
-#                                     REFERENCE), 8K, 16K and 32K, every needle suite, keep 0.05 and 0.1
-#   5.                                TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full prefill
-# PFLASH_STAGES picks stages (default checks,ttft,sparse,retention,quant: 1-2, 3, 3b, 4, 5); the build and the
-# synthetic checkpoints are reused on a warm machine, so two calls can split the work, e.g.
-#   PFLASH_STAGES=checks,ttft,sparse scripts/device/check_pflash_gpu.sh      (~6 min: build, checks, TTFT)
-#   PFLASH_STAGES=retention,quant scripts/device/check_pflash_gpu.sh         (~4 min on the warm machine)
-# In one call, stage 4 is skipped when it would start after $PFLASH_BUDGET_S (330 s), stage 5 after
+# PFlash on one CUDA card. Stages (PFLASH_STAGES, comma-separated; default checks,ttft,sparse):
+#   checks     lucebench-gpu-op-check         every GPU op against its CPU reference, with the Qwen3 (ungated)
+#                                             attention kernels, the PFlash tail scores (tail_scores.cu) and the
+#                                             block-sparse selection and attention on random inputs
+#              lucebench-verify-gpu-check --qwen3   verify + commit == AR on a random Qwen3 model, verify outputs
+#                                             against the CPU backend's, and the scored forward (importance)
+#                                             against the CPU backend's over three prefill chunks
+#              check_qwen3_gpu.py             Qwen3 dense on the CUDA backend against transformers'
+#                                             Qwen3ForCausalLM: odd tiny shapes, the qwen3-0.6b shape (SYNTHETIC),
+#                                             the trained reference drafter (TRAINED REFERENCE)
+#   ttft       pflash_ttft.py                 TTFT at 32K, 64K and 128K, keep 0.05 (SYNTHETIC): full-shape
+#                                             qwen3-0.6b drafter, full-shape synthetic Qwen3.5-0.8B target, every
+#                                             phase timed, memory; against our own full prefill (lucebench-ar),
+#                                             bf16 KV
+#   sparse                                    the same with the drafter's block-sparse attention
+#                                             (LB_PFLASH_SPARSE_FROM 32768, alpha 0.85), against the dense run's
+#                                             kept prompt (no full prefill)
+#   prebuild                                  starts llama.cpp's CUDA build (.cache/llamacpp carried) niced in the
+#                                             background and leaves it running, for a `big` call on the warm machine
+#   big        pflash_ttft.py                 the 27B: full-shape synthetic Qwen3.5-27B Q4_K_M GGUF target (written
+#                                             here, ~15 s), the same drafter, TTFT at 64K and 128K keep 0.05, against
+#                                             our own full prefill of the 27B and llama.cpp's (llama-bench -p L
+#                                             -n 0 -fa 1, bf16 K/V as ours, -b/-ub 2048) on the same GGUF; all of it
+#                                             by $PFLASH_END_S (520 s) after the start: see pflash_ttft.py
+#                                             --deadline-s for what is skipped or cut. The drafter is dense; with
+#                                             LB_PFLASH_SPARSE_FROM=32768 in the environment it is block-sparse
+#                                             (its forward time does not depend on the target: stage sparse has it)
+#   retention  pflash_retention.py            needle retention on the trained reference models on the GPU (TRAINED
+#                                             REFERENCE), 8K, 16K and 32K, every needle suite, keep 0.05 and 0.1
+#                                             (needs the wheels: carry .carry/pg)
+#   quant                                     TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full
+#                                             prefill
+# The build and the synthetic checkpoints are reused on a warm machine. The calls:
+#   PFLASH_STAGES=checks,ttft,sparse,prebuild scripts/device/check_pflash_gpu.sh   (fresh machine, ~5-7 min)
+#   PFLASH_STAGES=big scripts/device/check_pflash_gpu.sh               (next, warm machine: <= 9 min, guarded)
+#   PFLASH_STAGES=retention scripts/device/check_pflash_gpu.sh         (~3 min on a warm machine)
+# In one call, retention is skipped when it would start after $PFLASH_BUDGET_S (330 s), quant after
 # $PFLASH_BUDGET_QUANT_S (390 s). Output under $OUT/pg/.   usage: scripts/device/check_pflash_gpu.sh (ARCH: 90)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,23 +58,54 @@ BUDGET=${PFLASH_BUDGET_S:-330}              # retention runs only if started bef
 BUDGET_QUANT=${PFLASH_BUDGET_QUANT_S:-390}   # the quantised-KV TTFT only if started before this
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
-STAGES=",${PFLASH_STAGES:-checks,ttft,sparse,retention,quant},"
+STAGES=",${PFLASH_STAGES:-checks,ttft,sparse},"
 want() { [[ "$STAGES" == *",$1,"* ]]; }
 . scripts/device/build_engines.sh
 B=/tmp/lb-pflash-build
 DRAFTER=/tmp/lb-qwen3-check/qwen3-0.6b
 TARGET=${PFLASH_TARGET:-/tmp/qwen35-0.8b-synth}
 
-# the synthetic checkpoints while the engines build
-( synth_08b && { [ -f "$DRAFTER/config.json" ] || python3 -c "
+GGUF27=/tmp/lb-qwen35-27b-q4km/model-q4_k_m.gguf
+LLAMA_SRC=.cache/llamacpp/llama.cpp-0c1e570.tar.xz
+# the synthetic checkpoints while the engines build: the 0.8B unless only `big` runs, the drafter, and the
+# 27B Q4_K_M GGUF (written directly, as llama.cpp's recipe types it) for `big`
+synth_27b() {
+  [ -f "$GGUF27" ] && return 0
+  python3 - <<PY
+import sys
+from pathlib import Path
+try:
+    import gguf  # noqa: F401
+except ImportError:  # the device image may lack it: the llama.cpp source's gguf-py
+    from lucebench.baselines.llamacpp.source import locate_source
+    sys.path.insert(0, str(locate_source(Path("$LLAMA_SRC")).root / "gguf-py"))
+from lucebench.models.gguf_synth import synthesize_gguf
+from lucebench.models.shapes import get_shape
+r = synthesize_gguf(get_shape("qwen3.5-27b"), Path("$(dirname "$GGUF27")"), quant="q4_k_m", seed=0)
+print(f"wrote SYNTHETIC qwen3.5-27b Q4_K_M: {r.path}, {r.weight_bytes / 1e9:.2f} GB in {r.seconds:.1f} s, {r.types}")
+assert Path(r.path) == Path("$GGUF27"), r.path
+PY
+}
+( { [ "$STAGES" = ",big," ] || synth_08b; } && { [ -f "$DRAFTER/config.json" ] || python3 -c "
 from pathlib import Path
 from lucebench.models.shapes import get_shape
 from lucebench.models.synth import synthesize
-synthesize(get_shape('qwen3-0.6b'), Path('$DRAFTER'), seed=0, dtype='bf16')"; } ) > "$O/synth.log" 2>&1 &
+synthesize(get_shape('qwen3-0.6b'), Path('$DRAFTER'), seed=0, dtype='bf16')"; } && { ! want big || synth_27b; } ) \
+  > "$O/synth.log" 2>&1 &
 SYNTH=$!
-build_engines engines "$B" pflash "" lucebench-ar lucebench-pflash lucebench-gpu-op-check lucebench-verify-gpu-check \
-  > "$O/build.log" 2>&1 \
-  || { tail -40 "$O/build.log"; exit 1; }
+# llama.cpp's CUDA build (for `big`, or for a later `big` call on this machine): niced, in the background and
+# left running (its cache is locked and keyed: `big` picks it up finished, or waits for it). It overlaps our
+# build and the GPU-bound stages.
+if { want prebuild || want big; } && [ -f "$LLAMA_SRC" ]; then
+  nohup nice -n 15 python3 -c "from lucebench.baselines.llamacpp.build import build_llamacpp
+build_llamacpp(backend='cuda', arch='$ARCH', source='$LLAMA_SRC')" > "$O/llamacpp_prebuild.log" 2>&1 &
+  echo "llama.cpp build started in the background (log: llamacpp_prebuild.log)"
+elif want prebuild || want big; then
+  echo "no $LLAMA_SRC: carry .cache/llamacpp for llama.cpp's build"
+fi
+TARGETS=(lucebench-ar lucebench-pflash)
+want checks && TARGETS+=(lucebench-gpu-op-check lucebench-verify-gpu-check)
+build_engines engines "$B" pflash "" "${TARGETS[@]}" > "$O/build.log" 2>&1 || { tail -40 "$O/build.log"; exit 1; }
 echo "built in $(elapsed) s"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$O/card.txt"
 rc=0
@@ -99,6 +141,18 @@ want ttft && ttft bf16 bf16 "$LENGTHS" "${LLAMA[@]}"
 # prompt it keeps
 want sparse && LB_PFLASH_SPARSE_FROM=${PFLASH_SPARSE_FROM:-32768} LB_PFLASH_SPARSE_ALPHA=${PFLASH_SPARSE_ALPHA:-85} \
   ttft bf16-sparse bf16 "$LENGTHS" --no-full-prefill --compare "$O/ttft-bf16/pflash_ttft.json"
+
+if want big; then
+  # everything by PFLASH_END_S after the start (the call's hard limit is 540 s)
+  left=$(( ${PFLASH_END_S:-520} - $(elapsed) ))
+  python3 scripts/device/pflash_ttft.py --build "$B" --drafter "$DRAFTER" --target "$GGUF27" --out "$O/ttft-27b" \
+    --kv bf16 --lengths "${PFLASH_LENGTHS_27B:-65536,131072}" --warmup-length 32768 --llama-bench \
+    --llama-ubatch "${PFLASH_LLAMA_UBATCH:-2048}" --deadline-s "$left" \
+    --label "SYNTHETIC (random weights, random token ids): full-shape Qwen3.5-27B Q4_K_M GGUF target" \
+    2>&1 | tee "$O/ttft-27b.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "ttft 27b done at $(elapsed) s"
+fi
 
 if ! want retention; then
   :

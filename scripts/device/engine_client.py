@@ -21,9 +21,10 @@ class Engine:
             self.proc.close()
             raise
 
-    def gen(self, prompt: list[int], n: int, **kw) -> dict:
-        """One greedy generation; an engine error raises lucebench.errors.EngineError."""
-        return self.proc.request({"type": "generate", "id": "x", "prompt_ids": prompt, "n_gen": n, **kw}, TIMEOUT_S)
+    def gen(self, prompt: list[int], n: int, timeout_s: float = TIMEOUT_S, **kw) -> dict:
+        """One greedy generation; an engine error raises lucebench.errors.EngineError (kind "timeout", the
+        engine killed, when it takes longer than timeout_s)."""
+        return self.proc.request({"type": "generate", "id": "x", "prompt_ids": prompt, "n_gen": n, **kw}, timeout_s)
 
     def close(self) -> None:
         self.proc.close()

@@ -23,7 +23,7 @@ import pytest
 from lucebench.baselines.llamacpp import adapter, bench, build, convert, source
 from lucebench.baselines.llamacpp.build import LlamaCppBuild
 from lucebench.engines.protocol import GenerateRequest
-from lucebench.errors import UserError
+from lucebench.errors import EngineError, UserError
 
 ROW = {"build_commit": "0c1e570", "build_number": 0, "cpu_info": "x", "gpu_info": "", "backends": "CPU",
        "model_filename": "m.gguf", "model_type": "qwen35 ?B F16", "model_size": 421888, "model_n_params": 210000,
@@ -495,3 +495,20 @@ def test_a_gguf_model_runs_as_published(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="option gguf: 'q4_k_m' converts a checkpoint folder"):
         launch(LaunchRequest(engine="x", options={"gguf": "q4_k_m"}, model_dir=gguf, backend="cpu", device=0,
                              max_ctx=64))
+
+
+def test_llama_bench_timeout_kills_a_silent_run(tmp_path: Path) -> None:
+    """llama-bench prints a row only when a test ends: a run past timeout_s is killed at the deadline, not
+    when it next prints (a 128K prefill can run minutes without a line)."""
+    b = _fake_build(tmp_path)
+    exe = b.bin_dir / "llama-bench"
+    exe.write_text("#!/bin/sh\nsleep 30\n")
+    exe.chmod(0o755)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    t0 = time.monotonic()
+    with pytest.raises(EngineError) as e:
+        bench.run_llama_bench(b, gguf, n_prompt=[131072], n_gen=[0], reps=1, timeout_s=1.0, version="fake",
+                              extra=["--no-warmup"])
+    assert e.value.kind == "timeout"
+    assert time.monotonic() - t0 < 10

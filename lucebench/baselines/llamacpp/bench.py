@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -167,18 +168,20 @@ def _tail(path: Path, n: int = 40) -> str:
 def run_llama_bench(build: LlamaCppBuild, gguf: Path, *, n_prompt: Sequence[int] = (512,), n_gen: Sequence[int] = (128,),
                     depth: Sequence[int] = (0,), reps: int = 5, flash_attn: bool | None = None, kv_k: str = "f16",
                     kv_v: str = "f16", n_gpu_layers: int | None = None, threads: int | None = None,
-                    timeout_s: float | None = None, stderr_path: Path | None = None, version: str | None = None) -> BenchRun:
+                    timeout_s: float | None = None, stderr_path: Path | None = None, version: str | None = None,
+                    extra: Sequence[str] = ()) -> BenchRun:
     """Run llama-bench on ``gguf`` and return its rows with per-repetition samples and line arrival times.
 
     n_gpu_layers defaults to all layers on a GPU build and 0 on a CPU build. stderr goes to
     ``stderr_path`` (or a temporary file) so a chatty backend cannot block the pipe.
+    extra: more llama-bench arguments (e.g. -ub / -b, --no-warmup), appended to the command line.
     Raises EngineError (kind 'internal') when llama-bench fails or prints no row.
     """
     if not Path(gguf).is_file():
         raise UserError(f"GGUF file not found: {gguf}", where="model")
     ngl = n_gpu_layers if n_gpu_layers is not None else (0 if build.backend == "cpu" else 99)
     argv = bench_argv(build.binary("llama-bench"), gguf, n_prompt=n_prompt, n_gen=n_gen, depth=depth, reps=reps,
-                      flash_attn=flash_attn, kv_k=kv_k, kv_v=kv_v, n_gpu_layers=ngl, threads=threads)
+                      flash_attn=flash_attn, kv_k=kv_k, kv_v=kv_v, n_gpu_layers=ngl, threads=threads, extra=extra)
     ver = version if version is not None else llama_bench_version(build)
     own_tmp = stderr_path is None
     err_path = stderr_path or Path(tempfile.mkstemp(prefix="llama-bench-", suffix=".log")[1])
@@ -189,6 +192,19 @@ def run_llama_bench(build: LlamaCppBuild, gguf: Path, *, n_prompt: Sequence[int]
         with err_path.open("ab") as err:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True,
                                     bufsize=1, start_new_session=True)
+            # llama-bench prints a row only when a test ends, so reading stdout can block past the deadline: a
+            # watchdog kills it there.
+            fired = threading.Event()
+
+            def expire() -> None:
+                fired.set()
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+
+            watchdog = threading.Timer(timeout_s, expire) if timeout_s is not None else None
+            if watchdog is not None:
+                watchdog.daemon = True
+                watchdog.start()
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
@@ -198,8 +214,11 @@ def run_llama_bench(build: LlamaCppBuild, gguf: Path, *, n_prompt: Sequence[int]
                     if deadline is not None and time.monotonic() > deadline:
                         raise subprocess.TimeoutExpired(argv, timeout_s or 0)
                 rc = proc.wait(timeout=None if deadline is None else max(1.0, deadline - time.monotonic()))
+                if fired.is_set():
+                    raise subprocess.TimeoutExpired(argv, timeout_s or 0)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
                 proc.wait()
                 raise EngineError("timeout", f"llama-bench ran past {timeout_s} s", stderr_tail=_tail(err_path)) from None
             except BaseException:
@@ -208,6 +227,9 @@ def run_llama_bench(build: LlamaCppBuild, gguf: Path, *, n_prompt: Sequence[int]
                     os.killpg(proc.pid, 9)
                     proc.wait()
                 raise
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
         tail = _tail(err_path)
         if rc != 0:
             raise EngineError("internal", f"llama-bench exited with status {rc}: {' '.join(argv)}", exit_code=rc,
