@@ -52,6 +52,7 @@ const Knob kKnobs[] = {
     {"LB_PFLASH_SPARSE_FROM", "pflash_sparse_from", nullptr, &Tuning::pflash_sparse_from, nullptr, 0, 1 << 30},
     {"LB_PFLASH_SPARSE_ALPHA", "pflash_sparse_alpha", nullptr, &Tuning::pflash_sparse_alpha, nullptr, 1, 100},
     {"LB_DFLASH_TRACE", "dflash_trace", nullptr, nullptr, &Tuning::dflash_trace},
+    {"LB_DFLASH_DRAFT_BF16", "dflash_draft_bf16", &Tuning::dflash_draft_bf16},
 };
 
 // Variables that were knobs of variants since retired (git history keeps them): named in the warning.

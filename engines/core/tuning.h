@@ -57,6 +57,8 @@ struct Tuning {
     // ---- lucebench-dflash
     std::string dflash_trace;     // LB_DFLASH_TRACE: file that gets one JSON line per round (bonus position,
                                   // the draft's top-1 per depth, tokens accepted; for tests; empty: none)
+    bool dflash_draft_bf16 = false;  // LB_DFLASH_DRAFT_BF16: the GPU draft's context K/V cache in bf16, half the
+                                     // memory of fp32 (1: on; the CPU draft keeps fp32)
 
     std::vector<std::string> set;       // the knobs' variable names found in the environment
     std::vector<std::string> warnings;  // unknown LB_* variables, values that do not parse

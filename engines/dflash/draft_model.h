@@ -73,6 +73,9 @@ public:
     // logits_out[n, vocab] = hidden[n, hidden] @ lm_head[vocab, hidden]^T, times output_multiplier, soft-capped.
     void logits(const float* hidden, int n, const float* lm_head, int vocab, float* logits_out) const;
     uint64_t weight_bytes() const { return weight_bytes_; }
+    uint64_t context_cache_bytes() const {
+        return 2ull * cfg_.n_layers * uint64_t(max_ctx_) * cfg_.n_kv_heads * cfg_.head_dim * sizeof(float);
+    }
 
 private:
     struct Layer {

@@ -30,9 +30,10 @@ struct DraftModelGpu::Impl {
     wtype* fc = nullptr;
     float *hidden_norm = nullptr, *final_norm = nullptr;
     std::vector<void*> allocations;
-    uint64_t weight_bytes = 0, buffer_bytes = 0;
+    uint64_t weight_bytes = 0, cache_bytes = 0, buffer_bytes = 0;
     int max_ctx = 0, max_rows = 0, vocab = 0, n_ctx = 0;
-    std::vector<float*> kc, vc;  // per layer [max_ctx + block_size, nkv, hd] fp32
+    DType cache_type = DType::F32;
+    std::vector<void*> kc, vc;  // per layer [max_ctx + block_size, nkv, hd] of cache_type
     int* positions = nullptr;    // 0, 1, 2, ...: rows' positions, and the identity row list
     int *block_tokens = nullptr, *rows = nullptr, *top_ids = nullptr;
     float *x = nullptr, *h = nullptr, *qkv = nullptr, *att = nullptr, *gu = nullptr, *act = nullptr, *feats = nullptr,
@@ -79,6 +80,7 @@ DraftModelGpu::DraftModelGpu(const DeviceHead& head) : p_(std::make_unique<Impl>
 DraftModelGpu::~DraftModelGpu() = default;
 const DraftConfig& DraftModelGpu::config() const { return p_->cfg; }
 uint64_t DraftModelGpu::weight_bytes() const { return p_->weight_bytes; }
+uint64_t DraftModelGpu::context_cache_bytes() const { return p_->cache_bytes; }
 uint64_t DraftModelGpu::buffer_bytes() const { return p_->buffer_bytes; }
 int DraftModelGpu::context_length() const { return p_->n_ctx; }
 void DraftModelGpu::reset() { p_->n_ctx = 0; }
@@ -134,12 +136,15 @@ void DraftModelGpu::load(const TensorSource& src, const DraftConfig& cfg) {
     }
 }
 
-void DraftModelGpu::allocate(int max_ctx, int max_add_rows, int vocab) {
+void DraftModelGpu::allocate(int max_ctx, int max_add_rows, int vocab, DType cache_type) {
     Impl& P = *p_;
     gpu::ContextScope bind(P.ctx);
     const DraftConfig& c = P.cfg;
+    if (cache_type != DType::F32 && cache_type != DType::BF16)
+        fail("unsupported", std::string("draft context cache of ") + dtype_name(cache_type) + ": f32 or bf16 only");
     P.max_ctx = max_ctx;
     P.vocab = vocab;
+    P.cache_type = cache_type;
     P.max_rows = std::max(max_add_rows, c.block_size);
     const size_t R = size_t(P.max_rows), H = size_t(c.hidden), B = size_t(c.block_size);
     const size_t qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
@@ -148,8 +153,8 @@ void DraftModelGpu::allocate(int max_ctx, int max_add_rows, int vocab) {
     P.kc.assign(size_t(c.n_layers), nullptr);
     P.vc.assign(size_t(c.n_layers), nullptr);
     for (int l = 0; l < c.n_layers; ++l) {
-        P.kc[size_t(l)] = (float*)P.alloc(4 * rows * kvd, &n);
-        P.vc[size_t(l)] = (float*)P.alloc(4 * rows * kvd, &n);
+        P.kc[size_t(l)] = P.alloc(dtype_row_bytes(cache_type, rows * kvd), &P.cache_bytes);
+        P.vc[size_t(l)] = P.alloc(dtype_row_bytes(cache_type, rows * kvd), &P.cache_bytes);
     }
     P.positions = (int*)P.alloc(sizeof(int) * rows, &n);
     std::vector<int> iota(rows);
@@ -192,8 +197,8 @@ void DraftModelGpu::add_context(const float* d_features, int n) {
         // k/v rows of the fused projection; no query heads: attn_prep_tree norms, rotates and stores K, V
         gpu::matmul(P.h, n, H, L.wqkv + size_t(qd) * H, 2 * kvd, P.qkv, false, P.s);
         gpu::attn_prep_tree(P.qkv, 2 * kvd, n, 0, nkv, hd, false, hd, c.rope_theta, nullptr, L.k_norm, c.eps,
-                            P.positions + P.n_ctx, P.n_ctx, P.kc[size_t(l)], DType::F32, P.vc[size_t(l)], DType::F32,
-                            P.s);
+                            P.positions + P.n_ctx, P.n_ctx, P.kc[size_t(l)], P.cache_type, P.vc[size_t(l)],
+                            P.cache_type, P.s);
     }
     P.n_ctx += n;
 }
@@ -224,10 +229,11 @@ void DraftModelGpu::forward_block(const float* d_block_embed, float* d_hidden_ou
         gpu::rmsnorm(P.x, L.input_norm, P.h, n, H, c.eps, P.s);
         gpu::matmul(P.h, n, H, L.wqkv, ld, P.qkv, false, P.s);
         gpu::attn_prep_tree(P.qkv, ld, n, nh, nkv, hd, false, hd, c.rope_theta, L.q_norm, L.k_norm, c.eps,
-                            P.positions + start, start, P.kc[size_t(l)], DType::F32, P.vc[size_t(l)], DType::F32, P.s);
+                            P.positions + start, start, P.kc[size_t(l)], P.cache_type, P.vc[size_t(l)], P.cache_type,
+                            P.s);
         const int window = c.sliding[size_t(l)] ? c.sliding_window : 0;
-        gpu::draft_attention(P.qkv, ld, n, nh, nkv, hd, start, P.kc[size_t(l)], P.vc[size_t(l)], c.causal[size_t(l)],
-                             window, P.att, P.s);
+        gpu::draft_attention(P.qkv, ld, n, nh, nkv, hd, start, P.kc[size_t(l)], P.vc[size_t(l)], P.cache_type,
+                             c.causal[size_t(l)], window, P.att, P.s);
         gpu::matmul(P.att, n, qd, L.wo, H, P.x, true, P.s);
         gpu::rmsnorm(P.x, L.post_norm, P.h, n, H, c.eps, P.s);
         gpu::matmul(P.h, n, H, L.gate_up, 2 * I, P.gu, false, P.s);

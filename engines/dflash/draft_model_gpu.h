@@ -1,6 +1,6 @@
 // The DFlash draft on the GPU: DraftModelCpu's computation (draft_model.h) with the core's GPU ops
 // (core/cuda/gpu_ops.h, draft_ops.h), weights in the GPU's matrix type (bf16; fp16 before sm_80), fp32
-// activations and an fp32 context cache. It runs on the target backend's stream and borrows the target's
+// activations and a context cache of fp32 (default) or bf16 (half the memory: allocate's cache_type). It runs on the target backend's stream and borrows the target's
 // embedding and LM head (DeviceHead), so a round's draft, its logits and its per-depth top-K stay on the
 // device; only the K candidates per depth come back to the host for the tree. engines/tests/
 // dflash_gpu_check.cu compares its forward with DraftModelCpu's.
@@ -25,8 +25,9 @@ public:
 
     void load(const TensorSource& src, const DraftConfig& cfg);
     const DraftConfig& config() const;
-    // Context capacity in rows, the most rows one add_context takes, and the target's vocabulary.
-    void allocate(int max_ctx, int max_add_rows, int vocab);
+    // Context capacity in rows, the most rows one add_context takes, the target's vocabulary and the context
+    // K/V cache's element type (F32 or BF16).
+    void allocate(int max_ctx, int max_add_rows, int vocab, DType cache_type = DType::F32);
     void reset();
     int context_length() const;
     void truncate_context(int n);
@@ -42,7 +43,8 @@ public:
     // k <= 16, else from logits copied to the host). The candidates of depths 1..block_size - 1.
     std::vector<DepthCandidates> propose(int bonus, int k);
     uint64_t weight_bytes() const;
-    uint64_t buffer_bytes() const;  // context cache and workspace
+    uint64_t context_cache_bytes() const;  // the context K/V rows of every layer
+    uint64_t buffer_bytes() const;         // workspace: activations, block logits, top-K, row lists
 
 private:
     struct Impl;

@@ -386,7 +386,8 @@ int run(int argc, char** argv) {
     DraftModelCpu cpu_draft;
     TargetHead head;
     std::unique_ptr<Drafter> drafter;
-    uint64_t draft_weight_bytes = 0, draft_buffer_bytes = 0;
+    uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0, draft_buffer_bytes = 0;
+    std::string draft_cache_dtype = "f32";
 #if defined(LB_HAVE_GPU)
     std::unique_ptr<DraftModelGpu> gpu_draft;
 #endif
@@ -431,6 +432,7 @@ int run(int argc, char** argv) {
             cpu_draft.load(*dsrc, dc);
             cpu_draft.allocate(opt.max_ctx + dc.block_size);
             draft_weight_bytes = cpu_draft.weight_bytes();
+            draft_cache_bytes = cpu_draft.context_cache_bytes();
             drafter = std::make_unique<CpuDrafter>(cpu_draft, head, cfg);
         } else {
 #if defined(LB_HAVE_GPU)
@@ -443,8 +445,11 @@ int run(int argc, char** argv) {
             if (loop.prefill_chunk == 0) loop.prefill_chunk = kGpuPrefillChunk;
             gpu_draft = std::make_unique<DraftModelGpu>(be->device_head());
             gpu_draft->load(*dsrc, dc);
-            gpu_draft->allocate(opt.max_ctx + dc.block_size, loop.prefill_chunk, cfg.vocab);
+            gpu_draft->allocate(opt.max_ctx + dc.block_size, loop.prefill_chunk, cfg.vocab,
+                                tuning().dflash_draft_bf16 ? DType::BF16 : DType::F32);
             draft_weight_bytes = gpu_draft->weight_bytes();
+            draft_cache_bytes = gpu_draft->context_cache_bytes();
+            if (tuning().dflash_draft_bf16) draft_cache_dtype = "bf16";
             draft_buffer_bytes = gpu_draft->buffer_bytes();
             drafter = std::make_unique<GpuDrafter>(*gpu_draft);
 #endif
@@ -455,7 +460,8 @@ int run(int argc, char** argv) {
     fprintf(stderr, "[dflash] target %s: %d layers, hidden %d, vocab %d; draft: %d layers, block %d, features of layers",
             arch_name(cfg.arch), cfg.n_layers, cfg.hidden, cfg.vocab, dc.n_layers, dc.block_size);
     for (int id : dc.target_layer_ids) fprintf(stderr, " %d", id);
-    fprintf(stderr, "; draft weights %.1f MB, buffers %.1f MB\n", draft_weight_bytes / 1e6, draft_buffer_bytes / 1e6);
+    fprintf(stderr, "; draft weights %.1f MB, context cache %.1f MB, buffers %.1f MB\n", draft_weight_bytes / 1e6,
+            draft_cache_bytes / 1e6, draft_buffer_bytes / 1e6);
     Json options = kv_options(opt, be->weight_dtype());
     options["draft"] = opt.draft;
     options["budget"] = tree_opt.budget;
@@ -465,10 +471,20 @@ int run(int argc, char** argv) {
     options["block_size"] = dc.block_size;
     // The draft computes in fp32 on the CPU; on a GPU its matrices are in the backend's matrix type.
     options["draft_dtype"] = backend == "cpu" ? std::string("f32") : be->weight_dtype();
+    options["draft_cache_dtype"] = draft_cache_dtype;  // the draft's context K/V (LB_DFLASH_DRAFT_BF16)
     options["prefill_chunk"] = loop.prefill_chunk;  // 0: the whole prompt in one verify
     options["force_accept_length"] = loop.force_accept_length > 0 ? Json(loop.force_accept_length) : Json();
     const MemoryReport mem = be->memory();
-    emit(ready_line("dflash", backend, options, cfg, stats, be->device(), opt.max_ctx, mem.weights ? &mem : nullptr));
+    Json ready = ready_line("dflash", backend, options, cfg, stats, be->device(), opt.max_ctx, mem.weights ? &mem : nullptr);
+    // The draft's share of memory beside the target's (model.memory.draft): weights, its context K/V cache for
+    // max_ctx rows and, on a GPU, its workspace (activations, the block's logits over the vocabulary).
+    Json draft_mem = Json::object();
+    draft_mem["weights_bytes"] = Json(draft_weight_bytes);
+    draft_mem["context_cache_bytes"] = Json(draft_cache_bytes);
+    draft_mem["context_cache_dtype"] = draft_cache_dtype;
+    draft_mem["buffer_bytes"] = Json(draft_buffer_bytes);
+    if (mem.weights) ready["model"]["memory"]["draft"] = draft_mem;
+    emit(ready);
 
     DFlashHandler handler(*be, cfg, *drafter, loop, opt.max_ctx);
     return serve(handler);

@@ -1,10 +1,12 @@
 // The GPU DFlash draft against its CPU references, on random inputs:
-//   draft_attention      (core/cuda/draft_ops.cu)   vs cpu::draft_attention, masks full / causal / window
+//   draft_attention      (core/cuda/draft_ops.cu)   vs cpu::draft_attention, masks full / causal / window, fp32
+//                        and bf16 caches (the reference reads the bf16-rounded values)
 //   draft_top_k          (core/cuda/draft_ops.cu)   vs dflash::top_k_logprobs, with ties, multiplier, soft cap
 //   gather_feature_rows  (core/cuda/draft_ops.cu)   vs the plain copy
 //   DraftModelGpu        (dflash/draft_model_gpu.cu) vs DraftModelCpu: the block's final hidden states after
 //                        context rows added in two calls, and propose()'s per-depth candidates (a random
-//                        bf16 embedding and LM head stand in for the target's)
+//                        bf16 embedding and LM head stand in for the target's); with an fp32 and a bf16
+//                        context cache (LB_DFLASH_DRAFT_BF16), each against the fp32 CPU draft
 // usage: lucebench-dflash-gpu-check [DRAFT_DIR...]   (the forward check runs for each draft given)
 // Exit status 0 when every check passes. Run on the device by scripts/device/check_dflash_gpu.sh.
 #include <cmath>
@@ -60,10 +62,15 @@ static void report(const std::string& what, double rel, double tol) {
     printf("  %-64s max rel diff %.2e %s\n", what.c_str(), rel, ok ? "ok" : "FAIL");
 }
 
-static void check_attention(int n, int n_ctx, int nh, int nkv, int hd, bool causal, int window) {
+static float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+static void check_attention(int n, int n_ctx, int nh, int nkv, int hd, bool causal, int window, bool bf16 = false) {
     const int qd = nh * hd, kvd = nkv * hd, ldq = qd + 8;
     auto q = randn(size_t(n) * ldq), kc = randn(size_t(n_ctx) * kvd), vc = randn(size_t(n_ctx) * kvd);
     auto kb = randn(size_t(n) * kvd), vb = randn(size_t(n) * kvd);
+    if (bf16)  // the reference reads the values the bf16 cache holds
+        for (auto* v : {&kc, &vc, &kb, &vb})
+            for (auto& e : *v) e = bf16_round(e);
     std::vector<float> q_packed(size_t(n) * qd);
     for (int t = 0; t < n; ++t) std::copy(&q[size_t(t) * ldq], &q[size_t(t) * ldq] + qd, &q_packed[size_t(t) * qd]);
     std::vector<float> want(size_t(n) * qd);
@@ -72,13 +79,24 @@ static void check_attention(int n, int n_ctx, int nh, int nkv, int hd, bool caus
     std::vector<float> kall(kc), vall(vc);
     kall.insert(kall.end(), kb.begin(), kb.end());
     vall.insert(vall.end(), vb.begin(), vb.end());
-    float *dq = up(q), *dk = up(kall), *dv = up(vall), *dout = up(std::vector<float>(size_t(n) * qd, NAN));
-    gpu::draft_attention(dq, ldq, n, nh, nkv, hd, n_ctx, dk, dv, causal, window, dout, 0);
+    float *dq = up(q), *dout = up(std::vector<float>(size_t(n) * qd, NAN));
+    void *dk, *dv;
+    if (bf16) {
+        std::vector<uint16_t> kh(kall.size()), vh(vall.size());
+        for (size_t i = 0; i < kall.size(); ++i) { kh[i] = f32_to_bf16(kall[i]); vh[i] = f32_to_bf16(vall[i]); }
+        dk = up(kh);
+        dv = up(vh);
+    } else {
+        dk = up(kall);
+        dv = up(vall);
+    }
+    gpu::draft_attention(dq, ldq, n, nh, nkv, hd, n_ctx, dk, dv, bf16 ? DType::BF16 : DType::F32, causal, window,
+                         dout, 0);
     char name[160];
-    snprintf(name, sizeof name, "draft_attention n=%d ctx=%d h=%d/%d hd=%d %s window=%d", n, n_ctx, nh, nkv, hd,
-             causal ? "causal" : "full", window);
+    snprintf(name, sizeof name, "draft_attention n=%d ctx=%d h=%d/%d hd=%d %s window=%d %s", n, n_ctx, nh, nkv, hd,
+             causal ? "causal" : "full", window, bf16 ? "bf16" : "f32");
     report(name, rel_diff(down(dout, want.size()), want), 1e-4);
-    for (float* p : {dq, dk, dv, dout}) GPU_CHECK(gpuFree(p));
+    for (void* p : {(void*)dq, dk, dv, (void*)dout}) GPU_CHECK(gpuFree(p));
 }
 
 static void check_top_k(int rows, int vocab, int k, float mult, float softcap, bool ties) {
@@ -139,12 +157,13 @@ static std::vector<float> round_to_wtype(std::vector<float> v) {
     return v;
 }
 
-static void check_forward(const std::string& dir) {
+static void check_forward(const std::string& dir, DType cache_type) {
     auto src = open_checkpoint(dir);
     const dflash::DraftConfig dc = dflash::draft_config_from_source(*src);
     const int H = dc.hidden, D = dc.block_size - 1, V = 1000, fw = dc.feature_width();
-    printf("draft %s: %d layers, hidden %d, %d/%d heads x %d, block %d, %d features\n", dir.c_str(), dc.n_layers, H,
-           dc.n_heads, dc.n_kv_heads, dc.head_dim, dc.block_size, dc.n_features());
+    printf("draft %s: %d layers, hidden %d, %d/%d heads x %d, block %d, %d features; GPU context cache %s\n",
+           dir.c_str(), dc.n_layers, H, dc.n_heads, dc.n_kv_heads, dc.head_dim, dc.block_size, dc.n_features(),
+           dtype_name(cache_type));
     dflash::DraftModelCpu cpu;
     cpu.load(*src, dc);
     cpu.allocate(256);
@@ -170,7 +189,7 @@ static void check_forward(const std::string& dir) {
     };
     dflash::DraftModelGpu gpu_draft(head);
     gpu_draft.load(*src, dc);
-    gpu_draft.allocate(256, 64, V);
+    gpu_draft.allocate(256, 64, V, cache_type);
     // Context: 37 rows, then 5 more (two add_context calls), then through add_verify_rows.
     for (int n : {37, 5}) {
         auto f = randn(size_t(n) * fw);
@@ -212,8 +231,10 @@ static void check_forward(const std::string& dir) {
     float* dh = up(std::vector<float>(want.size(), NAN));
     gpu_draft.forward_block(db, dh);
     GPU_CHECK(gpuStreamSynchronize(s));
-    // bf16 activations in the tensor-core GEMMs (16+ rows) against fp32: about 1e-2 after a few layers.
-    report("DraftModelGpu forward_block vs DraftModelCpu (final hidden)", rel_diff(down(dh, want.size()), want), 5e-2);
+    // bf16 activations in the tensor-core GEMMs (16+ rows) against fp32: about 1e-2 after a few layers; a bf16
+    // context cache rounds K and V once more.
+    report(std::string("DraftModelGpu forward_block vs DraftModelCpu (final hidden), cache ") + dtype_name(cache_type),
+           rel_diff(down(dh, want.size()), want), 5e-2);
     // propose(): top-8 per depth. The CPU side: its logits of the same block through the same LM head.
     if (dc.mask_token_id < V) {
         std::vector<float> logits(size_t(D) * V);
@@ -250,6 +271,9 @@ int main(int argc, char** argv) {
     check_attention(16, 1000, 32, 8, 128, false, 0);
     check_attention(16, 3000, 32, 8, 128, false, 2048);
     check_attention(5, 7, 2, 1, 32, true, 3);
+    check_attention(16, 37, 4, 2, 64, true, 0, true);
+    check_attention(16, 300, 6, 2, 64, true, 20, true);
+    check_attention(16, 3000, 32, 8, 128, false, 2048, true);
     printf("draft_top_k (dflash::top_k_logprobs reference):\n");
     check_top_k(15, 48, 8, 1.f, 0.f, false);
     check_top_k(15, 1000, 1, 1.f, 0.f, true);
@@ -262,7 +286,7 @@ int main(int argc, char** argv) {
     check_gather(1, 2, 64, 1);
     for (int i = 1; i < argc; ++i) {
         try {
-            check_forward(argv[i]);
+            for (DType t : {DType::F32, DType::BF16}) check_forward(argv[i], t);
         } catch (const std::exception& e) {
             ++failures;
             printf("  forward check of %s: FAIL (%s)\n", argv[i], e.what());

@@ -9,6 +9,17 @@ Parts (--part, repeatable):
                   scripts/device/dflash_reference_prompts.json (HumanEval, GSM8K, MATH-500, 4 each), chain and
                   tree at budget 22 (KV bf16): lossless against ar, AL per dataset; with --cpu-baseline FILE,
                   the CPU engine's AL on the same prompts next to it.
+  reference-al    TRAINED REFERENCE, the issue's real-acceptance check: the GPU engine over exactly the prompts,
+                  n_gen and stop ids of the Python reference loop whose result the fixtures keep
+                  (tests/fixtures/reference-models/reference_al.json; prompts re-selected from the datasets as
+                  lucebench.models.dflash_reference.eval_prompts does, their token counts checked against the
+                  file's). Per dataset: chain AL against the reference loop's (target: within 5%), DDTree at
+                  budgets 8/16/22/32/40 against the chain at the same budget (a chain is at most block_size - 1
+                  deep, so budgets >= 15 compare with the full chain; target: tree > chain from budget 16),
+                  lossless per prompt (token match against ar, first divergence), decode tok/s against ar's on
+                  this card. Datasets: $DFLASH_DATASETS (default .carry/datasets, else ../shared/datasets);
+                  $DFLASH_REF_PROMPTS limits the prompts per set (a quick look; the AL target then is not
+                  judged). Writes reference_al.json and reference_al.md.
   speed           SYNTHETIC, FORCED ACCEPTANCE: ar decode tok/s against dflash with --force-accept-length (8.31
                   = upstream's HumanEval AL) at each budget: decode tok/s, draft / tree / verify / commit ms per
                   round. Target: $DFLASH_TARGET (default the synthetic 0.8B), draft: $DFLASH_DRAFT (default a
@@ -142,6 +153,181 @@ def part_reference(exe, out: Path, backend: list[str], cpu_baseline: Path | None
     (out / "reference.json").write_text(json.dumps(result, indent=1))
 
 
+REF_BUDGETS = (8, 16, 22, 32, 40)
+AL_TOLERANCE = 0.05  # the issue's bound: chain AL within 5% of the reference loop's, per dataset
+
+
+def datasets_dir() -> Path:
+    if os.environ.get("DFLASH_DATASETS"):
+        return Path(os.environ["DFLASH_DATASETS"])
+    for d in (REPO / ".carry" / "datasets", REPO.parent / "shared" / "datasets", REPO.parents[2] / "shared" / "datasets"):
+        if (d / "gsm8k").is_dir():
+            return d
+    raise FileNotFoundError("no datasets folder (.carry/datasets, ../shared/datasets): set DFLASH_DATASETS")
+
+
+def reference_prompts(ref: dict, limit: int | None) -> dict[str, list[list[int]]]:
+    """The reference loop's prompts per dataset, in the target's tokens: the suites' selection (shuffle seed
+    42, first n_prompts) encoded without special tokens, as measure_acceptance does; the first
+    prompts_measured of them (a time-limited reference run measured fewer)."""
+    from tokenizers import Tokenizer
+
+    from lucebench.models.dflash_reference import eval_prompts
+
+    tok = Tokenizer.from_file(str(FIXTURES / "target" / "tokenizer.json"))
+    out = {}
+    for name, d in ref["datasets"].items():
+        texts = eval_prompts(datasets_dir(), name, ref["n_prompts"])[: d.get("prompts_measured", ref["n_prompts"])]
+        ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+        lens, want = [len(x) for x in ids], [p["prompt_tokens"] for p in d.get("prompts", [])]
+        if want and lens != want:
+            raise ValueError(f"{name}: prompt lengths {lens} differ from the reference loop's {want}: "
+                             "another selection or tokenizer")
+        out[name] = ids[:limit] if limit else ids
+    return out
+
+
+def run_modes(exe, target: Path, draft: Path, prompts: list[list[int]], n_gen: int, stop: list[int],
+              modes: dict[str, list[str]], backend: list[str], max_ctx: int) -> dict[str, list[dict]]:
+    """ar and each dflash mode over the prompts (stopping at `stop`, as the reference loop does), after a
+    warm-up generation per engine; per prompt: tokens, rounds, committed tokens, decode ms."""
+    kw = {"ignore_eos": False, "eos_ids": stop}
+    flags = ["--max-ctx", str(max_ctx), *backend]
+    res = {}
+    for mode, extra in {"ar": [], **modes}.items():
+        # a mode named "...+bf16cache" runs with the draft's context cache in bf16 (LB_DFLASH_DRAFT_BF16)
+        env = {"LB_DFLASH_DRAFT_BF16": "1"} if mode.endswith("+bf16cache") else None
+        e = Engine(exe["ar"], target, *flags) if mode == "ar" else Engine(exe["dflash"], target, "--draft",
+                                                                           str(draft), *flags, *extra, env=env)
+        e.gen(prompts[0], n_gen, **kw)
+        rows = []
+        for p in prompts:
+            r = e.gen(p, n_gen, **kw)
+            sp = r.get("spec") or {}
+            rows.append({"output_ids": r["output_ids"], "decode_ms": r["timing"]["decode_ms"],
+                         "rounds": sp.get("draft_steps", 0), "committed": sp.get("accepted_tokens", 0)})
+        if mode != "ar":
+            res[mode + "_options"] = e.ready["engine"]["options"]
+        e.close()
+        res[mode] = rows
+    return res
+
+
+def near_tie(exe, prompt: list[int], want: list[int], d: int, backend: list[str], max_ctx: int) -> bool:
+    """Whether ar's own choice at token d was a near-tie (a flip there is batched rounding, not a bug)."""
+    if d >= len(want):
+        return False
+    ar = Engine(exe["ar"], FIXTURES / "target", "--max-ctx", str(max_ctx), *backend)
+    try:
+        m = rel_margin(ar.gen(prompt + want[:d], 1, return_logits=True)["last_logits"])
+    finally:
+        ar.close()
+    say(f"    divergence at token {d}: ar relative margin {m:.1e}{' (near-tie)' if m < NEAR_TIE else ''}")
+    return m < NEAR_TIE
+
+
+def al_of(rows: list[dict]) -> float:
+    return sum(r["committed"] for r in rows) / max(1, sum(r["rounds"] for r in rows))
+
+
+def tok_s(rows: list[dict]) -> float:
+    return sum(max(0, len(r["output_ids"]) - 1) for r in rows) / max(1e-9, sum(r["decode_ms"] for r in rows)) * 1e3
+
+
+def part_reference_al(exe, out: Path, backend: list[str]) -> None:
+    ref_file = Path(os.environ.get("DFLASH_REF_AL", FIXTURES / "reference_al.json"))
+    ref = json.loads(ref_file.read_text())
+    limit = int(os.environ["DFLASH_REF_PROMPTS"]) if os.environ.get("DFLASH_REF_PROMPTS") else None
+    n_gen, stop, bs = ref["n_gen"], ref["stop_ids"], ref["block_size"]
+    dcfg = json.loads((FIXTURES / "draft" / "config.json").read_text())
+    if dcfg.get("block_size") != bs:
+        raise ValueError(f"the draft's block_size {dcfg.get('block_size')} is not the reference loop's {bs}")
+    say(f"## TRAINED REFERENCE: real acceptance against the Python reference loop (tests/fixtures/reference-models/"
+        f"reference_al.json: {ref['n_prompts']} prompts a set, n_gen {n_gen}, stop {stop}, block {bs}, "
+        f"{ref.get('dtype', '?')} on {ref.get('device', '?')}), KV bf16")
+    prompts = reference_prompts(ref, limit)
+    deepest = bs - 1
+    modes = {"chain": ["--chain"]}
+    for b in REF_BUDGETS:
+        if b < deepest:
+            modes[f"chain{b}"] = ["--chain", "--budget", str(b)]
+        modes[f"tree{b}"] = ["--budget", str(b)]
+    if not backend:  # the GPU draft's bf16 context cache: its AL beside the fp32 cache's
+        modes["chain+bf16cache"], modes["tree22+bf16cache"] = modes["chain"], modes["tree22"]
+    max_ctx = max(len(p) for ps in prompts.values() for p in ps) + n_gen + 64
+    result = {"label": "TRAINED REFERENCE", "reference": {k: ref[k] for k in ("n_prompts", "n_gen", "block_size",
+                                                                               "stop_ids") if k in ref},
+              "reference_file": str(ref_file), "n_prompts_run": limit, "datasets": {}}
+    table = ["| dataset | prompts | reference loop chain AL | engine chain AL | diff | " +
+             " | ".join(f"b{b} chain / tree AL" for b in REF_BUDGETS) + " | lossless | ar tok/s | " +
+             "chain tok/s (x ar) | tree22 tok/s (x ar) | best tok/s (x ar) |",
+             "|---|---|---|---|---|" + "---|" * len(REF_BUDGETS) + "---|---|---|---|---|"]
+    for name, ps in prompts.items():
+        t0 = time.time()
+        res = run_modes(exe, FIXTURES / "target", FIXTURES / "draft", ps, n_gen, stop, modes, backend, max_ctx)
+        want = [r["output_ids"] for r in res["ar"]]
+        ref_d = ref["datasets"][name]
+        ds = {"reference_al": ref_d["al"], "prompts": len(ps), "ar_tok_s": tok_s(res["ar"]), "modes": {},
+              "per_prompt": []}
+        lossless_all = True
+        for mode in modes:
+            rows = res[mode]
+            div = [first_divergence(r["output_ids"], w) for r, w in zip(rows, want)]
+            lossless_all &= all(d is None for d in div)
+            ds["modes"][mode] = {"al": al_of(rows), "tok_s": tok_s(rows), "x_ar": tok_s(rows) / ds["ar_tok_s"],
+                                 "lossless": sum(d is None for d in div), "first_divergence": div,
+                                 "options": res[mode + "_options"]}
+            bad = [(i, d) for i, d in enumerate(div)
+                   if d is not None and not near_tie(exe, ps[i], want[i], d, backend, max_ctx)]
+            ds["modes"][mode]["divergences_not_near_tie"] = len(bad)
+            if bad:
+                failures.append(f"reference-al {name} {mode}: output differs from ar at "
+                                + ", ".join(f"prompt {i} token {d}" for i, d in bad))
+        for i in range(len(ps) if ref_d.get("prompts") else 0):
+            rp = ref_d["prompts"][i]
+            ds["per_prompt"].append({"prompt_tokens": len(ps[i]), "generated": len(res["chain"][i]["output_ids"]),
+                                     "reference_generated": rp["generated"], "reference_al": rp["al"],
+                                     "chain_al": res["chain"][i]["committed"] / max(1, res["chain"][i]["rounds"]),
+                                     "reference_first_divergence": rp["first_divergence"]})
+        chain_al = ds["modes"]["chain"]["al"]
+        ds["chain_al_rel_diff"] = chain_al / ref_d["al"] - 1
+        ds["lossless"] = lossless_all
+        cells = []
+        for b in REF_BUDGETS:
+            c = ds["modes"][f"chain{b}" if b < deepest else "chain"]["al"]
+            t = ds["modes"][f"tree{b}"]["al"]
+            cells.append(f"{c:.3f} / {t:.3f}")
+            if b >= 16 and not t > c:
+                failures.append(f"reference-al {name}: DDTree AL {t:.3f} at budget {b} does not beat the chain's {c:.3f}")
+        if limit is None and abs(ds["chain_al_rel_diff"]) > AL_TOLERANCE:
+            failures.append(f"reference-al {name}: chain AL {chain_al:.3f} is {100 * ds['chain_al_rel_diff']:+.1f}% "
+                            f"from the reference loop's {ref_d['al']:.3f} (bound 5%)")
+        dm = ds["modes"]
+        best = max(modes, key=lambda m: dm[m]["tok_s"])
+        fm = lambda m, dm=dm: f"{dm[m]['tok_s']:.0f} ({dm[m]['x_ar']:.2f}x)"  # noqa: E731
+        table.append(f"| {name} | {len(ps)} | {ref_d['al']:.3f} | {chain_al:.3f} | {100 * ds['chain_al_rel_diff']:+.1f}% | "
+                     + " | ".join(cells) + f" | {'all' if lossless_all else 'NO'} | {ds['ar_tok_s']:.0f} | "
+                     f"{fm('chain')} | {fm('tree22')} | {best} {fm(best)} |")
+        say(f"  {name:9s} {len(ps)} prompts: chain AL {chain_al:.3f} vs reference loop {ref_d['al']:.3f} "
+            f"({100 * ds['chain_al_rel_diff']:+.1f}%); tree AL " +
+            ", ".join(f"b{b} {ds['modes'][f'tree{b}']['al']:.3f}" for b in REF_BUDGETS) +
+            f"; lossless {'yes' if lossless_all else 'NO'}; ar {ds['ar_tok_s']:.0f} tok/s, tree22 "
+            f"{ds['modes']['tree22']['x_ar']:.2f}x ({time.time() - t0:.0f} s)")
+        if "chain+bf16cache" in dm:
+            say(f"    draft context cache bf16: chain AL {dm['chain+bf16cache']['al']:.3f}, tree22 AL "
+                f"{dm['tree22+bf16cache']['al']:.3f} (fp32: {chain_al:.3f}, {dm['tree22']['al']:.3f})")
+        result["datasets"][name] = ds
+    for line in table:
+        say("  " + line)
+    (out / "reference_al.json").write_text(json.dumps(result, indent=1))
+    (out / "reference_al.md").write_text(
+        "TRAINED REFERENCE (tests/fixtures/reference-models), card: see card.txt. Chain AL against the Python "
+        "reference loop's (fixtures' reference_al.json); chains are at most block_size - 1 = "
+        f"{deepest} deep, so budgets >= {deepest} compare the tree with the full chain. tok/s: decode, "
+        "this card, after a warm-up generation; both engines stop at the same stop ids.\n\n"
+        + "\n".join(table) + "\n")
+
+
 def timed(e: Engine, prompt: list[int], n_gen: int, reps: int) -> list[dict]:
     e.gen(prompt, n_gen)  # warm-up: first-use allocations, graph capture
     return [e.gen(prompt, n_gen) for _ in range(reps)]
@@ -197,7 +383,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="folder with lucebench-ar and lucebench-dflash")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--part", action="append", choices=["lossless-synth", "reference", "speed"])
+    ap.add_argument("--part", action="append", choices=["lossless-synth", "reference", "reference-al", "speed"])
     ap.add_argument("--backend", default=None, help="pass --backend to the engines (cpu for the CPU build)")
     ap.add_argument("--cpu-baseline", type=Path, default=None, help="reference.json of the CPU engine")
     a = ap.parse_args()
@@ -209,6 +395,7 @@ def main() -> int:
         try:  # a part that fails (an engine error, a crash) is reported and the next part still runs
             {"lossless-synth": lambda: part_lossless_synth(exe, a.out, backend),
              "reference": lambda: part_reference(exe, a.out, backend, a.cpu_baseline),
+             "reference-al": lambda: part_reference_al(exe, a.out, backend),
              "speed": lambda: part_speed(exe, a.out, backend)}[part]()
         except Exception as exc:  # noqa: BLE001
             say(f"  {part}: FAILED with {type(exc).__name__}: {exc}")

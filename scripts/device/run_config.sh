@@ -25,6 +25,8 @@ export LUCEBENCH_CACHE=${LUCEBENCH_CACHE:-$PWD/.devcache}
 src=$(ls "$PWD"/.cache/llamacpp/llama.cpp-*.tar.xz 2>/dev/null | head -1)
 [ -n "$src" ] && export LUCEBENCH_LLAMACPP_SRC=$src
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 COLUMNS=160
+# The evaluation sets (HumanEval, GSM8K, MATH-500), carried as .carry/datasets (no hub there).
+[ -d .carry/datasets ] && export LUCEBENCH_DATA_DIR=${LUCEBENCH_DATA_DIR:-$PWD/.carry/datasets}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,power.limit,power.default_limit,clocks.sm,clocks.mem,temperature.gpu --format=csv
 python3 -m lucebench env --json > "$out/env.json" || echo "env failed"

@@ -163,6 +163,18 @@ def test_ready_line_of_the_real_walk(dflash_exe, pair):
     assert e.close() == 0
 
 
+def test_ready_line_reports_the_drafts_memory(dflash_exe, pair):
+    """model.memory.draft: the draft's weights (fp32 on the CPU) and its K/V context cache for max_ctx rows."""
+    e = Engine(dflash_exe, pair[0], "--draft", str(pair[1]), "--max-ctx", "200")
+    d = e.ready["model"]["memory"]["draft"]
+    s = DRAFT_SHAPE
+    assert d["context_cache_dtype"] == "f32" and d["buffer_bytes"] == 0
+    # block_size rows past max_ctx: the block's own K/V follow the context rows
+    assert d["context_cache_bytes"] == 2 * s["layers"] * (200 + s["block"]) * s["kv_heads"] * s["head_dim"] * 4
+    assert d["weights_bytes"] > 4 * s["layers"] * s["hidden"] * (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"]
+    assert e.close() == 0
+
+
 def test_stop_token_cuts_the_round(dflash_exe, pair, ar_tokens):
     """With a stop token, the output ends at its first occurrence, even inside a round's accepted tokens."""
     want = ar_tokens["bf16"][2]

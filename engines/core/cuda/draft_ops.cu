@@ -12,10 +12,15 @@ namespace {
 constexpr int kWarps = 16;     // warps a draft_attention block: keys are walked one a warp at a time
 constexpr int kMaxPerLane = 16;  // head_dim up to 16 * warp size
 
+__device__ __forceinline__ float cache_value(const float* row, int i) { return row[i]; }
+__device__ __forceinline__ float cache_value(const unsigned short* row, int i) { return bf16_value(row[i]); }
+
 // grid (n, nh): block (t, h) takes query row t, head h; warp w walks the visible keys lo + w, lo + w + kWarps,
-// ... with an online softmax, then the warps' partial results are merged.
+// ... with an online softmax, then the warps' partial results are merged. T: the cache's element (float, or
+// the bits of a bf16).
+template <class T>
 __global__ void draft_attention_kernel(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx,
-                                       const float* kc, const float* vc, int causal, int window, float* out) {
+                                       const T* kc, const T* vc, int causal, int window, float* out) {
     __shared__ float m_s[kWarps], l_s[kWarps];
     extern __shared__ float acc_s[];  // [kWarps, hd]
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP;
@@ -39,20 +44,20 @@ __global__ void draft_attention_kernel(const float* q, int ldq, int n, int nh, i
     const float scale = 1.0f / sqrtf(float(hd));
     float m = -INFINITY, l = 0.f;
     for (int key = lo + warp; key < hi; key += kWarps) {
-        const float* kr = kc + (size_t(key) * nkv + kvh) * hd;
+        const T* kr = kc + (size_t(key) * nkv + kvh) * hd;
         float d = 0;
         for (int e = 0; e < per; ++e) {
             const int i = lane + e * LB_WARP;
-            if (i < hd) d += qr[e] * kr[i];
+            if (i < hd) d += qr[e] * cache_value(kr, i);
         }
         const float sc = warp_sum(d) * scale;
         const float m_new = fmaxf(m, sc);
         const float corr = expf(m - m_new), p = expf(sc - m_new);
         l = l * corr + p;
-        const float* vr = vc + (size_t(key) * nkv + kvh) * hd;
+        const T* vr = vc + (size_t(key) * nkv + kvh) * hd;
         for (int e = 0; e < per; ++e) {
             const int i = lane + e * LB_WARP;
-            acc[e] = acc[e] * corr + (i < hd ? p * vr[i] : 0.f);
+            acc[e] = acc[e] * corr + (i < hd ? p * cache_value(vr, i) : 0.f);
         }
         m = m_new;
     }
@@ -174,11 +179,20 @@ __global__ void scale_kernel(float* x, size_t count, float a) {
 
 }  // namespace
 
-void draft_attention(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx, const float* kcache,
-                     const float* vcache, bool causal, int window, float* out, gpuStream_t s) {
+void draft_attention(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx, const void* kcache,
+                     const void* vcache, DType cache_type, bool causal, int window, float* out, gpuStream_t s) {
     if (hd > kMaxPerLane * LB_WARP) fail("unsupported", "draft attention: head_dim " + std::to_string(hd) + " too large");
-    draft_attention_kernel<<<dim3(unsigned(n), unsigned(nh)), kWarps * LB_WARP, sizeof(float) * kWarps * hd, s>>>(
-        q, ldq, n, nh, nkv, hd, n_ctx, kcache, vcache, causal ? 1 : 0, window, out);
+    const dim3 grid{unsigned(n), unsigned(nh)};
+    const size_t shared = sizeof(float) * kWarps * hd;
+    if (cache_type == DType::F32)
+        draft_attention_kernel<float><<<grid, kWarps * LB_WARP, shared, s>>>(
+            q, ldq, n, nh, nkv, hd, n_ctx, (const float*)kcache, (const float*)vcache, causal ? 1 : 0, window, out);
+    else if (cache_type == DType::BF16)
+        draft_attention_kernel<unsigned short><<<grid, kWarps * LB_WARP, shared, s>>>(
+            q, ldq, n, nh, nkv, hd, n_ctx, (const unsigned short*)kcache, (const unsigned short*)vcache, causal ? 1 : 0,
+            window, out);
+    else
+        fail("internal", "draft attention: a context cache of f32 or bf16 only");
 }
 
 void draft_top_k(const float* logits, int rows, int vocab, int k, float multiplier, float softcap, int* ids,

@@ -2,16 +2,17 @@
 // CPU references: draft_attention in ../cpu/draft_attention.cpp, top_k_logprobs in
 // engines/dflash/ddtree.cpp; engines/tests/dflash_gpu_check.cu compares them on random inputs.
 #pragma once
+#include "../quant.h"
 #include "gpu_compat.h"
 
 namespace lb::gpu {
 
-// The draft's attention. Cache rows [0, n_ctx + n) of K and V (fp32 [row, nkv, hd]) are the context rows
-// followed by the block's n rows; row r sits at position r. Queries q rows [n, ldq] (head h at h * hd) at
+// The draft's attention. Cache rows [0, n_ctx + n) of K and V ([row, nkv, hd] of `cache_type`: F32 or BF16,
+// read as float) are the context rows followed by the block's n rows; row r sits at position r. Queries q rows [n, ldq] (head h at h * hd) at
 // positions n_ctx .. n_ctx + n - 1. A key at kp is visible to a query at qp when (!causal || kp <= qp) and
 // (window == 0 || (qp - kp < window && (causal || kp - qp < window))) (z-lab's mask). out [n, nh * hd].
-void draft_attention(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx, const float* kcache,
-                     const float* vcache, bool causal, int window, float* out, gpuStream_t s);
+void draft_attention(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx, const void* kcache,
+                     const void* vcache, DType cache_type, bool causal, int window, float* out, gpuStream_t s);
 
 // The largest k draft_top_k takes.
 constexpr int kDraftTopKMax = 16;
