@@ -160,7 +160,7 @@ AL_TOLERANCE = 0.05  # the issue's bound: chain AL within 5% of the reference lo
 def datasets_dir() -> Path:
     if os.environ.get("DFLASH_DATASETS"):
         return Path(os.environ["DFLASH_DATASETS"])
-    for d in (REPO / ".carry" / "datasets", REPO.parent / "shared" / "datasets", REPO.parents[2] / "shared" / "datasets"):
+    for d in (REPO / ".carry" / "datasets", REPO.parent / "shared" / "datasets"):
         if (d / "gsm8k").is_dir():
             return d
     raise FileNotFoundError("no datasets folder (.carry/datasets, ../shared/datasets): set DFLASH_DATASETS")
