@@ -1,6 +1,6 @@
-// The names the Qwen3.5-only GPU code (cuda/, megakernel/) was written against. The model itself is
-// described in model.h; these entry points accept only the Qwen3.5 architecture, since that code
-// computes gated attention + DeltaNet layers and nothing else.
+// The names the GPU code (cuda/, megakernel/) was written against. The model itself is described in
+// model.h. load_qwen35_weights accepts only the Qwen3.5 architecture: the megakernel, its caller, computes
+// gated attention + DeltaNet layers and nothing else (the GPU backend loads Qwen3 too, through load_weights).
 #pragma once
 #include "errors.h"
 #include "model.h"
