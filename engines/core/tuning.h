@@ -32,8 +32,6 @@ struct Tuning {
                                   // run in chunks of this size, so activations stay bounded (0: no chunking)
     bool gpu_quant = true;        // LB_GPU_QUANT: GGUF matrices in q4_K/q5_K/q6_K/q8_0/q4_0 stay in their blocks on
                                   // the GPU (0: dequantised to the weight type at load, as before)
-    bool qgemv32 = false;         // LB_GPU_QGEMV32: block-quantised GEMV lanes take 32-element scale groups (1)
-                                  // instead of 8 elements (0)
     bool qmv = true;              // LB_GPU_QMV: q4_K / q6_K matrices at up to 32 rows take qmv_kernel (scales
                                   // factored out of the dot products, 16-byte loads a step ahead; 0: qgemv /
                                   // qgemm as before)

@@ -182,6 +182,11 @@ static void test_tuning() {
     CHECK(j.find("\"gemv_tile_bytes\": 8192") != std::string::npos || j.find("\"gemv_tile_bytes\":8192") != std::string::npos,
           "json: %s", j.c_str());
     CHECK(j.find("LB_GV_TILE") != std::string::npos, "json set: %s", j.c_str());
+    // a retired variant's switch changes nothing and says so
+    const lb::Tuning r = lb::parse_tuning({"LB_GPU_QGEMV32=1"});
+    CHECK(r.set.empty() && r.warnings.size() == 1 && r.warnings[0].find("retired") != std::string::npos &&
+              r.to_json().dump().find("qgemv32") == std::string::npos,
+          "retired: %s", r.warnings.empty() ? "(no warning)" : r.warnings[0].c_str());
 }
 
 int main(int argc, char** argv) {

@@ -1005,8 +1005,6 @@ int main(int argc, char** argv) {
         const int in = t == DType::Q8_0 || t == DType::Q4_0 ? 320 : 512;
         check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
         check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv_kernel<3>", 1e-5);
-        check_matmul_quant(r, t, 1, in, 77, false, 0, 77, "qgemv32_kernel<1>", 1e-5, 32);
-        check_matmul_quant(r, t, 3, in + 256, 130, true, 0, 130, "qgemv32_kernel<3>", 1e-5, 32);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
         check_matmul_quant(r, t, 23, in, 1001, false, 0, 1001, "qgemm_kernel (verify rows)", 2e-2);
 #endif
@@ -1031,7 +1029,6 @@ int main(int argc, char** argv) {
 #endif
     }
     check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
-    check_matmul_quant(r, DType::Q6_K, 4, 2560, 33, true, 5, 50, "qgemv32_kernel<4>, at column 5", 1e-5, 32);
     check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     check_matmul_quant(r, DType::Q4_K, 5, 2560, 77, false, 0, 77, "qgemm_kernel, split-K", 2e-2);

@@ -10,7 +10,8 @@ Then:
      its --time-quant table (matmul_quant alone on the 27B shapes, each n class: ms and weight GB/s);
   2. 0.8B Q4_K_M: greedy tokens of the CUDA `ar` (blocks kept; qmv_kernel / qmma_kernel, and LB_GPU_QMV=0
      LB_GPU_QMMA=0: the kernels before them) against the CPU `ar` (the fp32 reference of the same dequantised weights) and against the CUDA `ar`
-     with LB_GPU_QUANT=0 (dequantised to bf16 at load): agreement and first divergence per prompt;
+     with LB_GPU_QUANT=0 (dequantised to bf16 at load): agreement and first divergence per prompt, and there
+     the reference's relative top-2 logit margin ("near-tie" below 2e-2: a rounding flip, not a bug);
   3. 27B Q4_K_M, `ar`: decode tok/s (1 warm-up, 5 reps: median and spread), bytes per token (decode_bytes)
      and the roofline % against the measured device copy bandwidth; prefill tok/s at 128 / 512; decode
      again with LB_GPU_QMV=0 LB_GPU_QMMA=0 (before: qgemv_kernel);
@@ -155,32 +156,66 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+# A flip of the reference's greedy choice below this relative top-2 margin ((top1 - top2) / max |logit|) is a
+# near-tie: rounding (fp32 sums in another order, bf16 weights), not a wrong kernel (as check_dflash_gpu.py).
+NEAR_TIE = 2e-2
+
+
+def rel_margin(logits: list[float]) -> float:
+    a, b = sorted(logits, reverse=True)[:2]
+    return (a - b) / max(max(abs(x) for x in logits), 1e-30)
+
+
+def divergence_text(r: dict) -> str:
+    d = r["first_divergence"]
+    if d is None:
+        return "no divergence"
+    if "ref_rel_margin" not in r:
+        return f"first divergence {d}"
+    return (f"first divergence {d} (reference's relative top-2 margin {r['ref_rel_margin']:.1e}"
+            f"{', near-tie' if r['near_tie'] else ''})")
+
+
 def correctness_08b(path: Path) -> None:
     from engine_client import Engine
 
     prompts = [[(i * 7919 + 11 * k) % 240000 + 100 for i in range(n)] for k, n in enumerate((8, 64))]
     n_gen = 24
     kv = ["--kv-k", "bf16", "--kv-v", "bf16", "--max-ctx", "256"]
-    runs = {}
-    for name, exe, env in (("cuda", GPU_BUILD / "lucebench-ar", None),
-                           ("cuda_before", GPU_BUILD / "lucebench-ar", dict(os.environ, **BEFORE_ENV)),
-                           ("cuda_bf16", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QUANT="0")),
-                           ("cpu", CPU_BUILD / "lucebench-ar", None)):
-        e = Engine(exe, path, *kv, env=env)
-        runs[name] = {"engine": e.ready.get("engine"),
-                      "tokens": [e.gen(p, n_gen, ignore_eos=True)["output_ids"] for p in prompts]}
-        e.close()
-    out = {}
-    for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_before", "cpu")):
-        rows = []
-        for i, p in enumerate(prompts):
-            a, b = runs[ref]["tokens"][i], runs[other]["tokens"][i]
-            rows.append({"prompt_len": len(p), "first_divergence": first_divergence(a, b),
-                         "agree": sum(x == y for x, y in zip(a, b)), "n": len(a)})
-        out[f"{ref}_vs_{other}"] = rows
-        log(f"0.8B Q4_K_M, {ref} (blocks kept) vs {other}: " +
-            "; ".join(f"prompt {r['prompt_len']}: {r['agree']}/{r['n']} agree, first divergence {r['first_divergence']}"
-                      for r in rows))
+    runs: dict = {}
+    engines: dict = {}  # kept open: a divergence asks its reference for the logits there
+    try:
+        for name, exe, env in (("cuda", GPU_BUILD / "lucebench-ar", None),
+                               ("cuda_before", GPU_BUILD / "lucebench-ar", dict(os.environ, **BEFORE_ENV)),
+                               ("cuda_bf16", GPU_BUILD / "lucebench-ar", dict(os.environ, LB_GPU_QUANT="0")),
+                               ("cpu", CPU_BUILD / "lucebench-ar", None)):
+            e = engines[name] = Engine(exe, path, *kv, env=env)
+            runs[name] = {"engine": e.ready.get("engine"),
+                          "tokens": [e.gen(p, n_gen, ignore_eos=True)["output_ids"] for p in prompts]}
+        out: dict = {}
+        # (build, reference): the CPU `ar` (fp32 on the same dequantised weights) and the CUDA `ar` with the
+        # weights dequantised to bf16 at load
+        for ref, other in (("cuda", "cpu"), ("cuda", "cuda_bf16"), ("cuda_before", "cpu")):
+            rows = []
+            for i, p in enumerate(prompts):
+                a, b = runs[ref]["tokens"][i], runs[other]["tokens"][i]
+                d = first_divergence(a, b)
+                row = {"prompt_len": len(p), "first_divergence": d, "agree": sum(x == y for x, y in zip(a, b)),
+                       "n": len(a)}
+                if d is not None and d < min(len(a), len(b)):
+                    # how close the reference's own choice was there: its logits after the prompt and its
+                    # tokens up to the divergence
+                    lr = engines[other].gen(p + b[:d], 1, return_logits=True)
+                    row["ref_rel_margin"] = rel_margin(lr["last_logits"])
+                    row["near_tie"] = row["ref_rel_margin"] < NEAR_TIE
+                    row["ref_token"], row["token"] = b[d], a[d]
+                rows.append(row)
+            out[f"{ref}_vs_{other}"] = rows
+            log(f"0.8B Q4_K_M, {ref} (blocks kept) vs {other}: " +
+                "; ".join(f"prompt {r['prompt_len']}: {r['agree']}/{r['n']} agree, {divergence_text(r)}" for r in rows))
+    finally:
+        for e in engines.values():
+            e.close()
     out["runs"] = runs
     R["correctness_08b"] = out
     save()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quantised GGUF weights on CUDA, on SYNTHETIC weights (see check_quant_gpu.py for what it does): the op check,
-# per-matrix GEMV/GEMM times (qmv_kernel against qgemv/qgemm, before), 0.8B Q4_K_M CUDA-vs-CPU greedy tokens,
-# 27B Q4_K_M `ar` decode tok/s + roofline % (qmv, and LB_GPU_QMV=0: before), the per-kernel breakdown of a 27B
+# per-matrix GEMV/GEMM times (qmv_kernel against qgemv/qgemm, before), 0.8B Q4_K_M CUDA-vs-CPU greedy tokens
+# (at a divergence: whether the reference's top-2 margin was a near-tie), 27B Q4_K_M `ar` decode tok/s +
+# roofline % (qmv, and LB_GPU_QMV=0: before), the per-kernel breakdown of a 27B
 # decode step (CUPTI), prefill, verify cost of B + 1 rows (B = 1, 8, 16, 22, 32, 64) against a decode step and
 # against the figures before qmv_kernel, llama.cpp llama-bench on the same GGUF (only if its build is done and
 # 330 s have not gone). About 6-7 minutes on a fresh machine. Output under $OUT/gq/.

@@ -9,8 +9,7 @@
 //  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
 //    cores, weights dequantised in registers and each block read once for all rows. Knob qmma.
 //  * qgemv_kernel<T, N> (the other types, and q4_K/q6_K with the knobs off; n <= kQuantGemvMax): 8 elements
-//    at a time (dq8), one warp per two output rows, fp32 FMA. qgemv32_kernel<T, N> (the qgemv32 knob): the
-//    same with a lane taking a 32-element scale group at a time (dq32).
+//    at a time (dq8), one warp per two output rows, fp32 FMA.
 //  * qgemm_kernel<T> (n above; prefill): 64 tokens x 64 rows a block; the K loop dequantises a 64 x 64 weight tile to
 //    bf16 in shared memory and multiplies on the tensor cores (fp32 accumulation; activations rounded to
 //    bf16 as the bf16 GEMM does). Each weight block is read once per 64 tokens, so a verify of up to 64 rows
@@ -78,51 +77,6 @@ __global__ __launch_bounds__(kGemvWarps * 32) void qgemv_kernel(const float* __r
             for (int r = 0; r < kRowsPerWarp; ++r)
                 acc[t][r] += w[r][0] * a.x + w[r][1] * a.y + w[r][2] * a.z + w[r][3] * a.w + w[r][4] * b.x +
                              w[r][5] * b.y + w[r][6] * b.z + w[r][7] * b.w;
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < N; ++t)
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-            const float v = warp_sum(acc[t][r]);
-            if (lane == 0 && row0 + r < out) {
-                float* dst = y + size_t(t) * ldy + row0 + r;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
-}
-
-// As qgemv_kernel, lane c taking a whole 32-element scale group (elements [32c, 32c + 32) of every 1024):
-// the block address and scales once a group, the quants four a word (dq32). Tuning::qgemv32.
-template <DType T, int N>
-__global__ __launch_bounds__(kGemvWarps * 32) void qgemv32_kernel(const float* __restrict__ x, int in,
-                                                                  const uint8_t* __restrict__ W, int out,
-                                                                  float* __restrict__ y, int ldy, bool accumulate) {
-    const int lane = threadIdx.x % 32;
-    const int row0 = (blockIdx.x * kGemvWarps + threadIdx.x / 32) * kRowsPerWarp;
-    if (row0 >= out) return;
-    const size_t rb = row_bytes<T>(in);
-    const uint8_t* rows[kRowsPerWarp];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) rows[r] = W + size_t(min(row0 + r, out - 1)) * rb;
-    float acc[N][kRowsPerWarp];
-#pragma unroll
-    for (int t = 0; t < N; ++t)
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) acc[t][r] = 0.f;
-    for (int k = lane * 32; k < in; k += 1024) {
-        float w[kRowsPerWarp][32];
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) dq32<T>(rows[r], k, w[r]);
-#pragma unroll
-        for (int t = 0; t < N; ++t) {
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                const float4 a = *(const float4*)(x + size_t(t) * in + k + 4 * c);
-#pragma unroll
-                for (int r = 0; r < kRowsPerWarp; ++r)
-                    acc[t][r] += w[r][4 * c] * a.x + w[r][4 * c + 1] * a.y + w[r][4 * c + 2] * a.z + w[r][4 * c + 3] * a.w;
-            }
         }
     }
 #pragma unroll
@@ -630,7 +584,7 @@ __global__ void qsplit_sum_kernel(const float* __restrict__ part, int splits, in
 
 template <DType T>
 void launch(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-            gpuStream_t s, bool gemv32) {
+            gpuStream_t s) {
     const unsigned gemv_blocks = unsigned((out + kGemvWarps * kRowsPerWarp - 1) / (kGemvWarps * kRowsPerWarp));
 #if LB_QUANT_MMA
     if (n > kQuantGemvMax) {
@@ -655,15 +609,6 @@ void launch(const float* x, int n, int in, const uint8_t* W, int out, float* y, 
         const int m = std::min(kQuantGemvMax, n - t0);
         const float* xt = x + size_t(t0) * in;
         float* yt = y + size_t(t0) * ldy;
-        if (gemv32 && T != kWT && in % 32 == 0) {
-            switch (m) {
-                case 1: qgemv32_kernel<T, 1><<<gemv_blocks, kGemvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
-                case 2: qgemv32_kernel<T, 2><<<gemv_blocks, kGemvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
-                case 3: qgemv32_kernel<T, 3><<<gemv_blocks, kGemvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
-                default: qgemv32_kernel<T, 4><<<gemv_blocks, kGemvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
-            }
-            continue;
-        }
         switch (m) {
             case 1: qgemv_kernel<T, 1><<<gemv_blocks, kGemvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
             case 2: qgemv_kernel<T, 2><<<gemv_blocks, kGemvWarps * 32, 0, s>>>(xt, in, W, out, yt, ldy, accumulate); break;
@@ -759,20 +704,19 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
         if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
         return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
     }
-    const bool g32 = gemv == 32 || (gemv == 0 && tuning().qgemv32);
     if (in % 8 != 0 || (t != kWT && in % int(dtype_block_elems(t)) != 0) || (n > kQuantGemvMax && in % 64 != 0))
         fail("unsupported", std::string("matmul_quant: ") + dtype_name(t) + " rows of " + std::to_string(in) +
                                 " elements (needs whole blocks, a multiple of 64 above " +
                                 std::to_string(kQuantGemvMax) + " rows)");
     const uint8_t* w = (const uint8_t*)W;
     switch (t) {
-        case DType::Q4_K: return launch<DType::Q4_K>(x, n, in, w, out, y, ldy, accumulate, s, g32);
-        case DType::Q5_K: return launch<DType::Q5_K>(x, n, in, w, out, y, ldy, accumulate, s, g32);
-        case DType::Q6_K: return launch<DType::Q6_K>(x, n, in, w, out, y, ldy, accumulate, s, g32);
-        case DType::Q8_0: return launch<DType::Q8_0>(x, n, in, w, out, y, ldy, accumulate, s, g32);
-        case DType::Q4_0: return launch<DType::Q4_0>(x, n, in, w, out, y, ldy, accumulate, s, g32);
+        case DType::Q4_K: return launch<DType::Q4_K>(x, n, in, w, out, y, ldy, accumulate, s);
+        case DType::Q5_K: return launch<DType::Q5_K>(x, n, in, w, out, y, ldy, accumulate, s);
+        case DType::Q6_K: return launch<DType::Q6_K>(x, n, in, w, out, y, ldy, accumulate, s);
+        case DType::Q8_0: return launch<DType::Q8_0>(x, n, in, w, out, y, ldy, accumulate, s);
+        case DType::Q4_0: return launch<DType::Q4_0>(x, n, in, w, out, y, ldy, accumulate, s);
         default:
-            if (t == kWT) return launch<kWT>(x, n, in, w, out, y, ldy, accumulate, s, false);
+            if (t == kWT) return launch<kWT>(x, n, in, w, out, y, ldy, accumulate, s);
             fail("unsupported", std::string("matmul_quant: element type ") + dtype_name(t));
     }
 }
