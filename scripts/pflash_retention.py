@@ -26,6 +26,7 @@ keep ratio), scored as the suite scores them, for the suites in --answer-suites.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -178,8 +179,11 @@ def summarize(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
-        print(summarize(json.loads(Path(sys.argv[2]).read_text())))
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":  # a result file, plain or gzipped (.json.gz)
+        path = Path(sys.argv[2])
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        print(summarize(json.loads(text)))
+        return 0
         return 0
     ap.add_argument("--exe", type=Path, required=True)
     ap.add_argument("--target", type=Path, required=True)
