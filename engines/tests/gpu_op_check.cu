@@ -23,12 +23,12 @@
 #include "core/cuda/gpu_ops.h"
 #include "core/half.h"
 #include "core/quant.h"
+#include "gpu_check_util.h"
 
 using namespace lb;
 
 namespace {
 
-int g_failed = 0, g_checks = 0;
 gpuStream_t g_s;
 
 struct Rng {

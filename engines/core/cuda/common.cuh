@@ -193,6 +193,15 @@ __device__ __forceinline__ void rope_rotate(float* x, int i, int half, float cs,
     x[i] = a * cs - b * sn;
     x[i + half] = b * cs + a * sn;
 }
+// Element i of the head row x rotated back from position pos (RoPE at -pos, the inverse rotation): dims past
+// rot pass through. Reads x[i] and its pair, writes nothing, so each thread can take its own dims.
+__device__ __forceinline__ float rope_inverse(const float* x, int i, int rot, float theta, float pos) {
+    const int half = rot / 2;
+    if (i >= rot) return x[i];
+    float sn, cs;
+    sincosf(pos * rope_inv_freq(i < half ? i : i - half, rot, theta), &sn, &cs);
+    return i < half ? x[i] * cs + x[i + half] * sn : x[i] * cs - x[i - half] * sn;
+}
 
 template <typename T>
 __device__ __forceinline__ T ld_cg(const T* p) {  // bypass L1: data written by other blocks of this launch
