@@ -46,6 +46,7 @@ struct DeviceContext {
     int smem_optin = 48 * 1024;  // the most dynamic shared memory a block may opt into
     DecodeCfg dec;               // decode_setup
     GrowBuffer splitk;           // matmul: split-K partials
+    GrowBuffer gemm_x, gemm_w;   // gemm_tc: activations as bf16 (n x in), a bf16 panel of W (<= 64 MB)
     GrowBuffer delta_prep;       // delta_rule: chunk data (delta_chunk_prep_kernel)
 };
 
@@ -70,9 +71,9 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 // Matrices kept in GGUF's block formats (matmul_quant.cu): q4_K, q5_K, q6_K, q8_0, q4_0, and the backend's wtype
 // (DType::BF16, or F16 in an LB_GPU_FP16 build) for the f32/f16/bf16 parts of a matrix stored next to them.
 // y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
-// a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16; q4_K and
-// q6_K take qmv_kernel (the qmv knob) up to kQuantGemvMax rows and qmma_kernel (the qmma knob, CUDA:
-// tensor cores on weights dequantised in registers) from there up to kQmmaMaxRows rows.
+// a GEMV for n <= kQuantGemvMax, above it tensor-core GEMMs on weights dequantised to bf16 (gemm_tc.cu for
+// prefill); q4_K and q6_K take qmv_kernel (the qmv knob) up to kQuantGemvMax rows and qmma_kernel (the qmma
+// knob, CUDA: tensor cores on weights dequantised in registers) from there up to kQmmaMaxRows rows.
 constexpr int kQuantGemvMax = 4;
 constexpr int kQmvMaxRows = 32;
 constexpr int kQmmaMaxRows = 72;
