@@ -261,9 +261,6 @@ void mlp_fused_setup(const gpuDeviceProp& p);
 // capture); the caller falls back.
 bool gemm_tc(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
              gpuStream_t s);
-// Rows above which matmul_quant takes gemm_tc rather than qgemm_kernel (below it the fused kernel, which reads
-// each block once per 64 tokens and needs no bf16 copy of W, is the faster).
-constexpr int kGemmTcMinRows = 64;
 // Split-K count for a prefill GEMM of `tiles` output tiles and `ksteps` K steps: 1 when the tiles give every
 // multiprocessor per_sm blocks (or Tuning::gemm_splitk_per_sm is 0), else enough splits for that, each of
 // at least min_ksteps steps, at most 8.

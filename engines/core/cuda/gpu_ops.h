@@ -77,6 +77,9 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 constexpr int kQuantGemvMax = 4;
 constexpr int kQmvMaxRows = 32;
 constexpr int kQmmaMaxRows = 72;
+// From this many rows matmul_quant's GEMM is gemm_tc.cu's (W dequantised to bf16 panels, CUDA), below it
+// qgemm_kernel (each block read once per 64 tokens, no bf16 copy of W).
+constexpr int kGemmTcMinRows = 64;
 #if defined(LB_GPU_FP16)
 constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matrix converted to it)
 #else
@@ -84,7 +87,7 @@ constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
 // gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows); 2: qmma_kernel where it applies
-// (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel above kQuantGemvMax);
+// (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel / gemm_tc above kQuantGemvMax);
 // 0: the knobs' choice (qmma above kQuantGemvMax rows, qmv, then qgemv / qgemm).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);
