@@ -5,8 +5,8 @@
 //  1. stage_x_kernel: the fp32 activations rounded to bf16 (round to nearest even, as the older GEMMs did) into
 //     scratch, rows of ldk = in rounded up to 8 (zero padding), so that the GEMM reads 16-byte chunks.
 //  2. dequant_kernel<T> (quantised W only): a panel of W's rows dequantised to bf16 exactly as ggml does (dq8,
-//     quant_blocks.cuh: fp32 d * scale * q - dmin * min, then rounded to bf16), bandwidth-bound. Panels of at
-//     most kPanelElems elements (64 MB), so a 248,320-row LM head takes a bounded scratch.
+//     quant_blocks.cuh: fp32 d * scale * q - dmin * min, then rounded to bf16), bandwidth-bound. Panels of
+//     at most kPanelElems + 256 rows (~128 MB), so a 248,320-row LM head takes a bounded scratch.
 //  3. gemm_tc_kernel<BM, BN>: one bf16 GEMM, fp32 accumulation. A CTA of 8 warps (2 x 4) owns a BM x BN tile
 //     of y; the K loop runs in steps of 32 through a 4-stage cp.async pipeline in shared memory (rows of 64
 //     bytes, the 16-byte chunks XOR-swizzled so that ldmatrix reads are free of bank conflicts); each warp
@@ -17,7 +17,7 @@
 // Tile shapes: 128 x 256 (warp tiles 64 x 64) where its tiles fill the GPU, else 128 x 128, else 64 x 128.
 //
 // Scratch (the device context's GrowBuffers, grown once, kept): gemm_x, n x ldk bf16 (half the fp32 input
-// the caller already holds); gemm_w, at most kPanelElems bf16 (64 MB; none for bf16 W read in place);
+// the caller already holds); gemm_w, one panel, ~kPanelElems bf16 (128 MB; none for bf16 W read in place);
 // splitk, the partials when split. A GrowBuffer cannot grow during graph capture: gemm_tc then returns false
 // and the caller takes its fallback.
 #include "common.cuh"
@@ -31,7 +31,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int BK = 32, STAGES = 4, THREADS = 256, kGroupM = 16;
-constexpr size_t kPanelElems = size_t(32) << 20;
+constexpr size_t kPanelElems = size_t(64) << 20;
 
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
     const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
@@ -280,7 +280,10 @@ bool gemm_tc(const float* x, int n, int in, const void* W, DType t, int out, flo
     // bf16 rows read in place when they are 16-byte chunks; any other W goes through the panel
     const bool direct = t == kWtypeDType && in % 8 == 0 && (uintptr_t(W) & 15) == 0;
     if (size_t(n) * ldk / 8 >= (size_t(1) << 32)) return false;  // stage_x_kernel's 32-bit chunk index
-    const int panel = direct ? out : int(std::min<size_t>(out, std::max<size_t>(256, kPanelElems / ldk / 256 * 256)));
+    // the fewest panels under kPanelElems, of equal rows (a multiple of 256, the widest tile), so that no
+    // panel is a sliver that leaves most of the GPU idle
+    const size_t npanels = direct ? 1 : std::max<size_t>(1, (size_t(out) * ldk + kPanelElems - 1) / kPanelElems);
+    const int panel = direct ? out : int(std::min<size_t>(out, ((out + npanels - 1) / npanels + 255) / 256 * 256));
     bf16* xb = (bf16*)ctx.gemm_x.get((size_t(n) * ldk + 1) / 2, s);
     bf16* wb = direct ? nullptr : (bf16*)ctx.gemm_w.get((size_t(panel) * ldk + 1) / 2, s);
     if (!xb || (!direct && !wb)) return false;

@@ -46,7 +46,7 @@ struct DeviceContext {
     int smem_optin = 48 * 1024;  // the most dynamic shared memory a block may opt into
     DecodeCfg dec;               // decode_setup
     GrowBuffer splitk;           // matmul: split-K partials
-    GrowBuffer gemm_x, gemm_w;   // gemm_tc: activations as bf16 (n x in), a bf16 panel of W (<= 64 MB)
+    GrowBuffer gemm_x, gemm_w;   // gemm_tc: activations as bf16 (n x in), a bf16 panel of W (~128 MB)
     GrowBuffer delta_prep;       // delta_rule: chunk data (delta_chunk_prep_kernel)
 };
 
