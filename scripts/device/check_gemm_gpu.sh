@@ -26,10 +26,9 @@ export PYTHONPATH="/tmp/site:$PWD:$PWD/scripts/device" PYTHONUNBUFFERED=1 HF_HUB
 export LUCEBENCH_CACHE="${LUCEBENCH_CACHE:-$PWD/.cache/lucebench-device}"
 . scripts/device/build_engines.sh
 NEW=/tmp/lb-gemm-new OLD=/tmp/lb-gemm-old OLDSRC=/tmp/lb-gemm-old-src
-GGUF=/tmp/t27/model-q4_k_m.gguf
 
 # the synthetic 27B (background; ~15 s of CPU)
-( [ -f "$GGUF" ] || python3 -m lucebench models synth --shape qwen3.5-27b --format gguf --quant q4_k_m --out /tmp/t27 ) \
+( ls /tmp/t27/*.gguf > /dev/null 2>&1 || python3 -m lucebench models synth --shape qwen3.5-27b --format gguf --quant q4_k_m --out /tmp/t27 ) \
   > "$O/synth.log" 2>&1 &
 SYNTH=$!
 
@@ -91,8 +90,11 @@ PY
 
 wait $SYNTH
 ls -la /tmp/t27 2>/dev/null | tail -3
-if [ -f "$GGUF" ]; then
-  left=$(( END_S - $(elapsed) ))
+GGUF=$(ls /tmp/t27/*.gguf 2>/dev/null | head -1)
+left=$(( END_S - $(elapsed) ))
+if [ "$left" -lt 60 ]; then
+  echo "full prefill skipped: $left s left before GEMM_END_S ($END_S s)"
+elif [ -n "$GGUF" ]; then
   BUILDS=(--build "after=$NEW")
   [ -x "$OLD/lucebench-ar" ] && BUILDS+=(--build "before=$OLD")
   echo "full prefill of the 27B (SYNTHETIC Q4_K_M), $left s left"

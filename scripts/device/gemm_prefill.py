@@ -40,6 +40,10 @@ def main() -> int:
         t_end = time.monotonic() + share
         rows: dict = {}
         res["runs"][label] = rows
+        if share < 30:
+            rows["skipped"] = f"{share:.0f} s left for this build"
+            print(f"[{label}] skipped: {share:.0f} s left", flush=True)
+            continue
         t = time.monotonic()
         try:
             ar = Engine(Path(build) / "lucebench-ar", args.model, "--max-ctx", str(max(lengths) + 64),
