@@ -939,8 +939,8 @@ void time_quant() {
         const size_t copies = std::max<size_t>(1, ((size_t(512) << 20) + bytes - 1) / bytes);
         Dev<uint8_t> w(bytes * copies);
         Dev<float> x(size_t(72) * c.in), y(size_t(72) * c.out);
-        // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4 and the
-        // tensor-core qgemm_kernel (-1) above
+        // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4, the
+        // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows
         const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {9, -1}, {9, 2},
                                             {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2}, {33, -1}, {33, 2},
                                             {65, -1}, {65, 2}};
@@ -959,7 +959,7 @@ void time_quant() {
             std::sort(ts.begin(), ts.end());
             const double ms = ts[ts.size() / 2];
             printf("| %s | %d x %d | %d %s | %.4f | %.0f |\n", c.name, c.out, c.in, n,
-                   gemv == 1 ? "(qmv)" : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
+                   gemv == 1 ? "(qmv)" : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : n < gpu::kGemmTcMinRows ? "(qgemm)" : "(gemm_tc)", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());
@@ -993,9 +993,14 @@ int main(int argc, char** argv) {
     check_matmul(r, 3, 1001, 77, true, "gemv_kernel<3> (scalar loads)", 1e-5);
     check_matmul(r, 8, 1024, 130, false, "gemv_kernel<8>", 1e-5);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)  // HIP: matmul runs the GEMV over groups of 8 tokens
-    check_matmul(r, 100, 256, 300, false, "gemm_vec_kernel", 2e-2);
-    check_matmul(r, 64, 2048, 256, true, "gemm_vec_kernel, split-K", 2e-2);
-    check_matmul(r, 33, 1001, 70, false, "gemm_kernel (in % 8 != 0)", 2e-2);
+    // gemm_tc (n > 8): each tile shape (64 x 128 below a wave of the bigger tiles, 128 x 128, 128 x 256 at
+    // n = 4096), split-K, K not a multiple of the K step, in % 8 != 0 (W copied to the bf16 panel), odd out
+    check_matmul(r, 9, 2048, 300, false, "gemm_tc 64x128, split-K", 2e-2);
+    check_matmul(r, 65, 1024, 77, true, "gemm_tc 64x128, split-K", 2e-2);
+    check_matmul(r, 128, 1001, 70, false, "gemm_tc (in % 8 != 0: panel)", 2e-2);
+    check_matmul(r, 300, 256, 4100, true, "gemm_tc 64x128", 2e-2);
+    check_matmul(r, 4096, 328, 520, false, "gemm_tc 128x128, K tail", 2e-2);
+    check_matmul(r, 4096, 256, 1100, true, "gemm_tc 128x256", 2e-2);
 #endif
     // GGUF block matrices: every type, each n class (GEMV n <= kQuantGemvMax, the tensor-core GEMM above it: a
     // verify's rows, split-K, two token tiles, prefill), odd output sizes, a run of rows written at a column
@@ -1032,10 +1037,21 @@ int main(int argc, char** argv) {
     check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     check_matmul_quant(r, DType::Q4_K, 5, 2560, 77, false, 0, 77, "qgemm_kernel, split-K", 2e-2);
-    check_matmul_quant(r, DType::Q6_K, 64, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);
-    check_matmul_quant(r, DType::Q5_K, 65, 768, 130, false, 0, 130, "qgemm_kernel (two token tiles)", 2e-2);
-    check_matmul_quant(r, DType::Q4_K, 200, 256, 2048, true, 0, 2048, "qgemm_kernel (prefill, one split)", 2e-2);
+    check_matmul_quant(r, DType::Q6_K, 63, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);
+    check_matmul_quant(r, DType::Q5_K, 63, 768, 130, false, 0, 130, "qgemm_kernel (one token tile)", 2e-2);
     check_matmul_quant(r, gpu::kWtypeDType, 23, 512, 77, false, 0, 77, "qgemm_kernel", 2e-2);
+    // gemm_tc (n >= kGemmTcMinRows): every type, W dequantised to the bf16 panel (wtype rows read in place);
+    // n = 65 (split-K, at a column offset of a wider y), 128, 300, 4096 (each tile shape), out not a multiple
+    // of 128, accumulate on and off; and a W over one panel (128 MB of bf16: two panels)
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, gpu::kWtypeDType}) {
+        check_matmul_quant(r, t, 65, 512, 77, true, 3, 90, "gemm_tc, split-K, at column 3", 2e-2);
+        check_matmul_quant(r, t, 128, 768, 300, false, 0, 300, "gemm_tc", 2e-2);
+        check_matmul_quant(r, t, 300, 512, 1001, true, 0, 1001, "gemm_tc", 2e-2);
+        const bool wide = t == DType::Q4_K || t == DType::Q8_0 || t == gpu::kWtypeDType;
+        check_matmul_quant(r, t, 4096, 256, wide ? 1100 : 650, t == DType::Q6_K || t == gpu::kWtypeDType, 0,
+                           wide ? 1100 : 650, wide ? "gemm_tc 128x256" : "gemm_tc 128x128", 2e-2);
+    }
+    check_matmul_quant(r, DType::Q4_K, 65, 4096, 16500, false, 0, 16500, "gemm_tc, two W panels", 2e-2);
 #endif
     check_matmul_quant(r, gpu::kWtypeDType, 1, 1000, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
     for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) check_embed_quant(r, t);

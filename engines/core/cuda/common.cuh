@@ -265,6 +265,16 @@ bool kv_bf16_kernels(DType kt, DType vt);
 void gemv_fused_setup(const gpuDeviceProp& p);
 void mlp_fused_setup(const gpuDeviceProp& p);
 
+// The prefill GEMM (gemm_tc.cu; CUDA bf16 builds): y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W of type t
+// (a GGUF block type, or kWtypeDType for wtype rows). false, nothing launched: its scratch cannot grow (graph
+// capture); the caller falls back.
+bool gemm_tc(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
+             gpuStream_t s);
+// Split-K count for a prefill GEMM of `tiles` output tiles and `ksteps` K steps: 1 when the tiles give every
+// multiprocessor per_sm blocks (or Tuning::gemm_splitk_per_sm is 0), else enough splits for that, each of
+// at least min_ksteps steps, at most 8.
+int splitk_count(int tiles, int ksteps, int min_ksteps, int per_sm);
+
 namespace {
 
 // Launch with the programmatic-stream-serialization attribute when PDL is on (sm_90+, CUDA).

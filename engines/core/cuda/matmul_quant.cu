@@ -10,11 +10,13 @@
 //    cores, weights dequantised in registers and each block read once for all rows. Knob qmma.
 //  * qgemv_kernel<T, N> (the other types, and q4_K/q6_K with the knobs off; n <= kQuantGemvMax): 8 elements
 //    at a time (dq8), one warp per two output rows, fp32 FMA.
-//  * qgemm_kernel<T> (n above; prefill): 64 tokens x 64 rows a block; the K loop dequantises a 64 x 64 weight tile to
-//    bf16 in shared memory and multiplies on the tensor cores (fp32 accumulation; activations rounded to
-//    bf16 as the bf16 GEMM does). Each weight block is read once per 64 tokens, so a verify of up to 64 rows
-//    streams the weights once. Split-K (partials summed in split order) when the output tiles do not fill
-//    the GPU. HIP: GEMV over groups of tokens (no tensor-core path yet).
+//  * qgemm_kernel<T> (n above, below kGemmTcMinRows, or gemm_tc's fallback under graph capture): 64 tokens x
+//    64 rows a block; the K loop dequantises a 64 x 64 weight tile to bf16 in shared memory and multiplies on
+//    the tensor cores (fp32 accumulation; activations rounded to bf16 as the bf16 GEMM does). Each weight
+//    block is read once per 64 tokens, so a verify of up to 64 rows streams the weights once. Split-K
+//    (partials summed in split order) when the output tiles do not fill the GPU.
+//  * n >= kGemmTcMinRows (prefill): gemm_tc.cu, W dequantised to a bf16 panel then one bf16 GEMM.
+//    HIP: GEMV over groups of tokens (no tensor-core path yet).
 // The element type WT (the backend's wtype, tagged DType::BF16 or F16) runs through the same kernels, for the
 // parts of a matrix the file stores in f32/f16/bf16 next to quantised ones.
 #include "common.cuh"
@@ -587,11 +589,12 @@ void launch(const float* x, int n, int in, const uint8_t* W, int out, float* y, 
             gpuStream_t s) {
     const unsigned gemv_blocks = unsigned((out + kGemvWarps * kRowsPerWarp - 1) / (kGemvWarps * kRowsPerWarp));
 #if LB_QUANT_MMA
+    if (n >= kGemmTcMinRows && gemm_tc(x, n, in, W, T, out, y, ldy, accumulate, s)) return;
     if (n > kQuantGemvMax) {
         const int tiles = ((out + QN - 1) / QN) * ((n + QM - 1) / QM), ksteps_all = in / QKS;
         // Split-K while the tiles leave multiprocessors idle (>= 4 K steps a split); the partials need scratch,
         // which is refused during graph capture (then one split).
-        int splits = std::min({(4 * context().sms + tiles - 1) / tiles, ksteps_all / 4, 16});
+        int splits = splitk_count(tiles, ksteps_all, 4, tuning().gemm_splitk_per_sm);
         if (splits < 2 || !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
         const int ksteps = (ksteps_all + splits - 1) / splits;
         const dim3 grid((out + QN - 1) / QN, (n + QM - 1) / QM, splits);
