@@ -235,8 +235,8 @@ void check_embed_quant(Rng& r, DType t) {
            rel_err(x.down(), ref), 1e-6);
 }
 
-void check_heads_to_tiled(Rng& r) {
-    const int n = 3, nk = 2, nv = 6, ph = 40, w = nv * ph;
+void check_heads_to_tiled(Rng& r, int n, int nk, int nv, int ph) {
+    const int w = nv * ph;
     auto x = r.vec(size_t(n) * w);
     Dev<float> dx(x), dy(size_t(n) * w);
     gpu::heads_to_tiled(dx.p, n, nk, nv, ph, dy.p, g_s);
@@ -1039,9 +1039,13 @@ int main(int argc, char** argv) {
 #endif
     check_matmul_quant(r, gpu::kWtypeDType, 1, 1000, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
     for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) check_embed_quant(r, t);
-    check_heads_to_tiled(r);
+    check_heads_to_tiled(r, 3, 2, 6, 40);
+    check_heads_to_tiled(r, 2, 16, 48, 128);  // the 27B's DeltaNet output, 24 blocks a row
     check_rmsnorm(r, 7, 1000);
     check_rmsnorm(r, 3, 37);
+    check_rmsnorm(r, 1, 5120);  // registers (24 a thread, 4 of them padding)
+    check_rmsnorm(r, 2, 8192);  // registers, full
+    check_rmsnorm(r, 2, 9000);  // the strided loop
     check_gated_rmsnorm(r, 3, 4, 128);
     for (int K = 1; K <= 8; ++K) check_conv1d(r, 13, 300, K);
     check_deltanet_prep(r);

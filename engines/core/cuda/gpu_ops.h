@@ -143,7 +143,10 @@ size_t tail_scores_scratch(int n_tail, int nh, int hd, int ctx);
 void tail_scores(const float* qkv, int ld, bool gated, int n_tail, int nh, int nkv, int hd, int rot, float theta,
                  const void* kcache, DType kt, int ctx, float* scratch, float* probs, gpuStream_t s);
 void argmax(const float* x, int n, int* d_out, gpuStream_t s);
-void add_pos(int* d_pos, int n, gpuStream_t s);
+// *d_pos += n. host_ring (pinned host memory, or null): *token also goes to host_ring[(new *d_pos - 1) &
+// ring_mask] (the unfused decode graph's decode_finish).
+void add_pos(int* d_pos, int n, gpuStream_t s, const int* token = nullptr, int* host_ring = nullptr,
+             int ring_mask = 0);
 
 // ----------------------------------------------------------------------------------------- fused decode
 // One-token (decode) kernels for the captured decode graph. They fuse the norms into the GEMVs and the

@@ -630,15 +630,16 @@ __global__ void embed_quant_kernel(const int* tokens, const uint8_t* E, int H, f
     }
 }
 
-// y[t][(j * nk + kh) * ph + e] = x[t][(kh * r + j) * ph + e]: value heads grouped -> tiled.
-__global__ void heads_to_tiled_kernel(const float* __restrict__ x, int nk, int r, int ph, float* __restrict__ y) {
-    const int width = nk * r * ph;
-    const float* xt = x + size_t(blockIdx.x) * width;
-    float* yt = y + size_t(blockIdx.x) * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const int head = i / ph, e = i % ph, j = head / nk, kh = head % nk;
-        yt[i] = xt[(kh * r + j) * ph + e];
-    }
+// y[t][(j * nk + kh) * ph + e] = x[t][(kh * r + j) * ph + e]: value heads grouped -> tiled. One element a
+// thread over a grid (width / 256, tokens): a decode step's row is one round trip, not one per 256 elements.
+__global__ void heads_to_tiled_kernel(const float* __restrict__ x, int n, int nk, int r, int ph,
+                                      float* __restrict__ y) {
+    griddep_launch();
+    griddep_wait();
+    const int width = nk * r * ph, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    const int head = i / ph, e = i % ph, j = head / nk, kh = head % nk, src = (kh * r + j) * ph + e;
+    for (int t = blockIdx.y; t < n; t += gridDim.y) y[size_t(t) * width + i] = x[size_t(t) * width + src];
 }
 
 }  // namespace
@@ -737,7 +738,9 @@ void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, floa
 }
 
 void heads_to_tiled(const float* x, int n, int nk, int nv, int per_head, float* y, gpuStream_t s) {
-    heads_to_tiled_kernel<<<n, 256, 0, s>>>(x, nk, nv / nk, per_head, y);
+    const int width = nv * per_head;
+    launch_k(heads_to_tiled_kernel, dim3(unsigned((width + 255) / 256), unsigned(std::min(n, 65535))), dim3(256), 0, s,
+             x, n, nk, nv / nk, per_head, y);
 }
 
 }  // namespace lb::gpu
