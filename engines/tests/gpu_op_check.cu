@@ -200,11 +200,14 @@ std::vector<uint8_t> random_blocks(Rng& r, DType t, int rows, int in, std::vecto
     return raw;
 }
 
+// xscale: the activations' magnitude (qmv_kernel scales them by 2^80 and takes q4_K quants as subnormals)
 void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int col0, int ldy, const char* variant,
-                        double tol, int gemv = 8) {
+                        double tol, int gemv = 8, float xscale = 1.f) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
     auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
+    for (float& v : x) v *= xscale;
+    for (float& v : y0) v *= xscale;
     Dev<uint8_t> dw(raw);
     Dev<float> dx(x), dy(y0);
     gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, gemv);
@@ -1018,6 +1021,8 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 8, 2048, 66, false, 0, 66, "qmv_kernel<8>", 1e-5, 1);
         check_matmul_quant(r, t, 23, 1024, 45, true, 3, 60, "qmv_kernel, 23 rows (8 + 8 + 7), at column 3", 1e-5, 1);
         check_matmul_quant(r, t, 32, 256, 200, false, 0, 200, "qmv_kernel, 32 rows, 1 super-block", 1e-5, 1);
+        check_matmul_quant(r, t, 1, 1024, 90, false, 0, 90, "qmv_kernel<1>, x ~ 1e-12", 1e-5, 1, 1e-12f);
+        check_matmul_quant(r, t, 1, 1024, 90, false, 0, 90, "qmv_kernel<1>, x ~ 1e8", 1e-5, 1, 1e8f);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
         // qmma_kernel: each token tile count, a partial last tile, rows not a multiple of the block's 128,
         // split-K (few row blocks, many super-blocks) and one split, accumulate at a column offset
@@ -1028,6 +1033,9 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 17, 256, 40000, false, 0, 40000, "qmma_kernel<3>, one super-block", 2e-2, 2);
 #endif
     }
+    // q4_K, 1-2 tokens, >= kQmvWideRows rows: 4 rows a warp (the last warp's rows partly past the end)
+    check_matmul_quant(r, DType::Q4_K, 1, 1280, 16387, false, 0, 16387, "qmv_kernel<1, 4 rows a warp>", 1e-5, 1);
+    check_matmul_quant(r, DType::Q4_K, 2, 2304, 16390, true, 0, 16390, "qmv_kernel<2, 4 rows a warp>", 1e-5, 1);
     check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
     check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)

@@ -91,36 +91,42 @@ __global__ __launch_bounds__(kGemvWarps * 32) void qgemv_kernel(const float* __r
         }
 }
 
-// qmv_kernel<T, N> (Tuning::qmv; q4_K and q6_K): the decode / verify GEMV built to stream the weights.
-// A GEMV at n = 1 moves ~0.56 (q4_K) or ~0.82 (q6_K) bytes an element, so at the copy bandwidth it has only a
-// few instructions an element; qgemv_kernel spends ~7 (block address, scales and fp16 d a group of 8, an
-// unpack, an FMA to dequantise and one to multiply) and keeps one 8-byte load a lane in flight. Here:
-//  * 8 lanes take one super-block (256 elements) of a row, 32 elements each, with one 16-byte load (q4_K) or
-//    six 4-byte loads (q6_K, whose 210-byte blocks are only 2-byte aligned); a warp reads 4 consecutive
-//    super-blocks of each of its kQmvRows rows a step, and the next step's bytes are loaded before this
-//    step's arithmetic, so two steps are in flight a warp;
+// qmv_kernel<T, N, R> (q4_K and q6_K): the decode / verify GEMV built to stream the weights. A GEMV at n = 1
+// moves ~0.56 (q4_K) or ~0.82 (q6_K) bytes an element, so at the copy bandwidth the multiprocessors can issue
+// only ~4 instructions an element: the kernel is counted in instructions (measured: the q4_K matrices ran at
+// ~3.0e12 elements/s whatever their size, the q6_K LM head at ~2.9e12, i.e. issue-bound). Here:
+//  * 8 lanes take one super-block (256 elements) of a row, 32 elements each, with one 16-byte load of quants
+//    (+ one of the 16-byte header: q4_K) or six 4-byte loads (q6_K, whose 210-byte blocks are only 2-byte
+//    aligned); a warp reads 4 consecutive super-blocks of each of its R rows a step, and the next step's
+//    bytes are loaded into the other of two register sets before this step's arithmetic (no copies);
 //  * the scales come out of the dot product: a lane's run of elements shares one scale (and min), so
-//    sum_i (d sc q_i - dmin m) x_i = d sc (sum_i q_i x_i) - dmin m (sum_i x_i): a quant costs a byte permute,
-//    a subtract (2^23 + q as a float, exact) and an FMA per token; the sum of x is shared by the rows.
-// fp32 throughout; the sums are grouped differently from the reference (a few ulp, within the GEMV's 1e-5).
-// n tokens run in passes of up to kQmvTokens, each pass streaming the weights once: passes cost
-// (2 + N) instructions an element against the bytes, so a verify of up to kQmvMaxRows rows stays below the
-// tensor-core GEMM's time (which dequantises each 64 x 64 tile to shared memory).
-constexpr int kQmvRows = 2, kQmvWarps = 4, kQmvTokens = 8;
+//    sum_i (d sc q_i - dmin m) x_i = d sc (sum_i q_i x_i) - dmin m (sum_i x_i); the sum of x is shared by
+//    the rows. q4_K: a lane's two 6-bit scales and mins come out of the 12 scale bytes without branches
+//    (the lanes of a warp take different sub-blocks);
+//  * q4_K quants as subnormal floats: the bits of a 4-bit q are the float q * 2^-149, so a quant costs one
+//    byte permute and one FMA a token. The activations are scaled by 2^80 (exact), so each product and
+//    partial sum is exactly 2^-69 times the one of the plain q * x (a power-of-two scale commutes with
+//    rounding while the values stay normal: magnitudes above 2^-57) and the run's dot is scaled back by 2^69
+//    (exact). q6_K's signed quants take 2^23 + q as a float and a subtraction (exact).
+// Each row's sums are the same operations in the same order whatever R (so R is a launch choice, not a
+// numerics one), written with explicit roundings (__fmul_rn, fmaf, __fadd_rn) so that the compiler cannot
+// regroup them. fp32 throughout; the grouping differs from the reference's (a few ulp, within the GEMV's 1e-5).
+// n tokens run in passes of up to kQmvTokens, each pass streaming the weights once.
+constexpr int kQmvWarps = 4, kQmvTokens = 8;
+// q4_K at 1-2 tokens: R = 4 rows a warp from this many output rows up (fewer warps; the activations' loads and
+// sums shared by more rows), else 2 (more warps for the 5,120-row outputs, whose time is their latency).
+constexpr int kQmvWideRows = 16384;
 
 template <DType T>
 struct QmvRaw;  // one super-block's bytes of one lane (loaded a step ahead)
 
 template <>
 struct QmvRaw<DType::Q4_K> {
-    uint4 q;               // 16 bytes of quants: 16 low nibbles (sub-block 2g), 16 high (2g + 1)
-    uint32_t dm, s0, s1, s2;  // fp16 d and dmin; the 12 bytes of 6-bit scales and mins
+    uint4 q;  // 16 bytes of quants: 16 low nibbles (sub-block 2g), 16 high (2g + 1)
+    uint4 h;  // the block's header: fp16 d and dmin; the 12 bytes of 6-bit scales and mins
     __device__ __forceinline__ void load(const uint8_t* b, int t) {
         q = *(const uint4*)(b + 16 + 16 * t);  // t = lane % 8: bytes [16 t, 16 t + 16) of qs
-        dm = *(const uint32_t*)b;
-        s0 = *(const uint32_t*)(b + 4);
-        s1 = *(const uint32_t*)(b + 8);
-        s2 = *(const uint32_t*)(b + 12);
+        h = *(const uint4*)b;
     }
 };
 
@@ -155,6 +161,17 @@ __device__ __forceinline__ void q4k_sm_w(int j, uint32_t s0, uint32_t s1, uint32
         *mn = float((a >> 4) | ((hi >> 6) << 4));
     }
 }
+// The same for the pair of sub-blocks 2g, 2g + 1 (g < 4), both branches computed: the scales in bytes 0 and 1
+// of *sc2, the mins in those of *mn2. j = 2g + e < 4 reads bytes j, j + 4; j >= 4 (g >= 2) bytes j + 4, j - 4, j.
+__device__ __forceinline__ void q4k_sm_pair(int g, uint32_t s0, uint32_t s1, uint32_t s2, uint32_t* sc2,
+                                            uint32_t* mn2) {
+    const int sh = 16 * (g & 1);
+    const uint32_t b0 = (s0 >> sh) & 0xFFFFu, b1 = (s1 >> sh) & 0xFFFFu, b2 = (s2 >> sh) & 0xFFFFu;
+    const uint32_t lo_sc = b0 & 0x3F3Fu, lo_mn = b1 & 0x3F3Fu;
+    const uint32_t hi_sc = (b2 & 0x0F0Fu) | ((b0 & 0xC0C0u) >> 2), hi_mn = ((b2 >> 4) & 0x0F0Fu) | ((b1 & 0xC0C0u) >> 2);
+    *sc2 = g < 2 ? lo_sc : hi_sc;
+    *mn2 = g < 2 ? lo_mn : hi_mn;
+}
 // the 4 bytes of w as floats (each < 2^8) minus `off`: exact
 __device__ __forceinline__ void unpack4(uint32_t w, float off, float* v) {
     float f[4];
@@ -162,12 +179,114 @@ __device__ __forceinline__ void unpack4(uint32_t w, float off, float* v) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = f[e] - (8388608.f + off);
 }
+#if defined(LB_CUDA)
+// byte e of w (each < 2^8) as the subnormal float byte * 2^-149 (NVIDIA GPUs run FMAs on subnormals at full
+// rate and keep them unless built with -ftz)
+__device__ __forceinline__ float sub_f(uint32_t w, int e) { return __uint_as_float(__byte_perm(w, 0u, 0x4440u + e)); }
+// 2^80 and 2^-80 * 2^149 (see above)
+constexpr float kQmvUp = 0x1p80f, kQmvBack = 0x1p69f;
+#else
+// HIP: byte e of w as a plain float (2^23 + q, minus 2^23), no scaling: the same sums
+__device__ __forceinline__ float sub_f(uint32_t w, int e) { return small_f((w >> (8 * e)) & 0xFFu); }
+constexpr float kQmvUp = 1.f, kQmvBack = 1.f;
+#endif
 
-template <DType T, int N>
+// One step of qmv_kernel: super-block blk of each of the R rows (the lane's 32 elements of it), N tokens.
+template <DType T, int N, int R>
+__device__ __forceinline__ void qmv_step(const QmvRaw<T> (&w)[R], const float* __restrict__ x, int in, int blk,
+                                         int t, float (&acc)[N][R]) {
+    if constexpr (T == DType::Q4_K) {
+        const int g = t >> 1, h = t & 1;
+        const int k0 = blk * 256 + 64 * g + 16 * h;  // the low nibbles' run; the high nibbles' at k0 + 32
+        float dl[R], ml[R], dh[R], mh[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float d = h2f(uint16_t(w[r].h.x & 0xFFFF)), dmin = h2f(uint16_t(w[r].h.x >> 16));
+            uint32_t sc2, mn2;
+            q4k_sm_pair(g, w[r].h.y, w[r].h.z, w[r].h.w, &sc2, &mn2);
+            dl[r] = d * small_f(sc2 & 0xFFu);
+            ml[r] = dmin * small_f(mn2 & 0xFFu);
+            dh[r] = d * small_f(sc2 >> 8);
+            mh[r] = dmin * small_f(mn2 >> 8);
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float* xt = x + size_t(i) * in + k0;
+            float4 a[4], b[4];
+            float sl = 0.f, sh = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                a[c] = *(const float4*)(xt + 4 * c);
+                b[c] = *(const float4*)(xt + 32 + 4 * c);
+                sl += (a[c].x + a[c].y) + (a[c].z + a[c].w);
+                sh += (b[c].x + b[c].y) + (b[c].z + b[c].w);
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                a[c] = make_float4(a[c].x * kQmvUp, a[c].y * kQmvUp, a[c].z * kQmvUp, a[c].w * kQmvUp);
+                b[c] = make_float4(b[c].x * kQmvUp, b[c].y * kQmvUp, b[c].z * kQmvUp, b[c].w * kQmvUp);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint32_t q[4] = {w[r].q.x, w[r].q.y, w[r].q.z, w[r].q.w};
+                float pl = 0.f, ph = 0.f;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {  // each run of 4: ((q0 a0 + q1 a1) + q2 a2) + q3 a3, then added
+                    const uint32_t lo = q[c] & 0x0F0F0F0Fu, hi = (q[c] >> 4) & 0x0F0F0F0Fu;
+                    const float tl = fmaf(sub_f(lo, 3), a[c].w, fmaf(sub_f(lo, 2), a[c].z,
+                                          fmaf(sub_f(lo, 0), a[c].x, __fmul_rn(sub_f(lo, 1), a[c].y))));
+                    const float th = fmaf(sub_f(hi, 3), b[c].w, fmaf(sub_f(hi, 2), b[c].z,
+                                          fmaf(sub_f(hi, 0), b[c].x, __fmul_rn(sub_f(hi, 1), b[c].y))));
+                    pl = __fadd_rn(pl, tl);
+                    ph = __fadd_rn(ph, th);
+                }
+                pl = __fmul_rn(pl, kQmvBack);
+                ph = __fmul_rn(ph, kQmvBack);
+                acc[i][r] = __fadd_rn(acc[i][r], __fadd_rn(fmaf(dl[r], pl, -__fmul_rn(ml[r], sl)),
+                                                           fmaf(dh[r], ph, -__fmul_rn(mh[r], sh))));
+            }
+        }
+    } else {  // q6_K: runs of 8 at l0 + {0, 32, 64, 96} of one 128-element half, one scale each
+        const int half = t >> 2, l0 = 8 * (t & 3);
+        const int k0 = blk * 256 + 128 * half + l0;
+        float q[R][4][8], ds[R][4];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const QmvRaw<T>& c = w[r];
+            const uint32_t a[2] = {c.a0, c.a1}, cc[2] = {c.c0, c.c1}, hh[2] = {c.h0, c.h1};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {  // 6-bit quants: low 4 bits from ql, high 2 from qh; minus 32
+                unpack4((a[i] & 0x0F0F0F0Fu) | ((hh[i] << 4) & 0x30303030u), 32.f, &q[r][0][4 * i]);
+                unpack4((cc[i] & 0x0F0F0F0Fu) | ((hh[i] << 2) & 0x30303030u), 32.f, &q[r][1][4 * i]);
+                unpack4(((a[i] >> 4) & 0x0F0F0F0Fu) | (hh[i] & 0x30303030u), 32.f, &q[r][2][4 * i]);
+                unpack4(((cc[i] >> 4) & 0x0F0F0F0Fu) | ((hh[i] >> 2) & 0x30303030u), 32.f, &q[r][3][4 * i]);
+            }
+            const float d = h2f(c.d);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ds[r][j] = d * float(int8_t(uint32_t(c.sc) >> (8 * j)));
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float* xt = x + size_t(i) * in + k0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float4 a = *(const float4*)(xt + 32 * j), b = *(const float4*)(xt + 32 * j + 4);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float* v = q[r][j];
+                    acc[i][r] += ds[r][j] * (v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                                             v[5] * b.y + v[6] * b.z + v[7] * b.w);
+                }
+            }
+        }
+    }
+}
+
+template <DType T, int N, int R>
 __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __restrict__ x, int in,
                                                               const uint8_t* __restrict__ W, int out,
                                                               float* __restrict__ y, int ldy, bool accumulate) {
-    constexpr int R = kQmvRows, BB = T == DType::Q4_K ? 144 : 210;
+    constexpr int BB = T == DType::Q4_K ? 144 : 210;
     const int lane = threadIdx.x % 32, t = lane % 8;
     const int row0 = (blockIdx.x * kQmvWarps + threadIdx.x / 32) * R;
     if (row0 >= out) return;
@@ -180,96 +299,25 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-    QmvRaw<T> cur[R], nxt[R];
+    QmvRaw<T> wa[R], wb[R];  // steps blk (wa) and blk + 4 (wb), in turn
     int blk = lane / 8;
     if (blk < nblk)
 #pragma unroll
-        for (int r = 0; r < R; ++r) cur[r].load(rows[r] + size_t(blk) * BB, t);
+        for (int r = 0; r < R; ++r) wa[r].load(rows[r] + size_t(blk) * BB, t);
     // launched with programmatic dependent launch (launch_k): the first weight bytes are requested while the
     // kernel before still runs; x and y (its outputs) are read only after the wait
     griddep_launch();
     griddep_wait();
-    for (; blk < nblk; blk += 4) {
+    for (; blk < nblk; blk += 8) {
         if (blk + 4 < nblk)
 #pragma unroll
-            for (int r = 0; r < R; ++r) nxt[r].load(rows[r] + size_t(blk + 4) * BB, t);
-        if constexpr (T == DType::Q4_K) {
-            const int g = t >> 1, h = t & 1;
-            const int k0 = blk * 256 + 64 * g + 16 * h;  // the low nibbles' run; the high nibbles' at k0 + 32
-            float ql[R][16], qh[R][16], dl[R], ml[R], dh[R], mh[R];
+            for (int r = 0; r < R; ++r) wb[r].load(rows[r] + size_t(blk + 4) * BB, t);
+        qmv_step<T, N, R>(wa, x, in, blk, t, acc);
+        if (blk + 4 >= nblk) break;
+        if (blk + 8 < nblk)
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const uint32_t w[4] = {cur[r].q.x, cur[r].q.y, cur[r].q.z, cur[r].q.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    unpack4(w[i] & 0x0F0F0F0Fu, 0.f, &ql[r][4 * i]);
-                    unpack4((w[i] >> 4) & 0x0F0F0F0Fu, 0.f, &qh[r][4 * i]);
-                }
-                const float d = h2f(uint16_t(cur[r].dm & 0xFFFF)), dmin = h2f(uint16_t(cur[r].dm >> 16));
-                float sc, mn;
-                q4k_sm_w(2 * g, cur[r].s0, cur[r].s1, cur[r].s2, &sc, &mn);
-                dl[r] = d * sc;
-                ml[r] = dmin * mn;
-                q4k_sm_w(2 * g + 1, cur[r].s0, cur[r].s1, cur[r].s2, &sc, &mn);
-                dh[r] = d * sc;
-                mh[r] = dmin * mn;
-            }
-#pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const float* xt = x + size_t(i) * in + k0;
-                float sl = 0.f, sh = 0.f, pl[R], ph[R];
-#pragma unroll
-                for (int r = 0; r < R; ++r) pl[r] = ph[r] = 0.f;
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const float4 a = *(const float4*)(xt + 4 * c), b = *(const float4*)(xt + 32 + 4 * c);
-                    sl += (a.x + a.y) + (a.z + a.w);
-                    sh += (b.x + b.y) + (b.z + b.w);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        pl[r] += ql[r][4 * c] * a.x + ql[r][4 * c + 1] * a.y + ql[r][4 * c + 2] * a.z + ql[r][4 * c + 3] * a.w;
-                        ph[r] += qh[r][4 * c] * b.x + qh[r][4 * c + 1] * b.y + qh[r][4 * c + 2] * b.z + qh[r][4 * c + 3] * b.w;
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[i][r] += (dl[r] * pl[r] - ml[r] * sl) + (dh[r] * ph[r] - mh[r] * sh);
-            }
-        } else {  // q6_K: runs of 8 at l0 + {0, 32, 64, 96} of one 128-element half, one scale each
-            const int half = t >> 2, l0 = 8 * (t & 3);
-            const int k0 = blk * 256 + 128 * half + l0;
-            float q[R][4][8], ds[R][4];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const QmvRaw<T>& c = cur[r];
-                const uint32_t a[2] = {c.a0, c.a1}, cc[2] = {c.c0, c.c1}, hh[2] = {c.h0, c.h1};
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {  // 6-bit quants: low 4 bits from ql, high 2 from qh; minus 32
-                    unpack4((a[i] & 0x0F0F0F0Fu) | ((hh[i] << 4) & 0x30303030u), 32.f, &q[r][0][4 * i]);
-                    unpack4((cc[i] & 0x0F0F0F0Fu) | ((hh[i] << 2) & 0x30303030u), 32.f, &q[r][1][4 * i]);
-                    unpack4(((a[i] >> 4) & 0x0F0F0F0Fu) | (hh[i] & 0x30303030u), 32.f, &q[r][2][4 * i]);
-                    unpack4(((cc[i] >> 4) & 0x0F0F0F0Fu) | ((hh[i] >> 2) & 0x30303030u), 32.f, &q[r][3][4 * i]);
-                }
-                const float d = h2f(c.d);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) ds[r][j] = d * float(int8_t(uint32_t(c.sc) >> (8 * j)));
-            }
-#pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const float* xt = x + size_t(i) * in + k0;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float4 a = *(const float4*)(xt + 32 * j), b = *(const float4*)(xt + 32 * j + 4);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const float* v = q[r][j];
-                        acc[i][r] += ds[r][j] * (v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
-                                                 v[5] * b.y + v[6] * b.z + v[7] * b.w);
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) cur[r] = nxt[r];
+            for (int r = 0; r < R; ++r) wa[r].load(rows[r] + size_t(blk + 8) * BB, t);
+        qmv_step<T, N, R>(wb, x, in, blk + 4, t, acc);
     }
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -286,17 +334,26 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
                 gpuStream_t s) {
-    const unsigned blocks = unsigned((out + kQmvWarps * kQmvRows - 1) / (kQmvWarps * kQmvRows));
+    // R = 4: q4_K at up to 2 tokens (more would spill registers; q6_K's 32 unpacked floats a row would too)
+    if constexpr (T == DType::Q4_K) {
+        if (n <= 2 && out >= kQmvWideRows) {
+            const unsigned blocks = unsigned((out + kQmvWarps * 4 - 1) / (kQmvWarps * 4));
+            if (n == 1) return launch_k(qmv_kernel<T, 1, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
+            return launch_k(qmv_kernel<T, 2, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
+        }
+    }
+    constexpr int R = 2;
+    const unsigned blocks = unsigned((out + kQmvWarps * R - 1) / (kQmvWarps * R));
     for (int t0 = 0; t0 < n; t0 += kQmvTokens) {
         const int m = std::min(kQmvTokens, n - t0);
         const float* xt = x + size_t(t0) * in;
         float* yt = y + size_t(t0) * ldy;
         switch (m) {
 #define LB_QMV_CASE(M) \
-    case M: launch_k(qmv_kernel<T, M>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
+    case M: launch_k(qmv_kernel<T, M, R>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
             LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
             LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7)
-            default: launch_k(qmv_kernel<T, 8>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
+            default: launch_k(qmv_kernel<T, 8, R>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
 #undef LB_QMV_CASE
         }
     }
