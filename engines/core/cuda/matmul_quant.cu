@@ -368,13 +368,18 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 //   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), low nibbles then high;
 //   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4);
 // and the activations (bf16 in shared memory, one super-block staged at a time for the block's 8 warps) are
-// read at the same elements. Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
+// read at the same elements; the next super-block's fp32 activations land in shared memory by cp.async while
+// the warps multiply the current one (their L2 latency was exposed once a super-block). Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
 // qgemm_kernel). Split-K over super-blocks (partials summed in split order) when the row blocks leave
 // multiprocessors idle. The next super-block's weight bytes are loaded before this one's arithmetic.
 constexpr int kQmmaWarps = 8, kQmmaRows = 16 * kQmmaWarps;
 // Staged activations: 4 bf16 of padding after each 64 elements and rows of 272, so that a warp's 8-byte
 // fragment reads (rows g, q-th 64-element runs) fall in distinct banks for q4_K.
 __device__ __forceinline__ int qmma_col(int k) { return k + 4 * (k >> 6); }
+constexpr int kQmmaXs = 272;
+// Dynamic shared memory of qmma_kernel<T, NT>: the staged bf16 x [8 NT][kQmmaXs] and the next super-block's
+// fp32 x [8 NT][256] (landing by cp.async while the warps multiply the current one).
+constexpr size_t qmma_smem_bytes(int nt) { return size_t(8 * nt) * (2 * kQmmaXs + 4 * 256); }
 
 template <DType T>
 struct QmmaRaw;
@@ -473,14 +478,17 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (NT <= 9: 39 KB of staged x) (the rest of the last tile is zeros).
+// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (the rest of the last tile is zeros);
+// qmma_smem_bytes(NT) of dynamic shared memory (NT = 9: 113 KB).
 template <DType T, int NT>
-__global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __restrict__ x, int n, int in,
+__global__ __launch_bounds__(kQmmaWarps * 32, 2) void qmma_kernel(const float* __restrict__ x, int n, int in,
                                                                 const uint8_t* __restrict__ W, int out,
                                                                 float* __restrict__ y, int ldy, bool accumulate,
                                                                 int sb_per_split, float* __restrict__ part) {
-    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT, XS = 272;
-    __shared__ __align__(16) __nv_bfloat16 xs[NTOK][XS];
+    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT, XS = kQmmaXs;
+    extern __shared__ __align__(16) unsigned char qmma_smem[];
+    __nv_bfloat16(*xs)[XS] = (__nv_bfloat16(*)[XS])qmma_smem;           // [NTOK][XS]: the staged bf16 x
+    float(*xf)[256] = (float(*)[256])(qmma_smem + sizeof(__nv_bfloat16) * NTOK * XS);  // [n][256]: next fp32 x
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
     const int row_a = blockIdx.x * kQmmaRows + 16 * warp + g, row_b = row_a + 8;
     const int nblk = in / 256;
@@ -494,25 +502,38 @@ __global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __re
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    // x[:, 256 sb, + 256) of the n tokens -> xf, 16-byte cp.async (64 a token), in flight during a super-block
+    auto fetch = [&](int sb) {
+        for (int i = threadIdx.x; i < n * 64; i += kQmmaWarps * 32) {
+            const int t = i >> 6, k4 = 4 * (i & 63);
+            const unsigned d = unsigned(__cvta_generic_to_shared(&xf[t][k4]));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d),
+                         "l"(x + size_t(t) * in + size_t(sb) * 256 + k4) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
     QmmaRaw<T> ca, cb, na, nb;
     if (sb0 < sb1) {
         ca.load(wa + size_t(sb0) * BB, q);
         cb.load(wb + size_t(sb0) * BB, q);
+        fetch(sb0);
     }
     for (int sb = sb0; sb < sb1; ++sb) {
-        // stage x[:, 256 sb, + 256) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();  // x(sb) in xf for every thread; every warp done reading xs (sb - 1)
+        // stage x(sb) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
         for (int i = threadIdx.x; i < NTOK * 64; i += kQmmaWarps * 32) {
             const int t = i >> 6, k4 = 4 * (i & 63);
-            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb) * 256 + k4)
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 v = t < n ? *(const float4*)&xf[t][k4] : make_float4(0.f, 0.f, 0.f, 0.f);
             __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
             *(uint2*)&xs[t][qmma_col(k4)] = *(const uint2*)p;
         }
+        __syncthreads();  // xs ready; xf free for the next super-block's x
         if (sb + 1 < sb1) {
+            fetch(sb + 1);
             na.load(wa + size_t(sb + 1) * BB, q);
             nb.load(wb + size_t(sb + 1) * BB, q);
         }
-        __syncthreads();
         float sa[4], ma[4], sbv[4], mbv[4];
         qmma_scales<T>(ca, q, sa, ma);
         qmma_scales<T>(cb, q, sbv, mbv);
@@ -528,7 +549,6 @@ __global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __re
                 mma_bf16_16816(acc[j], a, bx.x, bx.y);
             }
         }
-        __syncthreads();
         ca = na;
         cb = nb;
     }
@@ -706,28 +726,62 @@ bool quant_type_ok(DType t) {
 }
 
 #if LB_QUANT_MMA
-template <DType T>
-void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                 gpuStream_t s) {
+// The split count of a qmma launch. Its blocks run in rounds of `slots` (resident blocks over the GPU), all
+// about alike long, so a launch of one round plus a few blocks costs two: choose the count that minimises
+// what one slot does, in bytes: its rounds x (the super-blocks a block reads, 128 rows of each, plus ~2 for
+// the block's start) plus the split partials written and summed (8 bytes each), spread over the slots. At
+// least 2 super-blocks a split, at most 16 splits; a near-tie keeps fewer splits.
+inline int qmma_splits(int row_blocks, int nblk, int n, int out, int block_bytes, long slots) {
+    int best = 1;
+    double best_cost = 0;
+    for (int sp = 1; sp <= std::min(16, std::max(1, nblk / 2)); ++sp) {
+        const int per = (nblk + sp - 1) / sp, used = (nblk + per - 1) / per;
+        const long blocks = long(row_blocks) * used, rounds = (blocks + slots - 1) / slots;
+        const double cost = double(rounds) * (per + 2) * block_bytes + (used > 1 ? 8.0 * used * n * out / double(slots) : 0.0);
+        if (sp == 1 || cost < 0.98 * best_cost) {
+            best = used;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+template <DType T, int NT>
+void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                    gpuStream_t s) {
+    constexpr size_t smem = qmma_smem_bytes(NT);
+    static const int per_sm = [] {  // the limit raised first (above 48 KB), as launch_smem does
+        GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        int b = 0;
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmma_kernel<T, NT>, kQmmaWarps * 32, smem));
+        return std::max(b, 1);
+    }();
+    constexpr int BB = T == DType::Q4_K ? 144 : 210;
     const int row_blocks = (out + kQmmaRows - 1) / kQmmaRows, nblk = in / 256;
-    // split-K while the row blocks give the GPU fewer than 2 blocks a multiprocessor (>= 2 super-blocks a
-    // split); the partials need scratch, refused during graph capture (then one split)
-    int splits = std::min({(2 * context().sms + row_blocks - 1) / row_blocks, nblk / 2, 16});
-    if (splits < 2 || !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
+    int splits = qmma_splits(row_blocks, nblk, n, out, kQmmaRows * BB, long(per_sm) * context().sms);
+    // the partials need scratch, refused during graph capture (then one split)
+    if (splits > 1 && !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
     const int per = (nblk + splits - 1) / splits;
     splits = (nblk + per - 1) / per;
     float* part = splits > 1 ? context().splitk.p : nullptr;
-    const dim3 grid(row_blocks, splits);
-    switch ((n + 7) / 8) {
-#define LB_QMMA_CASE(NT) \
-    case NT: qmma_kernel<T, NT><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
-        LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
-        LB_QMMA_CASE(7) LB_QMMA_CASE(8) default: qmma_kernel<T, 9><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
-#undef LB_QMMA_CASE
-    }
+    launch_smem(qmma_kernel<T, NT>, dim3(row_blocks, splits), dim3(kQmmaWarps * 32), smem, s, x, n, in, W, out, y, ldy,
+                accumulate, per, part);
     if (splits > 1) {
         const size_t count = size_t(n) * out;
         qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, splits, n, out, y, ldy, accumulate);
+    }
+}
+
+template <DType T>
+void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                 gpuStream_t s) {
+    switch ((n + 7) / 8) {
+#define LB_QMMA_CASE(NT) \
+    case NT: return launch_qmma_nt<T, NT>(x, n, in, W, out, y, ldy, accumulate, s);
+        LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
+        LB_QMMA_CASE(7) LB_QMMA_CASE(8)
+        default: return launch_qmma_nt<T, 9>(x, n, in, W, out, y, ldy, accumulate, s);
+#undef LB_QMMA_CASE
     }
 }
 #endif
