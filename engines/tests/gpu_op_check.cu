@@ -644,6 +644,12 @@ void check_argmax_pos(Rng& r) {
     const int got = out.down()[0], want = cpu::argmax(x.data(), n);
     report("argmax", "argmax_kernel (tie: lowest index)", shape({{"n", n}}), got == want ? 0 : 1, 0);
     report("add_pos", "add_pos_kernel", shape({{"pos", 40}, {"n", 7}}), pos.down()[0] == 47 ? 0 : 1, 0);
+    // with a ring (the unfused decode graph's token out; device memory here): slot (47 + 1 - 1) & 7 = 7
+    Dev<int> tok(std::vector<int>{123}), ring(std::vector<int>(8, -1));
+    gpu::add_pos(pos.p, 1, g_s, tok.p, ring.p, 7);
+    const std::vector<int> rg = ring.down();
+    report("add_pos", "add_pos_kernel, token to ring slot (pos - 1) & mask", shape({{"pos", 47}, {"n", 1}}),
+           pos.down()[0] == 48 && rg[7] == 123 && rg[6] == -1 ? 0 : 1, 0);
 }
 
 // ----------------------------------------------------------------------------------------- fused decode
@@ -944,10 +950,12 @@ void time_quant() {
         Dev<float> x(size_t(72) * c.in), y(size_t(72) * c.out);
         // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4 and the
         // tensor-core qgemm_kernel (-1) above
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {9, -1}, {9, 2},
-                                            {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2}, {33, -1}, {33, 2},
-                                            {65, -1}, {65, 2}};
+        // qmv_kernel at one token also with 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
+                                            {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
+                                            {33, -1}, {33, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {
+            if (gemv == 4 && c.t != DType::Q4_K) continue;
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
                 GPU_CHECK(gpuEventRecord(e0, g_s));
@@ -962,7 +970,8 @@ void time_quant() {
             std::sort(ts.begin(), ts.end());
             const double ms = ts[ts.size() / 2];
             printf("| %s | %d x %d | %d %s | %.4f | %.0f |\n", c.name, c.out, c.in, n,
-                   gemv == 1 ? "(qmv)" : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
+                   gemv == 1 ? "(qmv)" : gemv == 3 ? "(qmv, 2 rows a warp)" : gemv == 4 ? "(qmv, 4 rows a warp)"
+                   : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());

@@ -44,7 +44,7 @@ cq.OUT = OUT
 ARCH = os.environ.get("ARCH", "90")
 BEFORE_COMMIT = os.environ.get("BEFORE_COMMIT", "5ad8b41")
 AFTER_BUILD, BEFORE_BUILD = Path("/tmp/lb-dflash-build"), Path("/tmp/dec-before-build")  # after: the dflash script's
-DEADLINE_S = float(os.environ.get("DEADLINE_S", "440"))  # optional parts start only before this
+DEADLINE_S = float(os.environ.get("DEADLINE_S", "420"))  # step 8 starts only 45 s or more before this
 T0 = time.time()
 R = cq.R
 R.update({"label": "SYNTHETIC weights (random): speed figures only", "before_commit": BEFORE_COMMIT})
@@ -234,7 +234,11 @@ def main() -> int:
         th.start()
         return th
 
-    src = before_source()
+    try:
+        src = before_source()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        log(f"FAILED: no before tree (carry .carry/dec/before/engines, or run in a git checkout): {exc!r}")
+        return 1
     R["before_source"] = str(src)
     paths: dict = {}
     nproc = os.cpu_count() or 16
@@ -261,7 +265,7 @@ def main() -> int:
     log(f"op check (after): rc {rc.returncode}, {R['op_check']['summary']}")
     tq = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check"), "--time-quant"], capture_output=True, text=True)
     (OUT / "time_quant.md").write_text(tq.stdout + tq.stderr)
-    print("\n".join(ln for ln in tq.stdout.splitlines() if "(qmv)" in ln or ln.startswith("| matrix")), flush=True)
+    print("\n".join(ln for ln in tq.stdout.splitlines() if "(qmv" in ln or "(qmma)" in ln or ln.startswith("| matrix")), flush=True)
     save()
 
     from lucebench.measure.bandwidth import measure_copy_bandwidth

@@ -82,7 +82,8 @@ constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matri
 constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
-// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows); 2: qmma_kernel where it applies
+// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows; 3 / 4: with 2 / 4 rows a warp where
+// that applies, for the op check's timing); 2: qmma_kernel where it applies
 // (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel above kQuantGemvMax);
 // 0: the knobs' choice (qmma above kQuantGemvMax rows, qmv, then qgemv / qgemm).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,

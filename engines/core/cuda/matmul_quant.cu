@@ -331,12 +331,14 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
         }
 }
 
+// rows: the rows a warp, 0: by the matrix (4 for q4_K at 1-2 tokens and >= kQmvWideRows rows, else 2); 2 or 4:
+// that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only).
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                gpuStream_t s) {
+                gpuStream_t s, int rows) {
     // R = 4: q4_K at up to 2 tokens (more would spill registers; q6_K's 32 unpacked floats a row would too)
     if constexpr (T == DType::Q4_K) {
-        if (n <= 2 && out >= kQmvWideRows) {
+        if (n <= 2 && (rows == 4 || (rows == 0 && out >= kQmvWideRows))) {
             const unsigned blocks = unsigned((out + kQmvWarps * 4 - 1) / (kQmvWarps * 4));
             if (n == 1) return launch_k(qmv_kernel<T, 1, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
             return launch_k(qmv_kernel<T, 2, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
@@ -801,7 +803,7 @@ static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmvMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;  // 16-byte loads of whole blocks
-    return gemv == 1 || (gemv == 0 && tuning().qmv);
+    return gemv == 1 || gemv == 3 || gemv == 4 || (gemv == 0 && tuning().qmv);
 }
 
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
@@ -813,8 +815,9 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
     }
 #endif
     if (qmv_takes(t, n, in, W, gemv)) {
-        if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
-        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+        const int rows = gemv == 3 ? 2 : gemv == 4 ? 4 : 0;
+        if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows);
+        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows);
     }
     if (in % 8 != 0 || (t != kWT && in % int(dtype_block_elems(t)) != 0) || (n > kQuantGemvMax && in % 64 != 0))
         fail("unsupported", std::string("matmul_quant: ") + dtype_name(t) + " rows of " + std::to_string(in) +
