@@ -93,8 +93,9 @@ __global__ __launch_bounds__(kGemvWarps * 32) void qgemv_kernel(const float* __r
 
 // qmv_kernel<T, N, R> (q4_K and q6_K): the decode / verify GEMV built to stream the weights. A GEMV at n = 1
 // moves ~0.56 (q4_K) or ~0.82 (q6_K) bytes an element, so at the copy bandwidth the multiprocessors can issue
-// only ~4 instructions an element: the kernel is counted in instructions (measured: the q4_K matrices ran at
-// ~3.0e12 elements/s whatever their size, the q6_K LM head at ~2.9e12, i.e. issue-bound). Here:
+// only ~4 instructions an element: the kernel is counted in instructions (measured, H200: the largest q4_K
+// matrices (0.56 bytes an element) and the q6_K LM head (0.82) both ran at ~2.9e12 elements/s, not at one
+// byte rate: issue-bound). Here:
 //  * 8 lanes take one super-block (256 elements) of a row, 32 elements each, with one 16-byte load of quants
 //    (+ one of the 16-byte header: q4_K) or six 4-byte loads (q6_K, whose 210-byte blocks are only 2-byte
 //    aligned); a warp reads 4 consecutive super-blocks of each of its R rows a step, and the next step's
