@@ -14,9 +14,9 @@ z-lab-shaped draft for the 27B, and the CUPTI injection library. Then, after aga
      measured copy bandwidth), before and after, and their 128 tokens compared;
   4. DFlash at forced AL 8.31 on the 27B (check_dflash_gpu.sh PARTS=speed, budgets 8 and 22, after);
   5. the verify cost of B + 1 rows against a decode step (lucebench-verify-gpu-check --time-model, after);
-  6. a decode step's kernels on the GPU clock (CUPTI, after; check_quant_gpu.timeline_27b);
-  7. lucebench-verify-gpu-check (after): GPU verify + commit == AR;
-  8. if time is left: the verify cost and the CUPTI step of the before build.
+  6. as time allows (DEADLINE_S): a decode step's kernels on the GPU clock (CUPTI, after;
+     check_quant_gpu.timeline_27b), then the verify cost and the CUPTI step of the before build.
+(lucebench-verify-gpu-check, GPU verify + commit == AR, runs before step 2.)
 Writes $OUT/dec/: check_dec_gpu.json, op_check.md, time_quant.md, verify_time_27b{,_before}.txt,
 timeline_27b{,_before}.md/csv, dg/ (the DFlash part), build logs. About 7 minutes on an H100/H200.
 """
@@ -44,7 +44,7 @@ cq.OUT = OUT
 ARCH = os.environ.get("ARCH", "90")
 BEFORE_COMMIT = os.environ.get("BEFORE_COMMIT", "5ad8b41")
 AFTER_BUILD, BEFORE_BUILD = Path("/tmp/lb-dflash-build"), Path("/tmp/dec-before-build")  # after: the dflash script's
-DEADLINE_S = float(os.environ.get("DEADLINE_S", "420"))  # step 8 starts only 45 s or more before this
+DEADLINE_S = float(os.environ.get("DEADLINE_S", "420"))  # step 6's parts start only 45 s or more before this
 T0 = time.time()
 R = cq.R
 R.update({"label": "SYNTHETIC weights (random): speed figures only", "before_commit": BEFORE_COMMIT})
@@ -259,11 +259,12 @@ def main() -> int:
     rc = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check")], capture_output=True, text=True)
     (OUT / "op_check.md").write_text(rc.stdout + rc.stderr)
     rows = [ln for ln in rc.stdout.splitlines()
-            if any(k in ln for k in ("qmv", "rmsnorm", "heads_to_tiled", "FAIL", "fail"))]
+            if any(k in ln for k in ("qmv", "qmma", "rmsnorm", "heads_to_tiled", "add_pos", "FAIL", "fail"))]
     print("\n".join(rows), flush=True)
     R["op_check"] = {"rc": rc.returncode, "summary": rc.stdout.strip().splitlines()[-1:], "rows": rows}
     log(f"op check (after): rc {rc.returncode}, {R['op_check']['summary']}")
-    tq = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check"), "--time-quant"], capture_output=True, text=True)
+    tq = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check"), "--time-quant"], capture_output=True, text=True,
+                        timeout=120)
     (OUT / "time_quant.md").write_text(tq.stdout + tq.stderr)
     print("\n".join(ln for ln in tq.stdout.splitlines() if "(qmv" in ln or "(qmma)" in ln or ln.startswith("| matrix")), flush=True)
     save()
@@ -274,8 +275,13 @@ def main() -> int:
     R["copy_bandwidth_Bps"] = bw
     log(f"device copy bandwidth (read + write, 2 GiB): {bw / 1e9:.0f} GB/s" if bw else "no copy bandwidth")
 
+    vc = subprocess.run([str(AFTER_BUILD / "lucebench-verify-gpu-check")], capture_output=True, text=True, timeout=240)
+    (OUT / "verify_gpu_check.txt").write_text(vc.stdout + vc.stderr)
+    R["verify_gpu_check"] = {"rc": vc.returncode, "tail": vc.stdout.strip().splitlines()[-6:]}
+    log(f"lucebench-verify-gpu-check (verify == AR, after): rc {vc.returncode}\n" + "\n".join(R["verify_gpu_check"]["tail"]))
+    save()
     steps = [(tokens_08b, paths["0.8b"]), (decode_27b, paths["27b"], bw), (dflash_speed, paths),
-             (verify_time, paths["27b"], AFTER_BUILD, "after"), (timeline, paths["27b"], AFTER_BUILD, "after")]
+             (verify_time, paths["27b"], AFTER_BUILD, "after")]
     for fn, *a in steps:
         try:
             fn(*a)
@@ -283,19 +289,16 @@ def main() -> int:
             errors.append(f"{fn.__name__}: {exc!r}")
             log(f"FAILED {fn.__name__}: {exc!r}")
         save()
-    vc = subprocess.run([str(AFTER_BUILD / "lucebench-verify-gpu-check")], capture_output=True, text=True,
-                        timeout=max(30.0, left()))
-    (OUT / "verify_gpu_check.txt").write_text(vc.stdout + vc.stderr)
-    R["verify_gpu_check"] = {"rc": vc.returncode, "tail": vc.stdout.strip().splitlines()[-6:]}
-    log(f"lucebench-verify-gpu-check (verify == AR, after): rc {vc.returncode}\n" + "\n".join(R["verify_gpu_check"]["tail"]))
-    for fn, *a in ((verify_time, paths["27b"], BEFORE_BUILD, "before"), (timeline, paths["27b"], BEFORE_BUILD, "before")):
+    # diagnosis, as time allows (each ~30-45 s)
+    for fn, *a in ((timeline, paths["27b"], AFTER_BUILD, "after"), (verify_time, paths["27b"], BEFORE_BUILD, "before"),
+                   (timeline, paths["27b"], BEFORE_BUILD, "before")):
         if left() < 45:
-            log(f"skipped {fn.__name__} (before): {time.time() - T0:.0f} s gone")
+            log(f"skipped {fn.__name__} ({a[-1]}): {time.time() - T0:.0f} s gone")
             continue
         try:
             fn(*a)
         except Exception as exc:
-            log(f"{fn.__name__} (before) failed: {exc!r}")
+            log(f"{fn.__name__} ({a[-1]}) failed: {exc!r}")
     R["errors"] = errors
     R["wall_s"] = round(time.time() - T0, 1)
     save()
