@@ -86,7 +86,8 @@ constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matri
 constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
-// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows); 2: qmma_kernel where it applies
+// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows; 3 / 4: with 2 / 4 rows a warp where
+// that applies, for the op check's timing); 2: qmma_kernel where it applies
 // (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel / gemm_tc above kQuantGemvMax);
 // 0: the knobs' choice (qmma above kQuantGemvMax rows, qmv, then qgemv / qgemm).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
@@ -147,7 +148,10 @@ size_t tail_scores_scratch(int n_tail, int nh, int hd, int ctx);
 void tail_scores(const float* qkv, int ld, bool gated, int n_tail, int nh, int nkv, int hd, int rot, float theta,
                  const void* kcache, DType kt, int ctx, float* scratch, float* probs, gpuStream_t s);
 void argmax(const float* x, int n, int* d_out, gpuStream_t s);
-void add_pos(int* d_pos, int n, gpuStream_t s);
+// *d_pos += n. host_ring (pinned host memory, or null): *token also goes to host_ring[(new *d_pos - 1) &
+// ring_mask] (the unfused decode graph's decode_finish).
+void add_pos(int* d_pos, int n, gpuStream_t s, const int* token = nullptr, int* host_ring = nullptr,
+             int ring_mask = 0);
 
 // ----------------------------------------------------------------------------------------- fused decode
 // One-token (decode) kernels for the captured decode graph. They fuse the norms into the GEMVs and the
