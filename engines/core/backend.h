@@ -137,8 +137,9 @@ public:
     virtual void set_block_sparse(int from, float alpha, float budget = 1.f) {
         if (from > 0) fail("unsupported", "the " + name() + " backend has no block-sparse attention");
     }
-    // The share of the key tiles (64 positions) the last forward's block-sparse attention read, over the tiles
-    // its dense causal attention reads (all layers and chunks; waits for the device); -1 when none ran sparse.
+    // The share of the key tiles (64 positions) block-sparse attention read since reset(), over the tiles dense
+    // causal attention reads in the same forwards (all layers and chunks; waits for the device); -1 when none
+    // ran sparse.
     virtual double block_sparse_read_fraction() { return -1.0; }
 
     // Device timing: wall clock on CPU, events on GPU. stop() waits for the device.

@@ -70,8 +70,10 @@ public:
             const int n_tail = std::min(rule_.n_tail, nd);
             const int head = drafter_.name() == "cpu" ? nd - n_tail : 0;  // tokens before the scored forward
             drafter_.timer_start();
-            for (int a = 0; a < head; a += kCpuDrafterChunk)
-                drafter_.forward(req.drafter_ids.data() + a, std::min(kCpuDrafterChunk, head - a), nullptr);
+            // block-sparse: the head in one forward, whose last 256 rows are dense (as the GPU's one forward)
+            const int cpu_chunk = tuning().pflash_sparse_from > 0 ? std::max(1, head) : kCpuDrafterChunk;
+            for (int a = 0; a < head; a += cpu_chunk)
+                drafter_.forward(req.drafter_ids.data() + a, std::min(cpu_chunk, head - a), nullptr);
             TailScores scores;
             drafter_.forward_scored(req.drafter_ids.data() + head, nd - head, n_tail, &scores);
             drafter_ms = drafter_.timer_stop_ms();

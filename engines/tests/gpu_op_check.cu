@@ -525,15 +525,15 @@ void check_tail_scores(Rng& r, int n, int n_tail, int nh, int nkv, int hd, int r
 }
 
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-// Block-sparse attention (PFlash's drafter): the selection against the rule recomputed on the host (every
-// block the rule keeps by a margin of 1e-3 is kept, every block it drops by that margin is absent, the sinks,
-// the recent blocks and the dense tail rows complete), and the attention over the kept tiles against
-// cpu::attention restricted to those keys (masked softmax). Queries and the keys of every third 128-block
+// Block-sparse attention (PFlash's drafter): the selection against cpu::block_sparse_select (the same kept
+// blocks except at near-ties, within 1e-3 of the alpha threshold or of the budget's cut; the sinks, the recent
+// blocks and the dense tail rows complete; at most the budget's count; the tile counters), and the attention
+// over the kept tiles against cpu::block_sparse_attention over the same tiles. Queries and the keys of every third 128-block
 // share a direction, so that the rule keeps some blocks and drops others. The selection passes only if some
 // block was dropped: the shape needs query tiles before dense_from that see more than sinks + recent + 1 key
 // blocks (free > 0 below), or every block is forced and there is nothing to check.
 void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType t, float budget = 1.f) {
-    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n, G = nh / nkv;
+    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n;
     std::vector<float> u = r.vec(hd);
     for (float& x : u) x = x > 0 ? 0.3f : -0.3f;
     auto qkv = r.vec(size_t(n) * ld, 0.5f);
@@ -567,68 +567,62 @@ void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType 
     if (!took) { report("block_sparse", "select (not taken)", sh, 1, 0); return; }
     auto tiles = dtiles.down(), counts = dcounts.down();
     auto K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd), V = decode_rows(c.v, t, c.row, 0, size_t(ctx) * nkv, hd);
-    // the rule on the host
+    // the rule on the CPU (cpu::block_sparse_select); a block may differ only at a near-tie (within 1e-3 of the
+    // alpha threshold or of the budget's cut, the score of the last candidate kept)
+    std::vector<float> q(size_t(n) * nh * hd);
+    for (int i = 0; i < n; ++i) std::copy_n(&qkv[size_t(i) * ld], size_t(nh) * hd, &q[size_t(i) * nh * hd]);
+    cpu::SparseRule rule;
+    rule.alpha = bs.alpha;
+    rule.budget = bs.budget;
+    rule.sinks = bs.sinks;
+    rule.recent = bs.recent;
+    rule.dense_from = bs.dense_from;
+    std::vector<std::vector<float>> scores;
+    const auto want = cpu::block_sparse_select(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), rule, &scores);
     int bad = 0, dropped = 0, free = 0, kept_total = 0, seen_total = 0, capped = 0;
-    const int blocks = (ctx + 127) / 128;
-    std::vector<float> kmean(size_t(blocks) * nkv * hd, 0.f);
-    for (int j = 0; j < blocks; ++j)
-        for (int h = 0; h < nkv; ++h) {
-            const int p1 = std::min(ctx, (j + 1) * 128);
-            for (int p = j * 128; p < p1; ++p)
-                for (int d = 0; d < hd; ++d) kmean[(size_t(j) * nkv + h) * hd + d] += K[(size_t(p) * nkv + h) * hd + d] / float(p1 - j * 128);
-        }
-    std::vector<std::vector<char>> allowed(size_t(n_tiles) * nkv);
+    std::vector<std::vector<int>> got(size_t(n_tiles) * nkv);
     for (int tile = 0; tile < n_tiles; ++tile)
         for (int h = 0; h < nkv; ++h) {
-            const int t0 = tile * rows, t1 = std::min(t0 + rows, n), last = pos0 + t1 - 1, jl = last / 128;
-            const int s_tiles = last / 64 + 1, cnt = counts[size_t(tile) * nkv + h];
-            std::vector<char>& al = allowed[size_t(tile) * nkv + h];
-            al.assign(size_t(s_tiles), 0);
-            for (int i = 0; i < cnt; ++i) {
-                const int k = tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i];
-                if (k < 0 || k >= s_tiles || (i > 0 && k <= tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i - 1])) ++bad;
-                else al[size_t(k)] = 1;
+            const size_t th = size_t(tile) * nkv + h;
+            const int t1 = std::min(tile * rows + rows, n), last = pos0 + t1 - 1, jl = last / 128, s_tiles = last / 64 + 1;
+            std::vector<char> al(size_t(s_tiles), 0), wl(size_t(s_tiles), 0);
+            for (int i = 0; i < counts[th]; ++i) {
+                const int k = tiles[th * bs.max_tiles + i];
+                if (k < 0 || k >= s_tiles || (i > 0 && k <= got[th].back())) { ++bad; break; }
+                got[th].push_back(k);
+                al[size_t(k)] = 1;
             }
-            std::vector<float> qm(size_t(hd), 0.f), sc(size_t(jl + 1));
-            for (int i = t0; i < t1; ++i)
-                for (int g = 0; g < G; ++g)
-                    for (int d = 0; d < hd; ++d) qm[size_t(d)] += qkv[size_t(i) * ld + size_t(h * G + g) * hd + d] / float((t1 - t0) * G);
-            float best = -1e30f;
-            for (int j = 0; j <= jl; ++j) {
-                float dot = 0;
-                for (int d = 0; d < hd; ++d) dot += qm[size_t(d)] * kmean[(size_t(j) * nkv + h) * hd + d];
-                sc[size_t(j)] = dot / std::sqrt(float(hd));
-                best = std::max(best, sc[size_t(j)]);
+            for (int k : want[th]) wl[size_t(k)] = 1;
+            kept_total += int(got[th].size());
+            seen_total += s_tiles;
+            const bool dense = last >= bs.dense_from;
+            if (dense) {
+                bad += int(got[th].size()) != s_tiles;
+                continue;
             }
-            // the budget: at most cap of the alpha rule's candidates, the best-scoring; cut: the score of the
-            // last one kept (candidates clearly above it kept, clearly below it dropped)
+            const std::vector<float>& sc = scores[th];
+            const float thr = *std::max_element(sc.begin(), sc.end()) + std::log(bs.alpha);
             std::vector<float> cand;
-            for (int j = 0; j <= jl; ++j) {
-                const bool forced = last >= bs.dense_from || j < bs.sinks || j > jl - bs.recent;
-                if (!forced && sc[size_t(j)] - best - std::log(bs.alpha) >= 0.f) cand.push_back(sc[size_t(j)]);
-            }
+            for (int j = std::max(1, bs.sinks); j <= jl - bs.recent; ++j)
+                if (sc[size_t(j)] >= thr) cand.push_back(sc[size_t(j)]);
             std::sort(cand.begin(), cand.end(), std::greater<float>());
             const int cap = budget >= 1.f ? 1 << 30 : int(std::ceil(budget * float(jl + 1)));
-            const bool cut = last < bs.dense_from && int(cand.size()) > cap;
-            const float cut_score = cut ? cand[size_t(std::max(0, cap - 1))] : -1e30f;
+            const bool cut = int(cand.size()) > cap;
+            const float cut_score = cut && cap > 0 ? cand[size_t(cap - 1)] : 1e30f;
             capped += cut;
-            int kept_cand = 0;
+            int kept_free = 0;
             for (int j = 0; j <= jl; ++j) {
-                const bool forced = last >= bs.dense_from || j < bs.sinks || j > jl - bs.recent;
-                const float margin = sc[size_t(j)] - best - std::log(bs.alpha);
-                const bool kept = al[size_t(2 * j)] != 0;
-                const bool over = cut && (cap == 0 || sc[size_t(j)] < cut_score - 1e-3f);
-                const bool within = !cut || (cap > 0 && sc[size_t(j)] > cut_score + 1e-3f);
-                if ((forced || (margin > 1e-3f && within)) && !kept) ++bad;
-                if (!forced && (margin < -1e-3f || over) && kept) ++bad;
-                kept_cand += !forced && kept;
-                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != kept) ++bad;
-                dropped += !kept;
+                const bool forced = j < std::max(1, bs.sinks) || j > jl - bs.recent;
+                const bool g = al[size_t(2 * j)] != 0, w = wl[size_t(2 * j)] != 0;
+                const float x = sc[size_t(j)];
+                const bool near = std::fabs(x - thr) < 1e-3f || (cut && std::fabs(x - cut_score) < 1e-3f);
+                if (g != w && (forced || !near)) ++bad;
+                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != al[size_t(2 * j)]) ++bad;
+                kept_free += !forced && g;
+                dropped += !g;
                 free += !forced;
             }
-            if (cut && kept_cand > cap) ++bad;
-            for (char a : al) kept_total += a;
-            seen_total += s_tiles;
+            if (cut && kept_free > cap) ++bad;
         }
     auto st = dstats.down();
     if (st[0] != (unsigned long long)kept_total || st[1] != (unsigned long long)seen_total) ++bad;
@@ -640,31 +634,9 @@ void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType 
                  budget < 1.f ? (capped ? ", budget binding" : ", budget not binding") : "");
     // with a budget, the shape must make it bind somewhere, or the bound is untested
     report("block_sparse", what, sh, bad == 0 && dropped > 0 && (budget >= 1.f || capped > 0) ? 0 : 1, 0);
-    // the attention over the kept tiles
-    std::vector<float> ref(size_t(n) * nh * hd, 0.f);
-    const float scale = 1.f / std::sqrt(float(hd));
-    for (int i = 0; i < n; ++i)
-        for (int h = 0; h < nh; ++h) {
-            const int kvh = h / G, last = pos0 + i;
-            const std::vector<char>& al = allowed[size_t(i / rows) * nkv + kvh];
-            const float* q = &qkv[size_t(i) * ld + size_t(h) * hd];
-            std::vector<float> p(size_t(last + 1), 0.f);
-            float mx = -1e30f;
-            for (int s2 = 0; s2 <= last; ++s2) {
-                if (!al[size_t(s2 / 64)]) continue;
-                float d = 0;
-                for (int e = 0; e < hd; ++e) d += q[e] * K[(size_t(s2) * nkv + kvh) * hd + e];
-                p[size_t(s2)] = d * scale;
-                mx = std::max(mx, p[size_t(s2)]);
-            }
-            double sum = 0;
-            for (int s2 = 0; s2 <= last; ++s2)
-                if (al[size_t(s2 / 64)]) { p[size_t(s2)] = std::exp(p[size_t(s2)] - mx); sum += p[size_t(s2)]; }
-            float* o = &ref[(size_t(i) * nh + h) * hd];
-            for (int s2 = 0; s2 <= last; ++s2)
-                if (al[size_t(s2 / 64)])
-                    for (int e = 0; e < hd; ++e) o[e] += float(p[size_t(s2)] / sum) * V[(size_t(s2) * nkv + kvh) * hd + e];
-        }
+    // the attention over the tiles the GPU kept, against cpu::block_sparse_attention over the same tiles
+    std::vector<float> ref(size_t(n) * nh * hd);
+    cpu::block_sparse_attention(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), V.data(), got, ref.data());
     const std::string kname = attention_kernel_name(gpu::attention_kernel_for(n, nh, nkv, hd, ld));
     report("block_sparse", kname + "<" + std::to_string(hd) + ">, kept tiles (" + dtype_name(t) + ")", sh,
            rel_err(dout.down(), ref), 2e-2);

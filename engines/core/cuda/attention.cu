@@ -886,9 +886,11 @@ AttentionKernel attention_choice(int n, int nh, int nkv, int hd, int ld) {
 #if defined(LB_CUDA) && !defined(LB_GPU_FP16)
 constexpr AttentionKernel kSparseKernel = AttentionKernel::Flash;
 int sparse_tile_rows(int G) { return FA_BM / G; }
-#else
+#elif defined(LB_CUDA)
 constexpr AttentionKernel kSparseKernel = AttentionKernel::Wmma;
 int sparse_tile_rows(int G) { return std::max(1, AW_QV / G); }
+#else  // HIP: no block-sparse attention (block_sparse_select answers false)
+constexpr AttentionKernel kSparseKernel = AttentionKernel::Auto;
 #endif
 }  // namespace
 
