@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prefill attention on one CUDA card (H100/H200), ~5-6 min on a fresh machine, guarded to end by 480 s:
-#   1. build lucebench-gpu-op-check, lucebench-attention-bench, lucebench-pflash (the synthetic checkpoints are
+# Prefill attention on one CUDA card (H100/H200), ~6-8 min on a fresh machine: the TTFT stage ends by 480 s
+# (FA_END_S), everything by 520 s.
+#   1. build lucebench-gpu-op-check, lucebench-attention-bench, lucebench-pflash, lucebench-ar (the synthetic checkpoints are
 #      written meanwhile: the full-shape qwen3-0.6b drafter and the full-shape Qwen3.5-0.8B target, SYNTHETIC)
 #   2. lucebench-gpu-op-check: every GPU op against its CPU reference; here the prefill attention kernels
 #      (flash_attention_kernel: GQA 1/2/3/6, hd 128/256, bf16/q8_0/q4_0 caches, chunks at pos0 > 0) and the
@@ -14,7 +15,8 @@
 #   4. PFlash TTFT split by phase, SYNTHETIC drafter and target, bf16 KV, keep 0.05, 32K/64K/128K: the dense
 #      drafter, then block-sparse (LB_PFLASH_SPARSE_FROM 32768, alpha 0.85) at budget $FA_BUDGET (10%)
 #                                                                        -> fa/ttft-*.log, fa/ttft-*.json
-# Key figures go to stdout; 7 files under $OUT/fa. usage: scripts/device/check_attention_gpu.sh   (ARCH: 90; OUT: output root)
+#   5. if time is left (by 520 s): lucebench-ar's Qwen3 against transformers (check_qwen3_gpu.py)
+# Key figures go to stdout; 8 files under $OUT/fa. usage: scripts/device/check_attention_gpu.sh   (ARCH: 90; OUT: output root)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ARCH=${ARCH:-90}
@@ -44,7 +46,7 @@ from lucebench.models.shapes import get_shape
 from lucebench.models.synth import synthesize
 synthesize(get_shape('qwen3-0.6b'), Path('$DRAFTER'), seed=0, dtype='bf16')"; } ) > /tmp/fa-synth.log 2>&1 &
 SYNTH=$!
-build_engines engines "$B" fa "" lucebench-gpu-op-check lucebench-attention-bench lucebench-pflash \
+build_engines engines "$B" fa "" lucebench-gpu-op-check lucebench-attention-bench lucebench-pflash lucebench-ar \
   > /tmp/fa-build.log 2>&1 || { tail -40 /tmp/fa-build.log; exit 1; }
 echo "built in $(elapsed) s"
 { git rev-parse HEAD 2>/dev/null || echo "(no git)"; date -u
@@ -93,5 +95,17 @@ ttft() {  # NAME [pflash_ttft.py flags]
 ttft dense
 LB_PFLASH_SPARSE_FROM=32768 LB_PFLASH_SPARSE_ALPHA=85 LB_PFLASH_SPARSE_BUDGET=${FA_BUDGET:-10} \
   ttft "sparse-b${FA_BUDGET:-10}" --compare /tmp/fa-ttft-dense/pflash_ttft.json
+# 5. end to end, if time is left: lucebench-ar's Qwen3 (the drafter's architecture; prefill through the new
+# kernel from 16 rows) against transformers' Qwen3ForCausalLM: odd tiny shapes, the qwen3-0.6b shape, the trained
+# reference drafter (check_qwen3_gpu.py)                                 -> fa/qwen3_vs_transformers.log
+left=$(( END_S + 40 - $(elapsed) ))
+if [ "$left" -gt 60 ]; then
+  timeout "$left" python3 scripts/device/check_qwen3_gpu.py "$B" /tmp/fa-qwen3.json > "$O/qwen3_vs_transformers.log" 2>&1
+  r=$?
+  tail -15 "$O/qwen3_vs_transformers.log"
+  [ "$r" = 0 ] || { rc=1; echo "check_qwen3_gpu.py: rc $r"; }
+else
+  echo "skipped check_qwen3_gpu.py: $(elapsed) s used"
+fi
 echo "total $(elapsed) s, rc $rc"
 exit $rc
