@@ -231,6 +231,8 @@ def main() -> int:
                     d_ids = fields["drafter_ids"]
                     means = chunk_means(r["importance_smoothed"], len(d_ids))
                     row["chunk_means"] = means
+                    # a block-sparse drafter (LB_PFLASH_SPARSE_*): the share of its causal key tiles it read
+                    row["drafter_attention_read"] = pf.get("drafter_attention_read")
                     row["needle_chunks"] = needle_chunks(p.reference, fields["drafter_offsets"], fields["target_offsets"])
                     for k in keeps:
                         rng = random.Random(f"{args.seed}/{p.id}/{k}")

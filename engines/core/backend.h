@@ -132,10 +132,15 @@ public:
 
     // Block-sparse prefill attention (PFlash's drafter; docs/engines.md, "PFlash"): forwards whose sequence
     // reaches `from` tokens run each attention layer over the key blocks gpu::BlockSparse keeps (alpha: its
-    // threshold; 2 sink blocks, 4 recent, the forward's last 256 rows dense); from = 0: dense (the default).
-    virtual void set_block_sparse(int from, float alpha) {
+    // threshold; 2 sink blocks, 4 recent, the forward's last 256 rows dense; budget: the fraction of the blocks
+    // a query tile sees that it may keep beyond those, the top-scoring, 1: no bound); from = 0: dense (the default).
+    virtual void set_block_sparse(int from, float alpha, float budget = 1.f) {
         if (from > 0) fail("unsupported", "the " + name() + " backend has no block-sparse attention");
     }
+    // The share of the key tiles (64 positions) block-sparse attention read since reset(), over the tiles dense
+    // causal attention reads in the same forwards (all layers and chunks; waits for the device); -1 when none
+    // ran sparse.
+    virtual double block_sparse_read_fraction() { return -1.0; }
 
     // Device timing: wall clock on CPU, events on GPU. stop() waits for the device.
     virtual void timer_start() = 0;

@@ -50,6 +50,7 @@ const Knob kKnobs[] = {
     {"LB_MK_TRACE", "mk_trace", nullptr, nullptr, &Tuning::mk_trace},
     {"LB_PFLASH_SPARSE_FROM", "pflash_sparse_from", nullptr, &Tuning::pflash_sparse_from, nullptr, 0, 1 << 30},
     {"LB_PFLASH_SPARSE_ALPHA", "pflash_sparse_alpha", nullptr, &Tuning::pflash_sparse_alpha, nullptr, 1, 100},
+    {"LB_PFLASH_SPARSE_BUDGET", "pflash_sparse_budget", nullptr, &Tuning::pflash_sparse_budget, nullptr, 1, 100},
     {"LB_DFLASH_TRACE", "dflash_trace", nullptr, nullptr, &Tuning::dflash_trace},
     {"LB_DFLASH_DRAFT_BF16", "dflash_draft_bf16", &Tuning::dflash_draft_bf16},
 };

@@ -52,6 +52,9 @@ struct Tuning {
     int pflash_sparse_from = 0;   // LB_PFLASH_SPARSE_FROM: the drafter's attention is block-sparse in forwards whose
                                   // sequence reaches this many tokens (0: dense; upstream: about 32K; GPU only)
     int pflash_sparse_alpha = 85; // LB_PFLASH_SPARSE_ALPHA: its threshold alpha, in percent (1..100)
+    int pflash_sparse_budget = 10;   // LB_PFLASH_SPARSE_BUDGET: of the key blocks a query tile sees, the percent it
+                                     // may keep by the alpha rule beyond its sink and recent blocks, the
+                                     // top-scoring ones (1..100; 100: no bound; docs/engines.md: why 10)
     // ---- lucebench-dflash
     std::string dflash_trace;     // LB_DFLASH_TRACE: file that gets one JSON line per round (bonus position,
                                   // the draft's top-1 per depth, tokens accepted; for tests; empty: none)

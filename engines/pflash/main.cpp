@@ -56,7 +56,7 @@ public:
         // Prompts shorter than the threshold are not compressed (upstream: 32,000 tokens): the target prefills
         // all of them, and the reply says so (kept = all, no drafter forward).
         const bool compress = nt >= opt_.min_prompt_tokens;
-        double score_ms = 0, select_ms = 0, bridge_ms = 0, drafter_ms = 0;
+        double score_ms = 0, select_ms = 0, bridge_ms = 0, drafter_ms = 0, drafter_read = -1;
         pflash::Selection sel;
         pflash::Bridged kept;
         std::vector<int> ids;
@@ -70,11 +70,14 @@ public:
             const int n_tail = std::min(rule_.n_tail, nd);
             const int head = drafter_.name() == "cpu" ? nd - n_tail : 0;  // tokens before the scored forward
             drafter_.timer_start();
-            for (int a = 0; a < head; a += kCpuDrafterChunk)
-                drafter_.forward(req.drafter_ids.data() + a, std::min(kCpuDrafterChunk, head - a), nullptr);
+            // block-sparse: the head in one forward, whose last 256 rows are dense (as the GPU's one forward)
+            const int cpu_chunk = tuning().pflash_sparse_from > 0 ? std::max(1, head) : kCpuDrafterChunk;
+            for (int a = 0; a < head; a += cpu_chunk)
+                drafter_.forward(req.drafter_ids.data() + a, std::min(cpu_chunk, head - a), nullptr);
             TailScores scores;
             drafter_.forward_scored(req.drafter_ids.data() + head, nd - head, n_tail, &scores);
             drafter_ms = drafter_.timer_stop_ms();
+            drafter_read = drafter_.block_sparse_read_fraction();
             raw = pflash::importance(scores);
             smoothed = pflash::smooth(raw, rule_.pool);
             score_ms = clock.lap();
@@ -138,6 +141,8 @@ public:
         t["target_prefill"] = target_ms;
         pf["time_ms"] = t;
         pf["drafter_forward_ms"] = drafter_ms;  // of score: the drafter's forwards (the backend's timer)
+        // block-sparse drafter attention: the share of the causal key tiles it read (all layers)
+        if (compress && drafter_read >= 0) pf["drafter_attention_read"] = drafter_read;
         Json mem = Json::object();  // device (or host) bytes each model holds: weights, caches, scratch
         mem["target"] = Json(int64_t(target_.peak_mem_bytes()));
         mem["drafter"] = Json(int64_t(drafter_.peak_mem_bytes()));
@@ -205,7 +210,8 @@ int run(int argc, char** argv) {
                                     " model; PFlash scores with a dense Qwen3 drafter");
         drafter->load(*dsrc, dcfg, &dstats);
         drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
-        drafter->set_block_sparse(tuning().pflash_sparse_from, float(tuning().pflash_sparse_alpha) / 100.f);
+        drafter->set_block_sparse(tuning().pflash_sparse_from, float(tuning().pflash_sparse_alpha) / 100.f,
+                                  float(tuning().pflash_sparse_budget) / 100.f);
     });
     if (!loaded) return 1;
     fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens\n",
@@ -223,7 +229,9 @@ int run(int argc, char** argv) {
         tuning().pflash_sparse_from > 0
             ? "block-sparse from " + std::to_string(tuning().pflash_sparse_from) + " tokens: 128-token key blocks, kept " +
                   "when within ln(alpha) of the query tile's best block score (mean q . mean k), alpha " +
-                  std::to_string(tuning().pflash_sparse_alpha) + "%, 2 sink and 4 recent blocks, the last 256 rows dense"
+                  std::to_string(tuning().pflash_sparse_alpha) + "%, at most " +
+                  std::to_string(tuning().pflash_sparse_budget) + "% of the blocks a query tile sees beyond " +
+                  "2 sink and 4 recent blocks (the best-scoring), the last 256 rows dense"
             : "dense";
     Json dm = Json::object();
     dm["arch"] = arch_name(dcfg.arch);

@@ -1,6 +1,7 @@
 // Unit checks of the core pieces that the end-to-end tests (tests/engines/) cannot isolate:
 // JSON round trips, fp16/bf16 rounding, KV block formats, and the chunked delta rule against the
 // token-by-token recurrence. Exit status 0 when all pass.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -189,6 +190,64 @@ static void test_tuning() {
           "retired: %s", r.warnings.empty() ? "(no warning)" : r.warnings[0].c_str());
 }
 
+// Block-sparse attention's CPU reference (cpu::block_sparse_select / block_sparse_attention, the rule the GPU's
+// block_select_kernel is checked against): with every block kept it is the causal attention, bit for bit; the
+// alpha rule keeps exactly the blocks within ln(alpha) of the best; the budget keeps at most its count of
+// them, the best-scoring.
+static void test_block_sparse_cpu() {
+    const int n = 300, pos0 = 3000, nh = 4, nkv = 2, hd = 48, rows = 64, ctx = pos0 + n;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<float> q(size_t(n) * nh * hd), K(size_t(ctx) * nkv * hd), V(K.size());
+    for (float& x : q) x = u(rng) + 0.5f;  // queries and every third key block share a direction
+    for (size_t i = 0; i < K.size(); ++i) {
+        K[i] = u(rng) + ((i / (size_t(nkv) * hd)) / 128 % 3 == 1 ? 0.5f : 0.f);
+        V[i] = u(rng);
+    }
+    std::vector<float> dense(q.size()), sparse(q.size());
+    lb::cpu::attention(q.data(), n, nh, nkv, hd, pos0, K.data(), lb::DType::F32, V.data(), lb::DType::F32, dense.data());
+    lb::cpu::SparseRule all;
+    all.alpha = 1e-30f;
+    auto tiles = lb::cpu::block_sparse_select(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), all);
+    lb::cpu::block_sparse_attention(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), V.data(), tiles, sparse.data());
+    CHECK(dense == sparse, "every block kept: not the causal attention");
+    for (float budget : {1.f, 0.1f}) {
+        lb::cpu::SparseRule rule;
+        rule.budget = budget;
+        std::vector<std::vector<float>> scores;
+        tiles = lb::cpu::block_sparse_select(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), rule, &scores);
+        int cut = 0, dropped = 0;
+        for (size_t th = 0; th < tiles.size(); ++th) {
+            const int tile = int(th) / nkv, last = pos0 + std::min(tile * rows + rows, n) - 1, jl = last / 128;
+            const std::vector<float>& sc = scores[th];
+            float best = -1e30f;
+            for (float x : sc) best = std::max(best, x);
+            std::vector<char> kept(size_t(jl + 1), 0);
+            for (int k : tiles[th]) kept[size_t(k / 2)] = 1;
+            int n_free = 0, n_cand = 0;
+            float min_kept = 1e30f, max_dropped = -1e30f;
+            for (int j = 2; j <= jl - 4; ++j) {
+                const bool cand = sc[size_t(j)] - best >= std::log(rule.alpha);
+                CHECK(!kept[size_t(j)] || cand, "budget %g: block %d kept outside the alpha rule", budget, j);
+                n_free += kept[size_t(j)];
+                n_cand += cand;
+                if (kept[size_t(j)]) min_kept = std::min(min_kept, sc[size_t(j)]);
+                else if (cand) max_dropped = std::max(max_dropped, sc[size_t(j)]);
+                dropped += !kept[size_t(j)];
+            }
+            for (int j = 0; j <= jl; ++j)
+                if (j < 2 || j > jl - 4) CHECK(kept[size_t(j)], "budget %g: forced block %d dropped", budget, j);
+            const int cap = budget >= 1.f ? n_cand : int(std::ceil(budget * float(jl + 1)));
+            CHECK(n_free == std::min(n_cand, cap), "budget %g: %d kept of %d candidates, cap %d", budget, n_free,
+                  n_cand, cap);
+            CHECK(min_kept >= max_dropped, "budget %g: a dropped candidate outscores a kept block", budget);
+            cut += n_cand > cap;
+        }
+        CHECK(dropped > 0 && (budget >= 1.f || cut > 0), "budget %g: the shape tests nothing (%d dropped, %d cut)",
+              budget, dropped, cut);
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc == 5 && std::string(argv[1]) == "dequantize") return dequantize_file(argv[2], argv[3], argv[4]);
     test_json();
@@ -196,6 +255,7 @@ int main(int argc, char** argv) {
     test_half();
     test_blocks();
     test_delta_rule();
+    test_block_sparse_cpu();
     test_engine_flags();
     if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
     printf("core tests passed\n");

@@ -456,17 +456,42 @@ void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, c
     report("attn_prep", std::string(variant) + " (K, V " + dtype_name(t) + ")", sh, rel_err(gk, rk), kv_tol(t));
 }
 
-void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, const char* variant, double tol, bool gated = true) {
-    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, pos0 = 9, ctx = pos0 + n;
+const char* attention_kernel_name(gpu::AttentionKernel k) {
+    switch (k) {
+        case gpu::AttentionKernel::Flash: return "flash_attention_kernel";
+        case gpu::AttentionKernel::Wmma: return "attention_wmma_kernel";
+        case gpu::AttentionKernel::Tiled: return "attention_tiled_kernel";
+        case gpu::AttentionKernel::Rows: return "attention_kernel";
+        default: return "auto";
+    }
+}
+
+// Prefill attention through kernel k (Auto: the one attention() picks, named in the row) for n rows at
+// positions pos0.. (pos0 > 0: a chunk continuing a cached prefix).
+void check_attention(Rng& r, int n, int nh, int nkv, int hd, DType t, gpu::AttentionKernel k, double tol,
+                     bool gated = true, int pos0 = 9, const char* note = "") {
+    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, ctx = pos0 + n;
     auto qkv = r.vec(size_t(n) * ld, 0.5f);
     Cache c(r, t, ctx, nkv, hd, ctx);
     Dev<float> dq(qkv), dout(size_t(n) * nh * hd);
     Dev<uint8_t> dkc(c.k), dvc(c.v);
     Dev<int> dpos(std::vector<int>{pos0});
-    gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated);
+    const gpu::AttentionKernel ran = k == gpu::AttentionKernel::Auto ? gpu::attention_kernel_for(n, nh, nkv, hd, ld) : k;
+    gpu::attention_with(k, dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated);
     auto ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t, gated);
-    report("attention", std::string(variant) + (gated ? " (" : ", no gate (") + dtype_name(t) + ")",
-           shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), rel_err(dout.down(), ref), tol);
+    std::string variant = attention_kernel_name(ran);
+    if (ran != gpu::AttentionKernel::Rows) variant += "<" + std::to_string(hd) + ">";
+    variant += std::string(note) + (gated ? " (" : ", no gate (") + dtype_name(t) + ")";
+    report("attention", variant, shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}),
+           rel_err(dout.down(), ref), tol);
+}
+
+// The kernel attention() picks for the engines' prefill shapes (a regression to a slower kernel fails here).
+void check_attention_choice(int n, int nh, int nkv, int hd, bool gated, gpu::AttentionKernel want) {
+    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd;
+    const gpu::AttentionKernel got = gpu::attention_kernel_for(n, nh, nkv, hd, ld);
+    report("attention", std::string("choice: ") + attention_kernel_name(got) + " (want " + attention_kernel_name(want) + ")",
+           shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}}), got == want ? 0 : 1, 0);
 }
 
 // PFlash tail scores: the GPU un-rotates the tail rows' queries (as attn_prep leaves them) and the cached
@@ -503,15 +528,15 @@ void check_tail_scores(Rng& r, int n, int n_tail, int nh, int nkv, int hd, int r
 }
 
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-// Block-sparse attention (PFlash's drafter): the selection against the rule recomputed on the host (every
-// block the rule keeps by a margin of 1e-3 is kept, every block it drops by that margin is absent, the sinks,
-// the recent blocks and the dense tail rows complete), and the attention over the kept tiles against
-// cpu::attention restricted to those keys (masked softmax). Queries and the keys of every third 128-block
+// Block-sparse attention (PFlash's drafter): the selection against cpu::block_sparse_select (the same kept
+// blocks except at near-ties, within 1e-3 of the alpha threshold or of the budget's cut; the sinks, the recent
+// blocks and the dense tail rows complete; at most the budget's count; the tile counters), and the attention
+// over the kept tiles against cpu::block_sparse_attention over the same tiles. Queries and the keys of every third 128-block
 // share a direction, so that the rule keeps some blocks and drops others. The selection passes only if some
 // block was dropped: the shape needs query tiles before dense_from that see more than sinks + recent + 1 key
 // blocks (free > 0 below), or every block is forced and there is nothing to check.
-void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType t) {
-    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n, G = nh / nkv, rows = 64 / G, n_tiles = (n + rows - 1) / rows;
+void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType t, float budget = 1.f) {
+    const int ld = (nh + 2 * nkv) * hd, ctx = pos0 + n;
     std::vector<float> u = r.vec(hd);
     for (float& x : u) x = x > 0 ? 0.3f : -0.3f;
     auto qkv = r.vec(size_t(n) * ld, 0.5f);
@@ -529,6 +554,10 @@ void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType 
     gpu::BlockSparse bs;
     bs.size_for(n, nh, nkv, hd, ctx);
     bs.dense_from = ctx - 40;  // the last 40 rows dense
+    bs.budget = budget;
+    const int rows = bs.rows, n_tiles = (n + rows - 1) / rows;
+    Dev<unsigned long long> dstats(std::vector<unsigned long long>{0ull, 0ull});
+    bs.stats = dstats.p;
     Dev<int> dtiles(bs.tiles_ints), dcounts(bs.counts_ints);
     Dev<float> dkmean(bs.kmean_floats), dq(qkv), dout(size_t(n) * nh * hd);
     bs.tiles = dtiles.p; bs.counts = dcounts.p; bs.kmean = dkmean.p;
@@ -536,89 +565,84 @@ void check_block_sparse(Rng& r, int n, int pos0, int nh, int nkv, int hd, DType 
     Dev<int> dpos(std::vector<int>{pos0});
     const bool took = gpu::block_sparse_select(dq.p, ld, n, nh, nkv, hd, false, pos0, dkc.p, t, bs, g_s);
     gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, false, took ? &bs : nullptr);
-    const std::string sh = shape({{"n", n}, {"pos0", pos0}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}});
+    const std::string sh = shape({{"n", n}, {"pos0", pos0}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}}) +
+                           (budget < 1.f ? ", budget " + std::to_string(int(budget * 100)) + "%" : "");
     if (!took) { report("block_sparse", "select (not taken)", sh, 1, 0); return; }
     auto tiles = dtiles.down(), counts = dcounts.down();
     auto K = decode_rows(c.k, t, c.row, 0, size_t(ctx) * nkv, hd), V = decode_rows(c.v, t, c.row, 0, size_t(ctx) * nkv, hd);
-    // the rule on the host
-    int bad = 0, dropped = 0, free = 0, kept_total = 0, seen_total = 0;
-    const int blocks = (ctx + 127) / 128;
-    std::vector<float> kmean(size_t(blocks) * nkv * hd, 0.f);
-    for (int j = 0; j < blocks; ++j)
-        for (int h = 0; h < nkv; ++h) {
-            const int p1 = std::min(ctx, (j + 1) * 128);
-            for (int p = j * 128; p < p1; ++p)
-                for (int d = 0; d < hd; ++d) kmean[(size_t(j) * nkv + h) * hd + d] += K[(size_t(p) * nkv + h) * hd + d] / float(p1 - j * 128);
-        }
-    std::vector<std::vector<char>> allowed(size_t(n_tiles) * nkv);
+    // the rule on the CPU (cpu::block_sparse_select); a block may differ only at a near-tie (within 1e-3 of the
+    // alpha threshold or of the budget's cut, the score of the last candidate kept)
+    std::vector<float> q(size_t(n) * nh * hd);
+    for (int i = 0; i < n; ++i) std::copy_n(&qkv[size_t(i) * ld], size_t(nh) * hd, &q[size_t(i) * nh * hd]);
+    cpu::SparseRule rule;
+    rule.alpha = bs.alpha;
+    rule.budget = bs.budget;
+    rule.sinks = bs.sinks;
+    rule.recent = bs.recent;
+    rule.dense_from = bs.dense_from;
+    std::vector<std::vector<float>> scores;
+    const auto want = cpu::block_sparse_select(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), rule, &scores);
+    int bad = 0, dropped = 0, free = 0, kept_total = 0, seen_total = 0, capped = 0;
+    std::vector<std::vector<int>> got(size_t(n_tiles) * nkv);
     for (int tile = 0; tile < n_tiles; ++tile)
         for (int h = 0; h < nkv; ++h) {
-            const int t0 = tile * rows, t1 = std::min(t0 + rows, n), last = pos0 + t1 - 1, jl = last / 128;
-            const int s_tiles = last / 64 + 1, cnt = counts[size_t(tile) * nkv + h];
-            std::vector<char>& al = allowed[size_t(tile) * nkv + h];
-            al.assign(size_t(s_tiles), 0);
-            for (int i = 0; i < cnt; ++i) {
-                const int k = tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i];
-                if (k < 0 || k >= s_tiles || (i > 0 && k <= tiles[(size_t(tile) * nkv + h) * bs.max_tiles + i - 1])) ++bad;
-                else al[size_t(k)] = 1;
+            const size_t th = size_t(tile) * nkv + h;
+            const int t1 = std::min(tile * rows + rows, n), last = pos0 + t1 - 1, jl = last / 128, s_tiles = last / 64 + 1;
+            std::vector<char> al(size_t(s_tiles), 0), wl(size_t(s_tiles), 0);
+            for (int i = 0; i < counts[th]; ++i) {
+                const int k = tiles[th * bs.max_tiles + i];
+                if (k < 0 || k >= s_tiles || (i > 0 && k <= got[th].back())) { ++bad; break; }
+                got[th].push_back(k);
+                al[size_t(k)] = 1;
             }
-            std::vector<float> qm(size_t(hd), 0.f), sc(size_t(jl + 1));
-            for (int i = t0; i < t1; ++i)
-                for (int g = 0; g < G; ++g)
-                    for (int d = 0; d < hd; ++d) qm[size_t(d)] += qkv[size_t(i) * ld + size_t(h * G + g) * hd + d] / float((t1 - t0) * G);
-            float best = -1e30f;
-            for (int j = 0; j <= jl; ++j) {
-                float dot = 0;
-                for (int d = 0; d < hd; ++d) dot += qm[size_t(d)] * kmean[(size_t(j) * nkv + h) * hd + d];
-                sc[size_t(j)] = dot / std::sqrt(float(hd));
-                best = std::max(best, sc[size_t(j)]);
+            for (int k : want[th]) wl[size_t(k)] = 1;
+            kept_total += int(got[th].size());
+            seen_total += s_tiles;
+            const bool dense = last >= bs.dense_from;
+            if (dense) {
+                bad += int(got[th].size()) != s_tiles;
+                continue;
             }
+            const std::vector<float>& sc = scores[th];
+            const float thr = *std::max_element(sc.begin(), sc.end()) + std::log(bs.alpha);
+            std::vector<float> cand;
+            for (int j = std::max(1, bs.sinks); j <= jl - bs.recent; ++j)
+                if (sc[size_t(j)] >= thr) cand.push_back(sc[size_t(j)]);
+            std::sort(cand.begin(), cand.end(), std::greater<float>());
+            const int cap = budget >= 1.f ? 1 << 30 : int(std::ceil(budget * float(jl + 1)));
+            const bool cut = int(cand.size()) > cap;
+            const float cut_score = cut && cap > 0 ? cand[size_t(cap - 1)] : 1e30f;
+            capped += cut;
+            int kept_free = 0;
             for (int j = 0; j <= jl; ++j) {
-                const bool forced = last >= bs.dense_from || j < bs.sinks || j > jl - bs.recent;
-                const float margin = sc[size_t(j)] - best - std::log(bs.alpha);
-                const bool kept = al[size_t(2 * j)] != 0;
-                if ((forced || margin > 1e-3f) && !kept) ++bad;
-                if (!forced && margin < -1e-3f && kept) ++bad;
-                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != kept) ++bad;
-                dropped += !kept;
+                const bool forced = j < std::max(1, bs.sinks) || j > jl - bs.recent;
+                const bool g = al[size_t(2 * j)] != 0, w = wl[size_t(2 * j)] != 0;
+                const float x = sc[size_t(j)];
+                const bool near = std::fabs(x - thr) < 1e-3f || (cut && std::fabs(x - cut_score) < 1e-3f);
+                if (g != w && (forced || !near)) ++bad;
+                if (2 * j + 1 < s_tiles && al[size_t(2 * j + 1)] != al[size_t(2 * j)]) ++bad;
+                kept_free += !forced && g;
+                dropped += !g;
                 free += !forced;
             }
-            for (char a : al) kept_total += a;
-            seen_total += s_tiles;
+            if (cut && kept_free > cap) ++bad;
         }
+    auto st = dstats.down();
+    if (st[0] != (unsigned long long)kept_total || st[1] != (unsigned long long)seen_total) ++bad;
     char what[96];
     if (free == 0)
         snprintf(what, sizeof what, "select: shape too short (all blocks forced)");
     else
-        snprintf(what, sizeof what, "select (%d of %d key tiles kept)", kept_total, seen_total);
-    report("block_sparse", what, sh, bad == 0 && dropped > 0 ? 0 : 1, 0);
-    // the attention over the kept tiles
-    std::vector<float> ref(size_t(n) * nh * hd, 0.f);
-    const float scale = 1.f / std::sqrt(float(hd));
-    for (int i = 0; i < n; ++i)
-        for (int h = 0; h < nh; ++h) {
-            const int kvh = h / G, last = pos0 + i;
-            const std::vector<char>& al = allowed[size_t(i / rows) * nkv + kvh];
-            const float* q = &qkv[size_t(i) * ld + size_t(h) * hd];
-            std::vector<float> p(size_t(last + 1), 0.f);
-            float mx = -1e30f;
-            for (int s2 = 0; s2 <= last; ++s2) {
-                if (!al[size_t(s2 / 64)]) continue;
-                float d = 0;
-                for (int e = 0; e < hd; ++e) d += q[e] * K[(size_t(s2) * nkv + kvh) * hd + e];
-                p[size_t(s2)] = d * scale;
-                mx = std::max(mx, p[size_t(s2)]);
-            }
-            double sum = 0;
-            for (int s2 = 0; s2 <= last; ++s2)
-                if (al[size_t(s2 / 64)]) { p[size_t(s2)] = std::exp(p[size_t(s2)] - mx); sum += p[size_t(s2)]; }
-            float* o = &ref[(size_t(i) * nh + h) * hd];
-            for (int s2 = 0; s2 <= last; ++s2)
-                if (al[size_t(s2 / 64)])
-                    for (int e = 0; e < hd; ++e) o[e] += float(p[size_t(s2)] / sum) * V[(size_t(s2) * nkv + kvh) * hd + e];
-        }
-    report("block_sparse", std::string("attention_wmma_kernel<") + std::to_string(hd) + ">, kept tiles (" + dtype_name(t) + ")",
-           sh, rel_err(dout.down(), ref), 2e-2);
+        snprintf(what, sizeof what, "select (%d of %d key tiles kept%s)", kept_total, seen_total,
+                 budget < 1.f ? (capped ? ", budget binding" : ", budget not binding") : "");
+    // with a budget, the shape must make it bind somewhere, or the bound is untested
+    report("block_sparse", what, sh, bad == 0 && dropped > 0 && (budget >= 1.f || capped > 0) ? 0 : 1, 0);
+    // the attention over the tiles the GPU kept, against cpu::block_sparse_attention over the same tiles
+    std::vector<float> ref(size_t(n) * nh * hd);
+    cpu::block_sparse_attention(q.data(), n, nh, nkv, hd, rows, pos0, K.data(), V.data(), got, ref.data());
+    const std::string kname = attention_kernel_name(gpu::attention_kernel_for(n, nh, nkv, hd, ld));
+    report("block_sparse", kname + "<" + std::to_string(hd) + ">, kept tiles (" + dtype_name(t) + ")", sh,
+           rel_err(dout.down(), ref), 2e-2);
 }
 #endif
 
@@ -1096,22 +1120,54 @@ int main(int argc, char** argv) {
     for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0})
         check_attn_prep(r, 4, 8, 2, 256, 64, t, "attn_prep_kernel<any>");
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)  // the tiled prefill kernels are CUDA's
-    check_attention(r, 40, 8, 2, 256, DType::BF16, "attention_wmma_kernel<256>", 2e-2);
-    check_attention(r, 33, 8, 2, 128, DType::BF16, "attention_wmma_kernel<128>", 2e-2);
-    check_attention(r, 20, 8, 2, 256, DType::F16, "attention_wmma_kernel<256>", 2e-2);
-    check_attention(r, 12, 8, 2, 256, DType::BF16, "attention_tiled_kernel<256>", 5e-4);
-    check_attention(r, 9, 8, 2, 128, DType::Q8_0, "attention_tiled_kernel<128>", 5e-4);
+    {
+        using K = gpu::AttentionKernel;
+        // the prefill kernel (bf16 builds): Qwen3.5's gated hd 256 (27B: 24 / 4 heads, G 6; 0.8B: 8 / 2), a
+        // first chunk and a chunk continuing at pos0 > 0, n not a multiple of the query tile, the cache types
+        check_attention(r, 40, 8, 2, 256, DType::BF16, K::Auto, 2e-2);
+        check_attention(r, 300, 24, 4, 256, DType::BF16, K::Auto, 2e-2, true, 0);
+        check_attention(r, 150, 24, 4, 256, DType::BF16, K::Auto, 2e-2, true, 1000, ", chunk at 1000");
+        check_attention(r, 70, 8, 2, 256, DType::Q8_0, K::Auto, 2e-2, true, 333);
+        check_attention(r, 70, 8, 2, 256, DType::Q4_0, K::Auto, 2e-2, true, 65);
+        check_attention(r, 20, 8, 2, 256, DType::F16, K::Auto, 2e-2);
+        // the older kernels, still selected for the shapes the prefill kernel does not take (fp16 builds;
+        // 8 .. 15 rows)
+        check_attention(r, 40, 8, 2, 256, DType::BF16, K::Wmma, 2e-2);
+        check_attention(r, 33, 8, 2, 128, DType::BF16, K::Wmma, 2e-2);
+        check_attention(r, 12, 8, 2, 256, DType::BF16, K::Auto, 5e-4);
+        check_attention(r, 9, 8, 2, 128, DType::Q8_0, K::Auto, 5e-4);
+    }
 #endif
-    check_attention(r, 5, 8, 2, 256, DType::BF16, "attention_kernel (n < 8)", 5e-4);
+    check_attention(r, 5, 8, 2, 256, DType::BF16, gpu::AttentionKernel::Auto, 5e-4, true, 9, " (n < 8)");
     // Qwen3 (no output gate, q_proj rows queries only)
     check_attn_prep(r, 5, 16, 8, 128, 128, DType::BF16, "attn_prep_kernel<bf16>, no gate", false);
     check_attn_prep(r, 3, 6, 2, 64, 64, DType::Q8_0, "attn_prep_kernel<any>, no gate", false);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-    check_attention(r, 40, 16, 8, 128, DType::BF16, "attention_wmma_kernel<128>", 2e-2, false);
-    check_attention(r, 12, 16, 8, 128, DType::BF16, "attention_tiled_kernel<128>", 5e-4, false);
+    {
+        using K = gpu::AttentionKernel;
+        // the prefill kernel on the drafter's shape (Qwen3-0.6B: 16 / 8 heads of 128, no gate) and GQA ratios
+        // 1 / 2 / 3 / 6 (3 and 6 leave idle vectors in the 128-vector tile), chunks continuing at pos0 > 0
+        check_attention(r, 40, 16, 8, 128, DType::BF16, K::Auto, 2e-2, false);
+        check_attention(r, 517, 16, 8, 128, DType::BF16, K::Auto, 2e-2, false, 0);
+        check_attention(r, 200, 16, 8, 128, DType::BF16, K::Auto, 2e-2, false, 1777, ", chunk at 1777");
+        check_attention(r, 130, 4, 4, 128, DType::BF16, K::Auto, 2e-2, false, 100, ", G 1");
+        check_attention(r, 130, 6, 2, 128, DType::BF16, K::Auto, 2e-2, false, 100, ", G 3");
+        check_attention(r, 130, 12, 2, 128, DType::BF16, K::Auto, 2e-2, false, 100, ", G 6");
+        check_attention(r, 130, 12, 2, 128, DType::BF16, K::Auto, 2e-2, true, 100, ", G 6");
+        check_attention(r, 90, 16, 8, 128, DType::Q8_0, K::Auto, 2e-2, false, 300);
+        check_attention(r, 90, 16, 8, 128, DType::Q4_0, K::Auto, 2e-2, false, 300);
+        check_attention(r, 40, 16, 8, 128, DType::BF16, K::Wmma, 2e-2, false);
+        check_attention(r, 12, 16, 8, 128, DType::BF16, K::Auto, 5e-4, false);
+        check_attention_choice(8192, 16, 8, 128, false, K::Flash);  // the drafter's prefill chunk
+        check_attention_choice(2048, 24, 4, 256, true, K::Flash);   // the 27B's full-attention layers
+        check_attention_choice(12, 16, 8, 128, false, K::Tiled);
+        check_attention_choice(1, 16, 8, 128, false, K::Rows);
+        check_attention_choice(4096, 16, 8, 48, false, K::Rows);    // the trained reference drafter (hd 48)
+    }
 #endif
-    check_attention(r, 5, 16, 8, 128, DType::BF16, "attention_kernel (n < 8)", 5e-4, false);
-    check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4, false);
+    check_attention(r, 5, 16, 8, 128, DType::BF16, gpu::AttentionKernel::Auto, 5e-4, false, 9, " (n < 8)");
+    check_attention(r, 20, 6, 2, 64, DType::Q4_0, gpu::AttentionKernel::Auto, 5e-4, false, 9, " (hd 64)");
+    check_attention(r, 30, 6, 2, 48, DType::BF16, gpu::AttentionKernel::Auto, 5e-4, false, 9, " (hd 48)");
     // PFlash tail scores (Qwen3-0.6B's heads; an odd shape with partial rotary; quantised keys)
     check_tail_scores(r, 12, 8, 16, 8, 128, 128, 3000, DType::BF16, false);
     check_tail_scores(r, 5, 3, 6, 2, 40, 24, 301, DType::F32, false);
@@ -1122,8 +1178,12 @@ int main(int argc, char** argv) {
     check_block_sparse(r, 300, 1500, 16, 8, 128, DType::BF16);
     check_block_sparse(r, 200, 1000 + 37, 16, 8, 128, DType::Q8_0);
     check_block_sparse(r, 100, 1500, 8, 2, 256, DType::BF16);  // the qwen3.5 shape (hd 256)
+    // the budget (PFlash's bound on the kept blocks): binding at 10% and 15%; G 6, hd 256 with q4_0 keys
+    check_block_sparse(r, 300, 3000, 16, 8, 128, DType::BF16, 0.10f);
+    check_block_sparse(r, 257, 2000 + 11, 16, 8, 128, DType::Q8_0, 0.15f);
+    check_block_sparse(r, 150, 3000, 24, 4, 256, DType::Q4_0, 0.10f);
 #endif
-    check_attention(r, 20, 6, 2, 64, DType::Q4_0, "attention_kernel (hd 64)", 5e-4);
+    check_attention(r, 20, 6, 2, 64, DType::Q4_0, gpu::AttentionKernel::Auto, 5e-4, true, 9, " (hd 64)");
     check_silu_mul(r, 3, 1001);
     check_argmax_pos(r);
     check_gemv_fused(r);

@@ -229,12 +229,16 @@ def main() -> int:
                        "kept_chunks": p["kept_chunks"], "forced_chunks": p["forced_chunks"], "n_chunks": p["n_chunks"],
                        "memory_bytes": p.get("memory_bytes"), "card_used_mib_peak": mem.peak,
                        "request_wall_s": round(wall, 2), "decode_ms": rep["timing"].get("decode_ms"),
-                       "kept_ranges": p["kept_ranges"]}
+                       "kept_ranges": p["kept_ranges"],
+                       # block-sparse drafter: the share of the causal key tiles its attention read
+                       "drafter_attention_read": p.get("drafter_attention_read")}
                 r["pflash"][str(L)] = row
                 ph = p["time_ms"]
                 print(f"[{kv}] pflash L={L}: TTFT {row['ttft_ms']:.0f} ms (drafter {p['drafter_forward_ms']:.0f}, "
                       f"score {ph['score']:.0f}, select {ph['select']:.1f}, bridge {ph['bridge']:.1f}, target prefill "
-                      f"{ph['target_prefill']:.0f}); kept {row['kept_tokens_target']} target tokens; card "
+                      f"{ph['target_prefill']:.0f}); kept {row['kept_tokens_target']} target tokens; "
+                      + (f"drafter attention read {row['drafter_attention_read']:.3f} of its key tiles; "
+                         if row["drafter_attention_read"] is not None else "") + f"card "
                       f"{mem.peak} MiB used", flush=True)
                 save()
         finally:

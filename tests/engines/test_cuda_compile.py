@@ -71,3 +71,24 @@ def test_device_probes_compile(probe, tmp_path):
     proc = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "-c", str(DEVICE_SCRIPTS / probe), "-o",
                            str(tmp_path / "probe.o")], capture_output=True, text=True)
     assert proc.returncode == 0, f"{probe}:\n{proc.stderr[-3000:]}"
+
+
+# The prefill attention kernel keeps a warp's scores and output in registers (up to 255 a thread, one block of
+# 8 warps a multiprocessor): a spill would put them in local memory on every key tile. A change that spills has
+# to be re-measured on a GPU (scripts/device/check_attention_gpu.sh).
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_sm90_flash_attention_does_not_spill(tmp_path):
+    src = ENGINES / "core" / "cuda" / "attention.cu"
+    proc = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "-DLB_HAVE_GPU=1", "-DLB_CUDA=1", "-I",
+                           str(ENGINES / "core"), "-I", str(ENGINES), "-cubin", str(src), "-o",
+                           str(tmp_path / "attention.cubin"), "-Xptxas", "-v"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found, current = 0, False
+    for line in proc.stderr.splitlines():
+        if "Compiling entry function" in line:
+            current = "flash_attention_kernel" in line
+        elif current and "spill" in line:
+            found += 1
+            assert "0 bytes spill stores, 0 bytes spill loads" in line, line
+    assert found == 4, f"{found} flash_attention_kernel instances in ptxas output (want hd 128/256 x bf16/other)"

@@ -263,11 +263,33 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
                               input="", timeout=60)
         line = json.loads(proc.stdout.splitlines()[0])
         assert proc.returncode != 0 and line["type"] == "error" and what in line["message"], line
-    # the drafter's block-sparse attention is a GPU option: the cpu backend refuses it at load
-    proc = subprocess.run([str(pflash_exe), "--model", str(target), "--drafter", str(drafter)], capture_output=True,
-                          text=True, input="", timeout=60, env={**os.environ, "LB_PFLASH_SPARSE_FROM": "32768"})
-    line = json.loads(proc.stdout.splitlines()[0])
-    assert proc.returncode != 0 and line["type"] == "error" and "no block-sparse attention" in line["message"], line
+
+
+def test_block_sparse_drafter(start, models, monkeypatch):
+    """LB_PFLASH_SPARSE_*: the drafter's attention reads only the kept key tiles (the reply says which share of
+    the causal ones), at most the budget's; the knobs are in the ready line; a dense drafter reports no share."""
+    target, drafter = models
+    req = synthetic_request(3000, 60, seed=3, vocab_d=777, vocab_t=1024)
+    prompt = req.pop("prompt_ids")
+    read = {}
+    for budget in (None, 100, 5):
+        if budget is None:
+            monkeypatch.delenv("LB_PFLASH_SPARSE_FROM", raising=False)
+        else:
+            monkeypatch.setenv("LB_PFLASH_SPARSE_FROM", "1024")
+            monkeypatch.setenv("LB_PFLASH_SPARSE_BUDGET", str(budget))
+        e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", "3100", "--min-prompt-tokens", "0")
+        if budget is not None:
+            assert e.ready["engine"]["tuning"]["pflash_sparse_budget"] == budget
+            assert f"at most {budget}%" in e.ready["engine"]["options"]["drafter_attention"]
+        r = e.generate(prompt, 2, **req)
+        assert r["type"] == "result", r
+        read[budget] = r["prefill"].get("drafter_attention_read")
+        assert e.close() == 0
+    assert read[None] is None
+    # 3000 rows: query tiles see up to 24 key blocks, 6 of them forced (sinks, recent), at most ceil(5% x 24) = 2
+    # more; the last 256 rows dense: about half the causal key tiles at most
+    assert 0 < read[5] <= read[100] <= 1 and read[5] < 0.7, read
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -1,5 +1,6 @@
 // Rotary embedding (partial or full) and GQA attention over the KV cache, causal or tree-masked (any KV element type: rows are
 // decoded to fp32 as they are read, so quantised caches are exercised exactly as stored).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -83,6 +84,77 @@ void attention(const float* q, int n, int nh, int nkv, int hd, int pos0, const v
             for (size_t s = 0; s < rows.size(); ++s) rows[s] = int(s);
             attend(q + (int64_t(t) * nh + h) * hd, K.data(), V.data(), nkv, h / group, hd, rows,
                    out + (int64_t(t) * nh + h) * hd);
+        }
+}
+
+std::vector<std::vector<int>> block_sparse_select(const float* q, int n, int nh, int nkv, int hd, int rows, int pos0,
+                                                  const float* K, const SparseRule& rule,
+                                                  std::vector<std::vector<float>>* scores) {
+    const int G = nh / nkv, n_tiles = (n + rows - 1) / rows, end = pos0 + n;
+    const int blocks = (end + kSparseBlock - 1) / kSparseBlock;
+    std::vector<float> kmean(size_t(blocks) * nkv * hd, 0.f);
+    for (int j = 0; j < blocks; ++j) {
+        const int p0 = j * kSparseBlock, p1 = std::min(end, p0 + kSparseBlock);
+        for (int h = 0; h < nkv; ++h) {
+            float* km = &kmean[(size_t(j) * nkv + h) * hd];
+            for (int p = p0; p < p1; ++p)
+                for (int d = 0; d < hd; ++d) km[d] += K[(size_t(p) * nkv + h) * hd + d];
+            for (int d = 0; d < hd; ++d) km[d] /= float(p1 - p0);
+        }
+    }
+    std::vector<std::vector<int>> out(size_t(n_tiles) * nkv);
+    if (scores) scores->assign(out.size(), {});
+    const float scale = 1.0f / std::sqrt(float(hd));
+    for (int tile = 0; tile < n_tiles; ++tile)
+        for (int h = 0; h < nkv; ++h) {
+            const int t0 = tile * rows, t1 = std::min(t0 + rows, n), last = pos0 + t1 - 1;
+            const int jl = last / kSparseBlock, s_tiles = last / kSparseTile + 1;
+            std::vector<int>& kept = out[size_t(tile) * nkv + h];
+            if (last >= rule.dense_from) {
+                for (int k = 0; k < s_tiles; ++k) kept.push_back(k);
+                continue;
+            }
+            std::vector<float> qm(size_t(hd), 0.f), sc(size_t(jl + 1));
+            for (int t = t0; t < t1; ++t)
+                for (int g = 0; g < G; ++g)
+                    for (int d = 0; d < hd; ++d) qm[size_t(d)] += q[(size_t(t) * nh + h * G + g) * hd + d];
+            for (float& x : qm) x /= float((t1 - t0) * G);
+            float best = -INFINITY;
+            for (int j = 0; j <= jl; ++j) {
+                float dot = 0.f;
+                for (int d = 0; d < hd; ++d) dot += qm[size_t(d)] * kmean[(size_t(j) * nkv + h) * hd + d];
+                sc[size_t(j)] = dot * scale;
+                best = std::max(best, sc[size_t(j)]);
+            }
+            const float log_alpha = std::log(rule.alpha);
+            std::vector<int> cand;
+            std::vector<char> keep(size_t(jl + 1), 0);
+            for (int j = 0; j <= jl; ++j) {
+                if (j < std::max(1, rule.sinks) || j > jl - rule.recent) keep[size_t(j)] = 1;
+                else if (sc[size_t(j)] - best >= log_alpha) cand.push_back(j);
+            }
+            const size_t cap = rule.budget >= 1.f ? cand.size() : size_t(std::ceil(rule.budget * float(jl + 1)));
+            std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return sc[size_t(a)] > sc[size_t(b)]; });
+            for (size_t i = 0; i < cand.size() && i < cap; ++i) keep[size_t(cand[i])] = 1;
+            for (int j = 0; j <= jl; ++j)
+                if (keep[size_t(j)])
+                    for (int k = 2 * j; k < 2 * j + 2 && k < s_tiles; ++k) kept.push_back(k);
+            if (scores) (*scores)[size_t(tile) * nkv + h] = std::move(sc);
+        }
+    return out;
+}
+
+void block_sparse_attention(const float* q, int n, int nh, int nkv, int hd, int rows, int pos0, const float* K,
+                            const float* V, const std::vector<std::vector<int>>& tiles, float* out) {
+    const int group = nh / nkv;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int t = 0; t < n; ++t)
+        for (int h = 0; h < nh; ++h) {
+            const int last = pos0 + t;
+            std::vector<int> keys;  // the kept tiles' positions this row sees, ascending
+            for (int k : tiles[size_t(t / rows) * nkv + h / group])
+                for (int s = k * kSparseTile; s < (k + 1) * kSparseTile && s <= last; ++s) keys.push_back(s);
+            attend(q + (int64_t(t) * nh + h) * hd, K, V, nkv, h / group, hd, keys, out + (int64_t(t) * nh + h) * hd);
         }
 }
 

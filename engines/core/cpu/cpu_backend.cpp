@@ -89,12 +89,27 @@ public:
 
     void reset() override {
         len_ = 0;
+        sparse_read_ = sparse_seen_ = 0;
         pending_.n = 0;
         for (auto& s : ssm_) std::fill(s.begin(), s.end(), 0.f);
         for (auto& c : conv_) std::fill(c.begin(), c.end(), 0.f);
     }
 
     int length() const override { return len_; }
+
+    // Block-sparse attention as the GPU's (gpu::BlockSparse): the same rule (cpu::block_sparse_select) on the
+    // GPU kernel's query tiles (128 / G rows), for measuring what it does to a trained drafter's scores on a
+    // CPU. Per forward call: a call whose sequence reaches `from` runs it, its last 256 rows dense.
+    void set_block_sparse(int from, float alpha, float budget) override {
+        if (from < 0 || !(alpha > 0.f && alpha <= 1.f) || !(budget > 0.f && budget <= 1.f))
+            fail("bad_request", "block-sparse attention: from >= 0, 0 < alpha <= 1, 0 < budget <= 1");
+        sparse_from_ = from;
+        sparse_.alpha = alpha;
+        sparse_.budget = budget;
+    }
+    double block_sparse_read_fraction() override {
+        return sparse_seen_ ? double(sparse_read_) / double(sparse_seen_) : -1.0;
+    }
 
     int forward(const int* tokens, int n, std::vector<float>* last_logits) override {
         if (len_ + n > max_ctx_)
@@ -322,9 +337,28 @@ private:
         if (capture_) score_tail(l, tail_q, rows);
         std::vector<float> att(size_t(n) * nh * hd);
         if (rows.verify) cpu::tree_attention(q.data(), n, nh, nkv, hd, len_, kc, kt_, vc, vt_, rows.visible.data(), att.data());
+        else if (sparse_from_ > 0 && len_ + n >= sparse_from_) sparse_attention(q.data(), n, kc, vc, att.data());
         else cpu::attention(q.data(), n, nh, nkv, hd, len_, kc, kt_, vc, vt_, att.data());
         if (gated) for (size_t i = 0; i < att.size(); ++i) att[i] *= cpu::sigmoid(gate[i]);
         cpu::matmul(att.data(), n, nh * hd, F(L.o_proj), H, out);
+    }
+
+    void sparse_attention(const float* q, int n, const uint8_t* kc, const uint8_t* vc, float* out) {
+        const int nh = cfg_.n_heads, nkv = cfg_.n_kv_heads, hd = cfg_.head_dim, ctx = len_ + n;
+        std::vector<float> K(size_t(ctx) * nkv * hd), V(K.size());
+        for (int64_t r = 0; r < int64_t(ctx) * nkv; ++r) {
+            decode_row(kt_, kc + r * krow_, &K[size_t(r) * hd], size_t(hd));
+            decode_row(vt_, vc + r * vrow_, &V[size_t(r) * hd], size_t(hd));
+        }
+        cpu::SparseRule rule = sparse_;
+        rule.dense_from = ctx - 256;
+        const int rows = std::max(1, 128 / (nh / nkv));
+        const auto tiles = cpu::block_sparse_select(q, n, nh, nkv, hd, rows, len_, K.data(), rule);
+        for (size_t th = 0; th < tiles.size(); ++th) {
+            sparse_read_ += tiles[th].size();
+            sparse_seen_ += size_t((len_ + std::min(int(th / nkv) * rows + rows, n) - 1) / cpu::kSparseTile + 1);
+        }
+        cpu::block_sparse_attention(q, n, nh, nkv, hd, rows, len_, K.data(), V.data(), tiles, out);
     }
 
     // A scored forward's probabilities for layer l: the whole sequence's keys read back from the cache and
@@ -420,6 +454,9 @@ private:
     std::vector<std::vector<uint8_t>> kcache_, vcache_;
     std::vector<std::vector<float>> ssm_, conv_;
     TailScores* capture_ = nullptr;     // set during a scored forward
+    int sparse_from_ = 0;               // set_block_sparse
+    cpu::SparseRule sparse_;
+    size_t sparse_read_ = 0, sparse_seen_ = 0;  // since reset(): key tiles read / causal key tiles
     Rows pending_;                      // the last verify's rows, until commit or another forward
     std::vector<RecurrentRows> spec_;   // per DeltaNet layer: what commit needs from the last verify
     std::chrono::steady_clock::time_point t0_;

@@ -5,6 +5,7 @@
 // Activations are token-major: x[t * width + i].
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "../quant.h"
 
@@ -68,6 +69,28 @@ void attention(const float* q, int n, int nh, int nkv, int hd, int pos0, const v
 // the new rows j with visible[t * n + j] (its ancestors and itself).
 void tree_attention(const float* q, int n, int nh, int nkv, int hd, int ctx0, const void* kcache, DType kt,
                     const void* vcache, DType vt, const uint8_t* visible, float* out);
+
+// Block-sparse attention (PFlash's drafter; gpu::BlockSparse, cuda/attention.cu block_select_kernel): the rule
+// that picks the 64-position key tiles each query tile reads, and the attention over them. A chunk of n rows at
+// positions pos0.. in query tiles of `rows` rows (the GPU kernel's tile: 128 / G rows in bf16 builds); q[n, nh,
+// hd] after RoPE; K, V the decoded cache [pos0 + n, nkv, hd], K rotated. Key block j (128 positions, j * 128 ..)
+// scores mean(tile's queries of kv head kvh's G heads) . mean(block's keys) / sqrt(hd). Kept: blocks j < sinks,
+// the `recent` blocks up to the tile's own, and of the others those within ln(alpha) of the tile's best score,
+// at most ceil(budget x (blocks the tile sees)) of them, the best-scoring (ties: the earlier; budget >= 1: no
+// bound); a tile whose last row is at or past dense_from keeps every tile.
+struct SparseRule {
+    float alpha = 0.85f, budget = 1.f;
+    int sinks = 2, recent = 4, dense_from = 1 << 30;  // dense_from: no dense rows
+};
+constexpr int kSparseBlock = 128, kSparseTile = 64;
+// Per (query tile, kv head), index tile * nkv + kvh: the kept key tiles, ascending. scores (optional): the
+// block scores, same index.
+std::vector<std::vector<int>> block_sparse_select(const float* q, int n, int nh, int nkv, int hd, int rows, int pos0,
+                                                  const float* K, const SparseRule& rule,
+                                                  std::vector<std::vector<float>>* scores = nullptr);
+// Causal attention of q over the keys of the kept tiles only (the softmax over them), out[n, nh, hd].
+void block_sparse_attention(const float* q, int n, int nh, int nkv, int hd, int rows, int pos0, const float* K,
+                            const float* V, const std::vector<std::vector<int>>& tiles, float* out);
 
 // The DFlash draft's attention: queries q[n, nh, hd] at positions qpos0..qpos0+n-1 (the block) over the
 // cached context rows k_ctx/v_ctx [n_ctx, nkv, hd] at positions 0..n_ctx-1 followed by the block's rows

@@ -2,6 +2,7 @@
 // attention, with the sigmoid output gate (Qwen3.5's gated attention) or without it (Qwen3's). qs is the
 // query heads' stride in head dims: 2 when q_proj holds per head [query, gate], 1 when it holds queries only.
 // CPU reference: ../cpu/attention.cpp, ../cpu/norms.cpp.
+#include <climits>
 #include <cmath>
 
 #include "common.cuh"
@@ -470,6 +471,262 @@ __global__ __launch_bounds__(AW_THREADS) void attention_wmma_kernel(const float*
     }
 }
 
+
+constexpr int FA_MIN_ROWS = 16, FA_MAX_G = 16;  // flash_attention_kernel's shapes: rows, G = nh / nkv
+#if !defined(LB_GPU_FP16)
+// Prefill attention, FlashAttention-2 form (bf16 tensor cores through mma.sync m16n8k16, fp32 accumulation):
+// the kernel CUDA bf16 builds use for head_dim 128 and 256 from FA_MIN_ROWS rows on (attention() below says
+// which kernel serves which shape). Grid (query tiles, nkv), FA_THREADS threads. A block takes FA_BM = 128
+// query vectors of KV head blockIdx.y: rows t0 .. t0 + rows - 1 (rows = FA_BM / G, floor) times its G query
+// heads (vector v = r G + g is head kvh G + g of row t0 + r; vectors from rows G on are idle padding when G
+// does not divide 128), and walks key tiles of FA_BN = 64 positions once, ascending (all up to the block's
+// last key, or the block-sparse list of BlockSparse). Warp w owns vectors 16 w .. 16 w + 15 for the whole
+// walk: S = Q K^T (16 x 64) stays in registers, the online softmax (fp32; raw-score maximum m, exp2 of the
+// score times scale log2 e) rescales the warp's O (16 x HD, fp32 registers) and sum l, P is rounded to bf16
+// and multiplied into O from registers, so nothing but K and V passes through shared memory after Q.
+// K and V tiles go through FA_STAGES shared-memory buffers: a bf16 cache is copied with cp.async (the next
+// tile in flight while this one is computed), any other cache type (q8_0, q4_0, f16, f32) is dequantised
+// through kv_load into bf16 as the tile is stored. Rows are HD + 8 bf16 wide, so the 8 rows an ldmatrix reads
+// start 16 bytes apart in the banks. Q is read as fp32 and rounded to bf16 (as the GEMMs round activations);
+// for HD 128 each warp keeps its Q fragments in registers, for HD 256 (whose O takes 128 registers) they are
+// re-read from shared memory each tile. Causal masking is applied only in tiles that reach past the block's
+// first row's last key (the diagonal tiles); key 0 is never masked and tiles run ascending, so m is finite
+// after the first tile and masked scores give exact zeros. K/V rows past the block's last key are zero-filled,
+// so they never carry stale (possibly non-finite) cache bytes into P V.
+constexpr int FA_BM = 128, FA_BN = 64, FA_WARPS = FA_BM / 16, FA_THREADS = FA_WARPS * 32, FA_STAGES = 2;
+template <int HD>
+constexpr size_t flash_attention_smem() {
+    return sizeof(wtype) * size_t(FA_BM + 2 * FA_STAGES * FA_BN) * (HD + 8);
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+// d += a b: a the 16 x 16 row-major fragment, (b0, b1) the 16 x 8 column-major one, d 16 x 8 fp32
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16 bytes global -> shared, zero-filled (nothing read) where !valid
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2^-inf = +0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const unsigned*)&v;
+}
+
+template <int HD, bool NATIVE>  // NATIVE: bf16 K and V caches, copied with cp.async
+__global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const float* qkv, int ld, int n, int nh, int nkv,
+                                                                        const int* d_pos, const void* kcache, DType kt,
+                                                                        const void* vcache, DType vt, float* out, int qs,
+                                                                        const int* sp_tiles, const int* sp_counts,
+                                                                        int sp_max) {
+    static_assert(HD % 16 == 0 && FA_BN % 16 == 0, "whole mma k-steps");
+    constexpr int LD = HD + 8;                  // shared row stride (bf16)
+    constexpr int KSTEPS = HD / 16, NT = FA_BN / 8, DT = HD / 8;
+    constexpr bool QREG = HD <= 128;            // Q fragments held in registers
+    extern __shared__ __align__(128) unsigned char fa_sm[];
+    wtype* Qs = (wtype*)fa_sm;                  // [BM][LD]
+    wtype* Ks = Qs + FA_BM * LD;                // [STAGES][BN][LD]
+    wtype* Vs = Ks + FA_STAGES * FA_BN * LD;    // [STAGES][BN][LD]
+    const int G = nh / nkv, rows = FA_BM / G, nvec = rows * G;
+    const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) tiles start first
+    const int kvh = blockIdx.y, t0 = tile * rows;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int p0 = *d_pos;
+    const int s_end = p0 + min(t0 + rows, n) - 1;  // the last key any valid row of this block sees
+    const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
+    const int* my_tiles = sp_tiles ? sp_tiles + (size_t(tile) * nkv + kvh) * sp_max : nullptr;
+    const int n_it = my_tiles ? sp_counts[size_t(tile) * nkv + kvh] : s_end / FA_BN + 1;
+
+    for (int e = tid; e < FA_BM * (HD / 4); e += FA_THREADS) {
+        const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
+        const int t = t0 + v / G, h = kvh * G + v % G;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (v < nvec && t < n) q = *(const float4*)(qkv + size_t(t) * ld + size_t(h) * qs * HD + d);
+        __nv_bfloat162* dst = (__nv_bfloat162*)(Qs + v * LD + d);
+        dst[0] = __floats2bfloat162_rn(q.x, q.y);
+        dst[1] = __floats2bfloat162_rn(q.z, q.w);
+    }
+    // key tile `it` of the walk into buffer st (rows past s_end zero)
+    auto load_kv = [&](int it, int st) {
+        const int s0 = (my_tiles ? my_tiles[it] : it) * FA_BN;
+        wtype* kd = Ks + st * FA_BN * LD;
+        wtype* vd = Vs + st * FA_BN * LD;
+        if constexpr (NATIVE) {
+            constexpr int CH = HD / 8;  // 16-byte chunks a row
+#pragma unroll
+            for (int e = tid; e < FA_BN * CH; e += FA_THREADS) {
+                const int j = e / CH, c = e % CH, sp = s0 + j;
+                const bool ok = sp <= s_end;
+                const size_t r = size_t(ok ? sp : 0) * nkv + kvh;
+                cp_async16_zfill(smem_u32(kd + j * LD + c * 8), (const uint8_t*)kcache + r * krow + c * 16, ok);
+                cp_async16_zfill(smem_u32(vd + j * LD + c * 8), (const uint8_t*)vcache + r * vrow + c * 16, ok);
+            }
+        } else {
+            for (int e = tid; e < FA_BN * (HD / 2); e += FA_THREADS) {
+                const int j = e / (HD / 2), d = (e % (HD / 2)) * 2, sp = s0 + j;
+                float k0 = 0.f, k1 = 0.f, v0 = 0.f, v1 = 0.f;
+                if (sp <= s_end) {
+                    const size_t r = size_t(sp) * nkv + kvh;
+                    const uint8_t* kr = (const uint8_t*)kcache + r * krow;
+                    const uint8_t* vr = (const uint8_t*)vcache + r * vrow;
+                    k0 = kv_load(kr, kt, d);
+                    k1 = kv_load(kr, kt, d + 1);
+                    v0 = kv_load(vr, vt, d);
+                    v1 = kv_load(vr, vt, d + 1);
+                }
+                *(__nv_bfloat162*)(kd + j * LD + d) = __floats2bfloat162_rn(k0, k1);
+                *(__nv_bfloat162*)(vd + j * LD + d) = __floats2bfloat162_rn(v0, v1);
+            }
+        }
+    };
+    if (n_it > 0) load_kv(0, 0);
+    cp_async_commit();
+    __syncthreads();  // Qs
+
+    // this thread's two vectors (accumulator rows lane / 4 and lane / 4 + 8 of the warp's 16) and their last keys
+    int last[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int v = warp * 16 + lane / 4 + 8 * i;
+        last[i] = v < nvec ? min(p0 + t0 + v / G, s_end) : p0 + t0;  // padding: any finite row
+    }
+    const int first_last = p0 + t0;  // the smallest last key in the block
+    unsigned qf[QREG ? KSTEPS : 1][4];
+    if constexpr (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk)
+            ldsm_x4(qf[kk], smem_u32(Qs + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8));
+    }
+    const float sl2 = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores to log2 units
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's columns only, summed at the end
+    const int mi = lane / 8, mr = lane % 8;                    // ldmatrix: this lane's matrix and row
+
+    for (int it = 0; it < n_it; ++it) {
+        const int st = it % FA_STAGES;
+        if (it + 1 < n_it) load_kv(it + 1, (it + 1) % FA_STAGES);
+        cp_async_commit();
+        cp_async_wait<1>();  // tile it landed (this thread's copies)
+        __syncthreads();     // ... and everyone's
+        const wtype* kb = Ks + st * FA_BN * LD;
+        const wtype* vb = Vs + st * FA_BN * LD;
+        const int s0 = (my_tiles ? my_tiles[it] : it) * FA_BN;
+
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+            unsigned a[4];
+            if constexpr (QREG) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+            } else {
+                ldsm_x4(a, smem_u32(Qs + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8));
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {  // keys 16 np .. 16 np + 15: matrices (keys +0/+8) x (dims +0/+8)
+                unsigned b[4];
+                ldsm_x4(b, smem_u32(kb + (np * 16 + (mi / 2) * 8 + mr) * LD + kk * 16 + (mi % 2) * 8));
+                mma_bf16_16816(s[2 * np], a, b[0], b[1]);
+                mma_bf16_16816(s[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        if (s0 + FA_BN - 1 > first_last) {  // a diagonal tile: mask keys past each vector's last
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (s0 + nt * 8 + 2 * (lane % 4) + (i & 1) > last[i / 2]) s[nt][i] = -INFINITY;
+        }
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+        }
+        float corr[2], ms[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            ms[i] = mx[i] == -INFINITY ? 0.f : mx[i] * sl2;
+            corr[i] = fast_exp2(m[i] * sl2 - ms[i]);
+            m[i] = mx[i];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                s[nt][i] = fast_exp2(fmaf(s[nt][i], sl2, -ms[i / 2]));
+                rs[i / 2] += s[nt][i];
+            }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l[i] = l[i] * corr[i] + rs[i];
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            o[dt][0] *= corr[0];
+            o[dt][1] *= corr[0];
+            o[dt][2] *= corr[1];
+            o[dt][3] *= corr[1];
+        }
+        // O += P V: the accumulators of score tiles 2 kk, 2 kk + 1 are the A fragment of keys 16 kk ..
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; ++kk) {
+            const unsigned a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                                   pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {  // dims 16 dp ..: matrices (keys +0/+8) x (dims +0/+8), transposed
+                unsigned b[4];
+                ldsm_x4_trans(b, smem_u32(vb + (kk * 16 + (mi % 2) * 8 + mr) * LD + dp * 16 + (mi / 2) * 8));
+                mma_bf16_16816(o[2 * dp], a, b[0], b[1]);
+                mma_bf16_16816(o[2 * dp + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // buffer st is free for tile it + 2
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        const int v = warp * 16 + lane / 4 + 8 * i, t = t0 + v / G, h = kvh * G + v % G;
+        if (v >= nvec || t >= n) continue;
+        const float inv = 1.f / l[i];
+        const float* gate = qkv + size_t(t) * ld + size_t(h) * qs * HD + HD;  // qs == 2 only
+        float* dst = out + (size_t(t) * nh + h) * HD;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const int d = dt * 8 + 2 * (lane % 4);
+            float2 r = make_float2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
+            if (qs == 2) {
+                r.x *= sigmoidf(gate[d]);
+                r.y *= sigmoidf(gate[d + 1]);
+            }
+            *(float2*)(dst + d) = r;
+        }
+    }
+}
+#endif  // !LB_GPU_FP16
 // Block-sparse selection (BlockSparse in gpu_ops.h). kmean[(j * nkv + kvh) * hd + d]: the mean of the cached
 // (rotated) keys of block j, positions j * BS_BLOCK .. min(+BS_BLOCK, end) - 1. grid (blocks, nkv).
 constexpr int BS_BLOCK = 2 * AW_TK;
@@ -484,23 +741,34 @@ __global__ void key_block_mean_kernel(const void* kcache, DType kt, int nkv, int
     }
 }
 
-// grid (query tiles, nkv), BSEL_THREADS threads, dynamic shared memory (hd + key blocks) floats. A query tile
-// is the wmma kernel's: rows t0 .. t0 + AW_QV / G - 1 of the chunk, the G query heads of KV head blockIdx.y.
-// Its block score of key block j is mean(q) . kmean_j / sqrt(hd); kept: j < sinks, the `recent` blocks up to
-// the tile's own, and every j whose score is within ln(alpha) of the tile's best (its softmax weight among the
-// blocks at least alpha times the best's). Writes the kept key tiles (AW_TK positions each, ascending) of the
-// keys the tile sees; a tile whose last row is at or past dense_from gets every key tile.
+// grid (query tiles, nkv), BSEL_THREADS threads, dynamic shared memory (hd + 2 key blocks) floats. A query
+// tile is the attention kernel's (flash_attention_kernel's, or the wmma kernel's in fp16 builds): rows t0 ..
+// t0 + rows - 1 of the chunk, the G query heads of KV head blockIdx.y. Its block score of key block j is
+// mean(q) . kmean_j / sqrt(hd). Forced: j < sinks and the `recent` blocks up to the tile's own. Candidates:
+// every other j whose score is within ln(alpha) of the tile's best (its softmax weight among the blocks at
+// least alpha times the best's: upstream's rule). The budget bounds the candidates kept to
+// ceil(budget * (blocks the tile sees)), the top-scoring ones (ties: the earlier block), so a tile's cost is
+// bounded whatever the scores (budget >= 1: no bound). Writes the kept key tiles (FA_BN = AW_TK positions each,
+// ascending) of the keys the tile sees; a tile whose last row is at or past dense_from gets every key tile.
+// stats (optional): += kept key tiles, key tiles the dense walk would read.
 constexpr int BSEL_THREADS = 256;
+__device__ __forceinline__ int warp_sum_int(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 __global__ __launch_bounds__(BSEL_THREADS) void block_select_kernel(const float* qkv, int ld, int qs, int n, int nh,
-                                                                    int nkv, int hd, int pos0, const float* kmean,
-                                                                    float log_alpha, int sinks, int recent,
-                                                                    int dense_from, int max_tiles, int* tiles,
-                                                                    int* counts) {
+                                                                    int nkv, int hd, int rows, int pos0,
+                                                                    const float* kmean, float log_alpha, int sinks,
+                                                                    int recent, float budget, int dense_from,
+                                                                    int max_tiles, int* tiles, int* counts,
+                                                                    unsigned long long* stats) {
     extern __shared__ float bsel_sm[];
-    float* qm = bsel_sm;       // [hd]
-    float* sc = bsel_sm + hd;  // [key blocks]
+    float* qm = bsel_sm;           // [hd]
+    float* sc = bsel_sm + hd;      // [key blocks]
+    int* keep = (int*)(sc + (pos0 + n + BS_BLOCK - 1) / BS_BLOCK);  // [key blocks]
     __shared__ float red[BSEL_THREADS / 32];
-    const int G = nh / nkv, rows = AW_QV / G, tid = threadIdx.x;
+    __shared__ int red_i[BSEL_THREADS / 32];
+    const int G = nh / nkv, tid = threadIdx.x;
     const int tile = blockIdx.x, kvh = blockIdx.y, t0 = tile * rows, t1 = min(t0 + rows, n);
     const int last = pos0 + t1 - 1;        // the tile's last query position
     const int jl = last / BS_BLOCK;        // the last key block it sees
@@ -508,7 +776,13 @@ __global__ __launch_bounds__(BSEL_THREADS) void block_select_kernel(const float*
     int* out = tiles + (size_t(tile) * nkv + kvh) * max_tiles;
     if (last >= dense_from) {
         for (int i = tid; i < s_tiles; i += blockDim.x) out[i] = i;
-        if (tid == 0) counts[size_t(tile) * nkv + kvh] = s_tiles;
+        if (tid == 0) {
+            counts[size_t(tile) * nkv + kvh] = s_tiles;
+            if (stats) {
+                atomicAdd(stats, (unsigned long long)s_tiles);
+                atomicAdd(stats + 1, (unsigned long long)s_tiles);
+            }
+        }
         return;
     }
     for (int d = tid; d < hd; d += blockDim.x) {
@@ -530,15 +804,42 @@ __global__ __launch_bounds__(BSEL_THREADS) void block_select_kernel(const float*
     mx = warp_max(mx);
     if (tid % 32 == 0) red[tid / 32] = mx;
     __syncthreads();
+    float best = -FLT_MAX;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) best = fmaxf(best, red[w]);
+    // forced blocks 1, candidates 2, dropped 0
+    int n_cand = 0;
+    for (int j = tid; j <= jl; j += blockDim.x) {
+        const bool forced = j < sinks || j > jl - recent;
+        keep[j] = forced ? 1 : sc[j] - best >= log_alpha ? 2 : 0;
+        n_cand += keep[j] == 2;
+    }
+    n_cand = warp_sum_int(n_cand);
+    if (tid % 32 == 0) red_i[tid / 32] = n_cand;
+    __syncthreads();
+    n_cand = 0;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) n_cand += red_i[w];
+    const int cap = budget >= 1.f ? INT_MAX : int(ceilf(budget * float(jl + 1)));
+    if (n_cand > cap) {  // keep the cap best candidates: rank = candidates ahead of j
+        for (int j = tid; j <= jl; j += blockDim.x) {
+            if (keep[j] != 2) continue;
+            int rank = 0;
+            for (int i = 0; i <= jl && rank < cap; ++i)
+                rank += keep[i] >= 2 && (sc[i] > sc[j] || (sc[i] == sc[j] && i < j));
+            if (rank >= cap) keep[j] = 3;  // over the budget (still a candidate in the others' ranks)
+        }
+        __syncthreads();
+    }
     if (tid == 0) {
-        float best = -FLT_MAX;
-        for (int w = 0; w < int(blockDim.x / 32); ++w) best = fmaxf(best, red[w]);
         int c = 0;
         for (int j = 0; j <= jl; ++j) {
-            if (!(j < sinks || j > jl - recent || sc[j] - best >= log_alpha)) continue;
+            if (keep[j] != 1 && keep[j] != 2) continue;
             for (int k = 2 * j; k < 2 * j + 2 && k < s_tiles; ++k) out[c++] = k;
         }
         counts[size_t(tile) * nkv + kvh] = c;
+        if (stats) {
+            atomicAdd(stats, (unsigned long long)c);
+            atomicAdd(stats + 1, (unsigned long long)s_tiles);
+        }
     }
 }
 #endif
@@ -555,24 +856,52 @@ void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, floa
 }
 
 namespace {
-// Whether attention() takes the tensor-core kernel for this shape (the one block-sparse attention runs in).
-bool attention_wmma_ok(int n, int nh, int nkv, int hd, int ld) {
+// Which kernel attention() runs for a shape (CUDA):
+//   flash_attention_kernel<128|256>  head_dim 128 / 256, >= 16 rows, G = nh / nkv <= 16 (bf16 builds; every
+//                                    cache type; the block-sparse lists);
+//   attention_wmma_kernel<128|256>   the same shapes in fp16 builds (sm_75: no bf16 mma), 64 % G == 0;
+//   attention_tiled_kernel<128|256>  8 .. 15 rows (or where the above do not fit), 32 % G == 0;
+//   attention_kernel                 everything else: one-token steps, n < 8, other head_dims (the trained
+//                                    reference drafter's 48, 64), G that divides neither tile.
+// HIP runs attention_kernel only.
+AttentionKernel attention_choice(int n, int nh, int nkv, int hd, int ld) {
 #if defined(LB_CUDA)
     const int G = nkv > 0 ? nh / nkv : 0;
-    if (!(n >= 16 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && AW_QV % G == 0 && ld % 4 == 0)) return false;
-    const size_t limit = size_t(smem_optin_limit());
-    return (hd == 256 && attention_wmma_smem<256>() <= limit) || (hd == 128 && attention_wmma_smem<128>() <= limit);
-#else
-    return false;
+    if (G > 0 && nh % nkv == 0 && ld % 4 == 0 && (hd == 128 || hd == 256)) {
+        const size_t limit = size_t(smem_optin_limit());
+#if !defined(LB_GPU_FP16)
+        const size_t fa = hd == 128 ? flash_attention_smem<128>() : flash_attention_smem<256>();
+        if (n >= FA_MIN_ROWS && G <= FA_MAX_G && fa <= limit) return AttentionKernel::Flash;
 #endif
+        const size_t aw = hd == 128 ? attention_wmma_smem<128>() : attention_wmma_smem<256>();
+        if (n >= 16 && AW_QV % G == 0 && aw <= limit) return AttentionKernel::Wmma;
+        const size_t ta = hd == 128 ? attention_tiled_smem<128>() : attention_tiled_smem<256>();
+        if (n >= 8 && TA_QV % G == 0 && ta <= limit) return AttentionKernel::Tiled;
+    }
+#endif
+    return AttentionKernel::Rows;
 }
+
+// The kernel block-sparse attention runs in, and its query tile's rows (the selection's tiles must be its tiles).
+#if defined(LB_CUDA) && !defined(LB_GPU_FP16)
+constexpr AttentionKernel kSparseKernel = AttentionKernel::Flash;
+int sparse_tile_rows(int G) { return FA_BM / G; }
+#elif defined(LB_CUDA)
+constexpr AttentionKernel kSparseKernel = AttentionKernel::Wmma;
+int sparse_tile_rows(int G) { return std::max(1, AW_QV / G); }
+#else  // HIP: no block-sparse attention (block_sparse_select answers false)
+constexpr AttentionKernel kSparseKernel = AttentionKernel::Auto;
+#endif
 }  // namespace
+
+AttentionKernel attention_kernel_for(int n, int nh, int nkv, int hd, int ld) { return attention_choice(n, nh, nkv, hd, ld); }
 
 void BlockSparse::size_for(int chunk, int nh, int nkv, int hd, int ctx) {
 #if defined(LB_CUDA)
     const int G = std::max(1, nh / std::max(1, nkv));
+    rows = std::max(1, sparse_tile_rows(G));
     max_tiles = (ctx + AW_TK - 1) / AW_TK;
-    tiles_ints = size_t((chunk + std::max(1, AW_QV / G) - 1) / std::max(1, AW_QV / G)) * nkv * max_tiles;
+    tiles_ints = size_t((chunk + rows - 1) / rows) * nkv * max_tiles;
     counts_ints = tiles_ints / size_t(max_tiles);
     kmean_floats = size_t((ctx + BS_BLOCK - 1) / BS_BLOCK) * nkv * hd;
 #endif
@@ -581,18 +910,18 @@ void BlockSparse::size_for(int chunk, int nh, int nkv, int hd, int ctx) {
 bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int pos0,
                          const void* kcache, DType kt, const BlockSparse& bs, gpuStream_t s) {
 #if defined(LB_CUDA)
-    if (!attention_wmma_ok(n, nh, nkv, hd, ld)) return false;
-    const int end = pos0 + n, G = nh / nkv, rows = AW_QV / G, n_tiles = (n + rows - 1) / rows;
+    if (attention_choice(n, nh, nkv, hd, ld) != kSparseKernel) return false;
+    const int end = pos0 + n, G = nh / nkv, rows = sparse_tile_rows(G), n_tiles = (n + rows - 1) / rows;
     const int blocks = (end + BS_BLOCK - 1) / BS_BLOCK;
-    if ((end + AW_TK - 1) / AW_TK > bs.max_tiles || size_t(blocks) * nkv * hd > bs.kmean_floats ||
+    if (bs.rows != rows || (end + AW_TK - 1) / AW_TK > bs.max_tiles || size_t(blocks) * nkv * hd > bs.kmean_floats ||
         size_t(n_tiles) * nkv > bs.counts_ints)
         lb::fail("internal", "block_sparse_select: scratch sized for a shorter context or chunk");
     key_block_mean_kernel<<<dim3(blocks, nkv), 128, 0, s>>>(kcache, kt, nkv, hd, end, bs.kmean);
-    const size_t smem = sizeof(float) * size_t(hd + blocks);
+    const size_t smem = sizeof(float) * size_t(hd + 2 * blocks);
     if (smem > size_t(smem_optin_limit())) lb::fail("unsupported", "block-sparse attention: context too long");
     launch_smem(block_select_kernel, dim3(n_tiles, nkv), dim3(BSEL_THREADS), smem, s, qkv, ld, gated ? 2 : 1, n, nh,
-                nkv, hd, pos0, (const float*)bs.kmean, std::log(bs.alpha), std::max(1, bs.sinks), bs.recent,
-                bs.dense_from, bs.max_tiles, bs.tiles, bs.counts);
+                nkv, hd, rows, pos0, (const float*)bs.kmean, std::log(bs.alpha), std::max(1, bs.sinks), bs.recent,
+                bs.budget, bs.dense_from, bs.max_tiles, bs.tiles, bs.counts, bs.stats);
     return true;
 #else
     return false;
@@ -601,43 +930,69 @@ bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int h
 
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out, gpuStream_t s, bool gated, const BlockSparse* sparse) {
+    attention_with(AttentionKernel::Auto, qkv, ld, n, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out, s, gated, sparse);
+}
+
+void attention_with(AttentionKernel k, const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos,
+                    const void* kcache, DType kt, const void* vcache, DType vt, float* out, gpuStream_t s, bool gated,
+                    const BlockSparse* sparse) {
     if (hd > 512) lb::fail("unsupported", "head_dim above 512");
+    const AttentionKernel best = attention_choice(n, nh, nkv, hd, ld);
+    if (k == AttentionKernel::Auto) k = best;
+    if (sparse && k != kSparseKernel) lb::fail("internal", "block-sparse attention outside its kernel's shapes");
+    const int qs = gated ? 2 : 1;
 #if defined(LB_CUDA)
-    // The tiled kernels for prefill (n >= 8; one-token steps and other shapes keep the one-block-per-row kernel).
     const int G = nkv > 0 ? nh / nkv : 0;
-    if (n >= 8 && G > 0 && nh % nkv == 0 && TA_QV % G == 0 && ld % 4 == 0 &&
-        (hd == 128 || hd == 256)) {
-        const size_t limit = size_t(smem_optin_limit());
-        auto go = [&](auto kernel, dim3 grid, int threads, size_t smem) {
-            launch_smem(kernel, grid, dim3(threads), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
-                        gated ? 2 : 1);
+    if (k != AttentionKernel::Rows && k != best) {
+        // a named kernel (the op check, the benchmark): only where its own conditions hold
+        bool ok = G > 0 && nh % nkv == 0 && ld % 4 == 0 && (hd == 128 || hd == 256);
+        if (k == AttentionKernel::Flash) ok = ok && n >= FA_MIN_ROWS && G <= FA_MAX_G;
+        if (k == AttentionKernel::Wmma) ok = ok && n >= 16 && AW_QV % G == 0;
+        if (k == AttentionKernel::Tiled) ok = ok && n >= 8 && TA_QV % G == 0;
+        if (!ok) lb::fail("unsupported", "attention_with: the named kernel does not take this shape");
+    }
+    const int* sp_tiles = sparse ? sparse->tiles : nullptr;
+    const int* sp_counts = sparse ? sparse->counts : nullptr;
+    const int sp_max = sparse ? sparse->max_tiles : 0;
+    if (k == AttentionKernel::Flash) {
+#if !defined(LB_GPU_FP16)
+        const dim3 grid((n + FA_BM / G - 1) / (FA_BM / G), nkv);
+        const bool native = kt == DType::BF16 && vt == DType::BF16;
+        auto go = [&](auto kernel, size_t smem) {
+            launch_smem(kernel, grid, dim3(FA_THREADS), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
+                        qs, sp_tiles, sp_counts, sp_max);
         };
-        // the wmma kernel also reads the block-sparse tile lists (none: dense)
-        const int* sp_tiles = sparse ? sparse->tiles : nullptr;
-        const int* sp_counts = sparse ? sparse->counts : nullptr;
-        const int sp_max = sparse ? sparse->max_tiles : 0;
-        auto go_wmma = [&](auto kernel, dim3 grid, size_t smem) {
+        if (hd == 128)
+            return native ? go(flash_attention_kernel<128, true>, flash_attention_smem<128>())
+                          : go(flash_attention_kernel<128, false>, flash_attention_smem<128>());
+        return native ? go(flash_attention_kernel<256, true>, flash_attention_smem<256>())
+                      : go(flash_attention_kernel<256, false>, flash_attention_smem<256>());
+#else
+        lb::fail("unsupported", "flash_attention_kernel needs bf16 tensor cores (sm_80+)");
+#endif
+    }
+    if (k == AttentionKernel::Wmma) {
+        const dim3 grid((n + AW_QV / G - 1) / (AW_QV / G), nkv);
+        auto go = [&](auto kernel, size_t smem) {
             launch_smem(kernel, grid, dim3(AW_THREADS), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
-                        gated ? 2 : 1, sp_tiles, sp_counts, sp_max);
+                        qs, sp_tiles, sp_counts, sp_max);
         };
-        // tensor cores from 16 rows; the fp32 tiled kernel below for 8..15 rows (or where wmma's does not fit)
-        if (n >= 16 && AW_QV % G == 0) {
-            const dim3 gw((n + AW_QV / G - 1) / (AW_QV / G), nkv);
-            if (hd == 256 && attention_wmma_smem<256>() <= limit)
-                return go_wmma(attention_wmma_kernel<256>, gw, attention_wmma_smem<256>());
-            if (hd == 128 && attention_wmma_smem<128>() <= limit)
-                return go_wmma(attention_wmma_kernel<128>, gw, attention_wmma_smem<128>());
-        }
+        if (hd == 128) return go(attention_wmma_kernel<128>, attention_wmma_smem<128>());
+        return go(attention_wmma_kernel<256>, attention_wmma_smem<256>());
+    }
+    if (k == AttentionKernel::Tiled) {
         const dim3 grid((n + TA_QV / G - 1) / (TA_QV / G), nkv);
-        if (hd == 256 && attention_tiled_smem<256>() <= limit)
-            return go(attention_tiled_kernel<256>, grid, TA_THREADS, attention_tiled_smem<256>());
-        if (hd == 128 && attention_tiled_smem<128>() <= limit)
-            return go(attention_tiled_kernel<128>, grid, TA_THREADS, attention_tiled_smem<128>());
+        auto go = [&](auto kernel, size_t smem) {
+            launch_smem(kernel, grid, dim3(TA_THREADS), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
+                        qs);
+        };
+        if (hd == 128) return go(attention_tiled_kernel<128>, attention_tiled_smem<128>());
+        return go(attention_tiled_kernel<256>, attention_tiled_smem<256>());
     }
 #endif
-    if (sparse) lb::fail("internal", "block-sparse attention outside the tensor-core kernel's shapes");
+    if (k != AttentionKernel::Rows) lb::fail("unsupported", "attention_with: the named kernel is CUDA's");
     attention_kernel<<<dim3(n, nh), ATT_WARPS * LB_WARP, 0, s>>>(qkv, ld, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out,
-                                                               gated ? 2 : 1);
+                                                               qs);
 }
 
 }  // namespace lb::gpu

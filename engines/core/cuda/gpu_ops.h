@@ -114,25 +114,30 @@ void attn_prep(float* qkv, int ld, int n, int nh, int nkv, int hd, int rot, floa
                const float* k_gain, float eps, const int* d_pos, void* kcache, DType kt, void* vcache, DType vt,
                gpuStream_t s, bool gated = true);
 // Block-sparse prefill attention (the PFlash drafter's option, docs/engines.md "PFlash"): each query tile of
-// the tensor-core attention kernel (AW_QV = 64 query vectors: 64 / G rows times the G heads of one KV head)
-// reads only some 128-position key blocks. block_sparse_select scores key block j for a tile by
-// mean(tile's queries) . mean(block's cached keys) / sqrt(hd) (both rotated) and keeps the first `sinks`
-// blocks, the `recent` blocks up to the tile's own (its diagonal), and every block whose score is within
-// ln(alpha) of the tile's best; tiles whose last row is at or past dense_from read every block. Causal masking
-// inside the kept blocks is unchanged. Scratch (device memory the caller owns, sized by size_for):
+// the prefill attention kernel (flash_attention_kernel: 128 query vectors, rows = 128 / G rows times the G heads
+// of one KV head; the wmma kernel's 64 in fp16 builds) reads only some 128-position key blocks.
+// block_sparse_select scores key block j for a tile by mean(tile's queries) . mean(block's cached keys) /
+// sqrt(hd) (both rotated) and keeps the first `sinks` blocks, the `recent` blocks up to the tile's own (its
+// diagonal), and the blocks whose score is within ln(alpha) of the tile's best, at most ceil(budget x the
+// blocks the tile sees) of these (the top-scoring; budget >= 1: no bound); tiles whose last row is at or past
+// dense_from read every block. Causal masking inside the kept blocks is unchanged. Scratch (device memory the
+// caller owns, sized by size_for):
 struct BlockSparse {
     float alpha = 0.85f;
+    float budget = 1.f;                 // fraction of the seen key blocks kept beyond sinks and recent (1: no bound)
     int sinks = 2, recent = 4;
     int dense_from = 0;                 // absolute position: query rows from here on attend densely
     int* tiles = nullptr;               // [query tiles, nkv, max_tiles]: kept key tiles (64 positions), ascending
     int* counts = nullptr;              // [query tiles, nkv]
     float* kmean = nullptr;             // [key blocks, nkv, hd]
+    unsigned long long* stats = nullptr;  // optional, 2: += key tiles read, key tiles the dense walk reads
+    int rows = 0;                       // query rows a tile (set by size_for)
     int max_tiles = 0;
     size_t tiles_ints = 0, counts_ints = 0, kmean_floats = 0;
-    void size_for(int chunk, int nh, int nkv, int hd, int ctx);  // sets max_tiles and the three sizes
+    void size_for(int chunk, int nh, int nkv, int hd, int ctx);  // sets rows, max_tiles and the three sizes
 };
 // Fills bs.tiles / bs.counts for the n rows at positions pos0.. (their K already in the cache); false (and
-// nothing launched) where attention() would not take the tensor-core kernel for this shape: run it dense.
+// nothing launched) where attention() would not take the block-sparse kernel for this shape: run it dense.
 bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int pos0,
                          const void* kcache, DType kt, const BlockSparse& bs, gpuStream_t s);
 // Causal GQA attention (online softmax) of the q heads in qkv over cache rows [0, *d_pos + t], times
@@ -140,6 +145,14 @@ bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int h
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out, gpuStream_t s, bool gated = true,
                const BlockSparse* sparse = nullptr);
+// The prefill attention kernels (attention.cu says which serves which shape). attention_with runs a named
+// one (fails where it does not take the shape): for the op check and the attention benchmark, which compare
+// them; the engines call attention().
+enum class AttentionKernel { Auto, Flash, Wmma, Tiled, Rows };
+AttentionKernel attention_kernel_for(int n, int nh, int nkv, int hd, int ld);
+void attention_with(AttentionKernel k, const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos,
+                    const void* kcache, DType kt, const void* vcache, DType vt, float* out, gpuStream_t s,
+                    bool gated = true, const BlockSparse* sparse = nullptr);
 void silu_mul(const float* gu, int n, int I, float* out, gpuStream_t s);
 // PFlash importance (backend.h, TailScores) of one attention layer: the last n_tail rows of qkv (after
 // attn_prep: normalised, rotated; gated as attn_prep's) against cache keys [0, ctx), both un-rotated, at

@@ -225,6 +225,8 @@ public:
             if (conv_[size_t(l)]) GPU_CHECK(gpuMemsetAsync(conv_[size_t(l)], 0, sizeof(float) * size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1), s_));
         }
         GPU_CHECK(gpuMemsetAsync(d_pos_, 0, sizeof(int), s_));
+        sparse_ran_ = false;
+        if (bs_.stats) GPU_CHECK(gpuMemsetAsync(bs_.stats, 0, 2 * sizeof(unsigned long long), s_));
     }
     int length() const override { return len_; }
 
@@ -238,10 +240,21 @@ public:
         return run_forward(tokens, n, nullptr, n_tail, scores);
     }
 
-    void set_block_sparse(int from, float alpha) override {
-        if (from < 0 || !(alpha > 0.f && alpha <= 1.f)) fail("bad_request", "block-sparse attention: from >= 0, 0 < alpha <= 1");
+    void set_block_sparse(int from, float alpha, float budget) override {
+        if (from < 0 || !(alpha > 0.f && alpha <= 1.f) || !(budget > 0.f && budget <= 1.f))
+            fail("bad_request", "block-sparse attention: from >= 0, 0 < alpha <= 1, 0 < budget <= 1");
         sparse_from_ = from;
         bs_.alpha = alpha;
+        bs_.budget = budget;
+    }
+
+    double block_sparse_read_fraction() override {
+        if (!sparse_ran_) return -1.0;
+        gpu::ContextScope bind(ctx_);
+        unsigned long long st[2] = {0, 0};
+        GPU_CHECK(gpuMemcpyAsync(st, bs_.stats, sizeof st, gpuMemcpyDeviceToHost, s_));
+        GPU_CHECK(gpuStreamSynchronize(s_));
+        return st[1] ? double(st[0]) / double(st[1]) : -1.0;
     }
 
     // forward() and forward_scored(): n tokens in chunks of at most prefill_chunk (the last chunk holds
@@ -263,6 +276,7 @@ public:
             std::function<void(int, const float*, int, int)> score;
             if (scores) score = scorer(n_tail, ctx, scores);
             const gpu::BlockSparse* sparse = sparse_from_ > 0 && ctx >= sparse_from_ ? sparse_for(chunk, ctx) : nullptr;
+            sparse_ran_ = sparse_ran_ || sparse != nullptr;
             for (int a = 0, m = 0; a < n; a += m) {
                 m = std::min(chunk, n - a);
                 if (scores && n - a - m > 0 && n - a - m < n_tail) m = n - a - n_tail;  // the tail in one chunk
@@ -580,6 +594,11 @@ private:
             bs_.kmean = (float*)alloc(sizeof(float) * want.kmean_floats);
             bs_.kmean_floats = want.kmean_floats;
         }
+        if (!bs_.stats) {
+            bs_.stats = (unsigned long long*)alloc(2 * sizeof(unsigned long long));
+            GPU_CHECK(gpuMemsetAsync(bs_.stats, 0, 2 * sizeof(unsigned long long), s_));
+        }
+        bs_.rows = want.rows;
         bs_.max_tiles = want.max_tiles;
         bs_.dense_from = ctx - 256;
         return &bs_;
@@ -733,6 +752,7 @@ private:
     bool ungated_ = false;  // some layer is a Qwen3 (ungated) attention layer: no fused decode graph
     int sparse_from_ = 0;   // set_block_sparse: forwards reaching this many tokens run block-sparse attention
     gpu::BlockSparse bs_;   // its settings and scratch
+    bool sparse_ran_ = false;  // a forward since reset() ran block-sparse attention (bs_.stats counts its tiles)
     float *probs_ = nullptr, *score_scratch_ = nullptr;  // forward_scored: [layers, n_tail, ctx] and the kernels'
     size_t probs_cap_ = 0, score_scratch_cap_ = 0;       // scratch (floats; they only grow)
     bool want_fused_mlp_ = true, mlp_fused_ = false;  // Tuning::fused_mlp; whether decode uses it (set at load)
