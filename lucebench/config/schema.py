@@ -229,7 +229,8 @@ class Config(_Strict):
     measure: Measure = Field(default_factory=Measure)
     power: PowerPolicy = Field(default_factory=PowerPolicy)
     baseline: str | None = Field(None, description="engine whose cells the speedups are measured against")
-    score: bool = Field(False, description="score outputs (GSM8K, Math500, HumanEval) against the gold answers")
+    score: bool = Field(False, description="score outputs (GSM8K, Math500, HumanEval, needles) against the "
+                        "gold answers")
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -341,6 +341,9 @@ def compressed_prefill_table(views: Sequence[CellView]) -> Table | None:
     headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "TTFT (ms)",
                "scoring / select / bridge / target (ms)", "Kept (target tok)", "Effective prefill (tok/s)",
                "Full prefill TTFT (ms)", "TTFT speedup"]
+    with_energy = any(v.median("prefill_j") is not None for v in cv)
+    if with_energy:
+        headers += ["Prefill energy (J)", "Full prefill energy (J)"]
     rows = []
     for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, repr(C.key_of(v, label_keys)), C.kv_label(v),
                                        float(v.cell.params.get("keep_ratio") or 0))):
@@ -357,10 +360,17 @@ def compressed_prefill_table(views: Sequence[CellView]) -> Table | None:
                      C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
                      _metric_cell(v, "ttft_ms"), split, _metric_cell(v, "kept_tokens_target"),
                      _metric_cell(v, "effective_prefill_tok_s"), _metric_cell(partner, "ttft_ms"), speed_text])
-    return Table("compressed_prefill", "Compressed prefill: time to first token by context", headers, rows, notes=[
-        "TTFT includes the drafter's scoring, the selection, the tokenizer bridge and the target's prefill of "
-        "the kept prompt; effective prefill = prompt tokens before compression / TTFT",
-        "full prefill: the cell of the same model, suite and context without compression"])
+        if with_energy:
+            rows[-1] += [_metric_cell(v, "prefill_j"), _metric_cell(partner, "prefill_j")]
+    notes = ["TTFT includes the drafter's scoring, the selection, the tokenizer bridge and the target's prefill of "
+             "the kept prompt; effective prefill = prompt tokens before compression / TTFT",
+             "full prefill: the cell of the same model, suite and context without compression"]
+    if with_energy:
+        notes.append("prefill energy: gross joules of the prefill windows (compressed: scoring, selection, bridge "
+                     "and the target's prefill) per pass over the cell's prompts, the same prompts as its full "
+                     "prefill's")
+    return Table("compressed_prefill", "Compressed prefill: time to first token by context", headers, rows,
+                 notes=notes)
 
 
 def retention_table(views: Sequence[CellView]) -> Table | None:
@@ -372,8 +382,11 @@ def retention_table(views: Sequence[CellView]) -> Table | None:
                      for d in s.prefill.needle_depths})
     label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu"])
     headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "Retention"]
-    headers += [f"depth {d:g}" for d in depths] + (["Accuracy"] if any(v.median("accuracy") is not None
-                                                                         for v in cv) else [])
+    partners = {id(v): _full_prefill_partner(v, views) for v in cv}
+    # answers scored (--score): the compressed cell's beside its full prefill's, the same prompts
+    scored = any(v.median("accuracy") is not None or (p := partners[id(v)]) is not None and p.median("accuracy")
+                 is not None for v in cv)
+    headers += [f"depth {d:g}" for d in depths] + (["Accuracy, compressed", "Accuracy, full prompt"] if scored else [])
     rows = []
     for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, repr(C.key_of(v, label_keys)), C.kv_label(v))):
         ctx = C.context_of(v)
@@ -388,13 +401,16 @@ def retention_table(views: Sequence[CellView]) -> Table | None:
                C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
                _metric_cell(v, "needle_retention_pct")]
         row += [f"{sum(kept_at[d])}/{len(kept_at[d])}" if d in kept_at else NA for d in depths]
-        if len(headers) > len(row):
-            row.append(_metric_cell(v, "accuracy"))
+        if scored:
+            row += [_metric_cell(v, "accuracy"), _metric_cell(partners[id(v)], "accuracy")]
         rows.append(row)
-    return Table("retention", "Needle retention in the compressed prompt", headers, rows, notes=[
-        "a needle is retained when every one of its tokens lies in the prompt ranges the engine kept; checked "
-        "from the engine's kept ranges, independent of the answer",
-        "depth columns: needles kept / needles in the first repetition's prompts"])
+    notes = ["a needle is retained when every one of its tokens lies in the prompt ranges the engine kept; checked "
+             "from the engine's kept ranges, independent of the answer",
+             "depth columns: needles kept / needles in the first repetition's prompts"]
+    if scored:
+        notes.append("accuracy: share of the prompts whose first output holds every answer (the suite's scoring), "
+                     "compressed and from the full-prefill cell of the same model, suite and context")
+    return Table("retention", "Needle retention in the compressed prompt", headers, rows, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------- problems

@@ -185,6 +185,28 @@ def test_compressed_prefill_and_retention_tables(fab):
     assert lost[4].startswith("80.0") and lost[5:10] == ["1/1", "1/1", "1/1", "1/1", "0/1"]
     kept = next(r for r in ret.rows if r[0] == "16,384" and r[2] == "f16")
     assert kept[4].startswith("100.0")
+    assert "Accuracy, compressed" not in ret.headers  # nothing scored
+    # prefill energy beside the full prefill's, per pass over the 5 prompts: 345 W x 13.5 s against 135 s each
+    assert t.headers[-2:] == ["Prefill energy (J)", "Full prefill energy (J)"]
+    assert row[10].startswith("23,") and row[11].startswith("23") and len(row[11].split(".")[0]) == 7
+
+
+def test_retention_table_puts_accuracy_with_and_without_compression_side_by_side(fab):
+    """Scored needle cells (--score): the compressed cell's accuracy beside its full-prefill partner's (the
+    same model, suite and context), n/a where that partner has none."""
+    from lucebench.metrics.stats import summarize
+
+    result = fab.gpu_result()
+    for c in result.cells:
+        if c.params.get("suite") == "niah" and c.params.get("context") == 65536 and c.params.get("kv_k") == "f16":
+            c.metrics["accuracy"] = summarize([80.0 if c.params["engine"] == "pflash" else 100.0], "%")
+    ret = T.retention_table(C.collect([result]))
+    assert ret.headers[-2:] == ["Accuracy, compressed", "Accuracy, full prompt"]
+    row = next(r for r in ret.rows if r[0] == "65,536" and r[2] == "f16")
+    assert row[-2].startswith("80") and row[-1].startswith("100")
+    other = next(r for r in ret.rows if r[0] == "16,384" and r[2] == "f16")
+    assert other[-2:] == ["n/a", "n/a"]
+    assert any("full-prefill cell" in n for n in ret.notes)
 
 
 def test_speculative_table_as_a_run_records_params(fab):
