@@ -149,7 +149,7 @@ def pct(flags: list[bool]) -> str:
     return f"{100 * sum(flags) / len(flags):.0f}% ({sum(flags)}/{len(flags)})" if flags else "n/a"
 
 
-SINGLE = ("needle", "needle-lucebox", "needle-code")  # one needle a case: the issue's >= 95% bar is on these
+SINGLE = ("needle", "needle-lucebox", "needle-code", "needle-code-copy")  # one needle a case: the issue's >= 95% bar is on these
 
 
 def summarize(rows: list[dict]) -> str:

@@ -6,11 +6,12 @@
 # trained models, with controls"), one file per length so that a call cut short keeps every finished case.
 #
 #   PFR_PROBE     lengths of the answer probe (default 1024,2048,4096): every suite, answers with the full
-#                 prompt and compressed, to find the lengths at which the target answers at all (it answered
-#                 0/5 at 8K on the CPU); "" skips it
+#                 prompt and compressed, to find the lengths at which the target answers at all (on the CPU it
+#                 answered no English question at 1K-8K; needle-code-copy 2/5 at 1K); "" skips it
 #   PFR_LENGTHS   retention lengths (default 8192,16384,32768,65536); 131072 in a call of its own
-#   PFR_SUITES    default needle,needle-lucebox,needle-multi,needle-vt,needle-code
-#   PFR_ANSWERS   suites whose full-prompt answers are generated at PFR_LENGTHS too (default needle)
+#   PFR_SUITES    default needle,needle-lucebox,needle-multi,needle-vt,needle-code,needle-code-copy
+#   PFR_ANSWERS   suites whose full-prompt answers are generated at PFR_LENGTHS too (default needle and
+#                 needle-code-copy, the one the trained target can answer)
 #   PFR_END_S     everything by this many seconds after the start (default 480); a length that would start
 #                 after it is skipped, one in flight is cut there (its finished cases are kept)
 # Calls (a warm machine reuses the build in /tmp/lb-pflash-build, shared with check_pflash_gpu.sh):
@@ -48,7 +49,7 @@ build_engines engines "$B" pflash "" lucebench-pflash > "$O/build.log" 2>&1 || {
 echo "built in $(elapsed) s"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$O/card.txt"
 R=tests/fixtures/reference-models
-SUITES=${PFR_SUITES:-needle,needle-lucebox,needle-multi,needle-vt,needle-code}
+SUITES=${PFR_SUITES:-needle,needle-lucebox,needle-multi,needle-vt,needle-code,needle-code-copy}
 rc=0
 files=()
 run() {  # NAME LENGTHS ANSWER_SUITES
@@ -67,7 +68,7 @@ run() {  # NAME LENGTHS ANSWER_SUITES
 PROBE=${PFR_PROBE-1024,2048,4096}
 [ -n "$PROBE" ] && run probe "$PROBE" "$SUITES"
 for L in $(echo "${PFR_LENGTHS:-8192,16384,32768,65536}" | tr , ' '); do
-  run "$L" "$L" "${PFR_ANSWERS-needle}"
+  run "$L" "$L" "${PFR_ANSWERS-needle,needle-code-copy}"
 done
 if [ ${#files[@]} -gt 0 ]; then
   echo "## PFlash retention, TRAINED REFERENCE models, $(head -1 "$O/card.txt" | cut -d, -f1), $(date -u +%F)"
