@@ -329,13 +329,13 @@ def context_table(views: Sequence[CellView]) -> Table | None:
 def _full_prefill_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
     """The one full prefill a compressed cell's answers are compared with: the run's baseline engine's cell if
     there is one, else the first (same params but the engine axes, the same KV type)."""
-    fulls = _full_prefills(v, views)
+    fulls = full_prefills(v, views)
     content = v.result.config.content
     baseline = content.get("baseline") if isinstance(content, dict) else None
     return fulls.get(baseline) if baseline in fulls else next(iter(fulls.values()), None)
 
 
-def _full_prefills(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
+def full_prefills(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
     """Every uncompressed cell a compressed prefill is measured against, by engine (ours and llama.cpp's, say):
     the same params but the engine axes, the same KV type."""
     key = _partner_key(v)
@@ -364,7 +364,7 @@ def compressed_prefill_table(views: Sequence[CellView]) -> Table | None:
         return None
     # the suite is a column only where it varies (several needle variants in one run)
     label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu"])
-    fulls = {id(v): _full_prefills(v, views) for v in cv}
+    fulls = {id(v): full_prefills(v, views) for v in cv}
     engines = sorted({e for f in fulls.values() for e in f}) or [""]
     one = len(engines) == 1  # one full-prefill engine: plain headers, the engine named in the note
 
