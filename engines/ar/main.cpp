@@ -35,28 +35,15 @@ private:
     int max_ctx_;
 };
 
-#ifndef LB_DEFAULT_BACKEND
-#define LB_DEFAULT_BACKEND "cpu"
-#endif
-
 int run(int argc, char** argv) {
     EngineOptions opt;
     if (!parse_flags_or_report(argc, argv, &opt)) return 2;
-    const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
+    const std::string backend = backend_name(opt);
     std::unique_ptr<Backend> be;
     ModelConfig cfg;
     LoadStats stats;
     const bool loaded = load_or_report([&] {
-        if (backend == "cpu") be = make_cpu_backend();
-        else {
-#if defined(LB_HAVE_GPU)
-            if (backend != LB_DEFAULT_BACKEND)
-                fail("unsupported", "this binary was built for " + std::string(LB_DEFAULT_BACKEND) + ", not " + backend);
-            be = make_gpu_backend(opt.device);
-#else
-            fail("unsupported", "this binary was built for the cpu backend only; rebuild with --backend " + backend);
-#endif
-        }
+        be = make_backend(backend, opt.device);
         fprintf(stderr, "[ar] loading %s on %s\n", opt.model.c_str(), backend.c_str());
         auto src = open_checkpoint(opt.model);
         cfg = config_from_source(*src);

@@ -109,6 +109,23 @@ bool parse_flags_or_report(int argc, char** argv, EngineOptions* opt) {
     }
 }
 
+#ifndef LB_DEFAULT_BACKEND
+#define LB_DEFAULT_BACKEND "cpu"
+#endif
+
+std::string backend_name(const EngineOptions& opt) { return opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend; }
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int device) {
+    if (name == "cpu") return make_cpu_backend();
+#if defined(LB_HAVE_GPU)
+    if (name != LB_DEFAULT_BACKEND)
+        fail("unsupported", "this binary was built for " + std::string(LB_DEFAULT_BACKEND) + ", not " + name);
+    return make_gpu_backend(device);
+#else
+    fail("unsupported", "this binary was built for the cpu backend only; rebuild with --backend " + name);
+#endif
+}
+
 bool load_or_report(const std::function<void()>& load) {
     try {
         load();

@@ -1,9 +1,10 @@
 // What every engine executable shares around its backend: the timed generation of one request
 // (prefill, then the engine's own decode loop), the protocol reply built from it, the ready line, and
-// load failures turned into one protocol error line. ar/main.cpp and megakernel/main.cpp use it.
+// load failures turned into one protocol error line, and the backend choice. The engine mains use it.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,13 @@ Json kv_options(const EngineOptions& opt, const std::string& compute_dtype);
 // The common flags (parse_engine_flags); a bad flag becomes one protocol error line (load or unsupported).
 // False on failure: the engine then exits with status 2.
 bool parse_flags_or_report(int argc, char** argv, EngineOptions* opt);
+
+// The backend --backend names, the build's own (LB_DEFAULT_BACKEND) when the flag is absent.
+std::string backend_name(const EngineOptions& opt);
+
+// A fresh backend called `name` on GPU `device`: "cpu" (always built) or the GPU backend this binary was built
+// for. Throws EngineError("unsupported") for any other name.
+std::unique_ptr<Backend> make_backend(const std::string& name, int device);
 
 // Runs `load`; an exception becomes one protocol error line (load, unsupported or oom). False on failure.
 bool load_or_report(const std::function<void()>& load);

@@ -16,7 +16,7 @@ namespace lb {
 struct Tuning {
     // ---- the core GPU backend (lucebench-ar; the megakernel's prefill)
     bool gpu_pdl = true;          // LB_GPU_PDL: programmatic dependent launch on sm_90+ (0: off)
-    int gemm_splitk_per_sm = 4;   // LB_GPU_SPLITK: prefill GEMM blocks a multiprocessor to aim for (0: no split-K)
+    int gemm_splitk_per_sm = 4;   // LB_GPU_SPLITK: qgemm_kernel blocks a multiprocessor to aim for (0: no split-K in any prefill GEMM)
     int gemv_tile_bytes = 16384;  // LB_GV_TILE: fused GEMV weight tile (bytes, >= 1024)
     int gemv_blocks_per_sm = 8;   // LB_GV_PER_SM: fused GEMV blocks a multiprocessor, at most (>= 1)
     int gemv_prewait = 1;         // LB_GV_PREWAIT: fused GEMV tiles requested before the dependency wait (0..3)

@@ -321,10 +321,6 @@ private:
     FILE* trace_ = nullptr;
 };
 
-#ifndef LB_DEFAULT_BACKEND
-#define LB_DEFAULT_BACKEND "cpu"
-#endif
-
 // This engine's own flags, taken out of argv before the common parser sees it:
 //   --top-k N                  candidates per depth, N >= 1 (default 8; the tree uses min(budget, N))
 //   --chain-seed on|off        insert the top-1 chain before growing best-first (default on)
@@ -379,7 +375,7 @@ int run(int argc, char** argv) {
         emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
         return 2;
     }
-    const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
+    const std::string backend = backend_name(opt);
     std::unique_ptr<Backend> be;
     ModelConfig cfg;
     LoadStats stats;
@@ -392,16 +388,7 @@ int run(int argc, char** argv) {
     std::unique_ptr<DraftModelGpu> gpu_draft;
 #endif
     const bool loaded = load_or_report([&] {
-        if (backend == "cpu") be = make_cpu_backend();
-        else {
-#if defined(LB_HAVE_GPU)
-            if (backend != LB_DEFAULT_BACKEND)
-                fail("unsupported", "this binary was built for " + std::string(LB_DEFAULT_BACKEND) + ", not " + backend);
-            be = make_gpu_backend(opt.device);
-#else
-            fail("unsupported", "this binary was built for the cpu backend only; rebuild with --backend " + backend);
-#endif
-        }
+        be = make_backend(backend, opt.device);
         fprintf(stderr, "[dflash] loading %s and draft %s on %s\n", opt.model.c_str(), opt.draft.c_str(), backend.c_str());
         auto src = open_checkpoint(opt.model);
         cfg = config_from_source(*src);

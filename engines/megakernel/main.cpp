@@ -48,7 +48,7 @@ private:
 int run(int argc, char** argv) {
     EngineOptions opt;
     if (!parse_flags_or_report(argc, argv, &opt)) return 2;
-    const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
+    const std::string backend = backend_name(opt);
 #if !defined(LB_MEGAKERNEL)
     emit_error("", "unsupported", "this build has no megakernel: it was built for the " + std::string(LB_DEFAULT_BACKEND) +
                                       " backend" + (std::string(LB_DEFAULT_BACKEND) == "hip" ? " with 64-lane wavefronts" : "") +

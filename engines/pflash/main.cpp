@@ -174,10 +174,6 @@ private:
     pflash::Rule rule_;
 };
 
-#ifndef LB_DEFAULT_BACKEND
-#define LB_DEFAULT_BACKEND "cpu"
-#endif
-
 int run(int argc, char** argv) {
     EngineOptions opt;
     try {
@@ -189,24 +185,13 @@ int run(int argc, char** argv) {
     }
     if (opt.keep_ratio == 0.0) opt.keep_ratio = 0.05;  // upstream's default
     if (opt.min_prompt_tokens < 0) opt.min_prompt_tokens = 32000;  // upstream compresses above 32,000 tokens
-    const std::string backend = opt.backend.empty() ? LB_DEFAULT_BACKEND : opt.backend;
+    const std::string backend = backend_name(opt);
     std::unique_ptr<Backend> target, drafter;
     ModelConfig tcfg, dcfg;
     LoadStats tstats, dstats;
     const bool loaded = load_or_report([&] {
-        if (backend == "cpu") {
-            target = make_cpu_backend();
-            drafter = make_cpu_backend();
-        } else {
-#if defined(LB_HAVE_GPU)
-            if (backend != LB_DEFAULT_BACKEND)
-                fail("unsupported", "this binary was built for " + std::string(LB_DEFAULT_BACKEND) + ", not " + backend);
-            target = make_gpu_backend(opt.device);
-            drafter = make_gpu_backend(opt.device);
-#else
-            fail("unsupported", "this binary was built for the cpu backend only; rebuild with --backend " + backend);
-#endif
-        }
+        target = make_backend(backend, opt.device);
+        drafter = make_backend(backend, opt.device);
         fprintf(stderr, "[pflash] loading target %s and drafter %s on %s\n", opt.model.c_str(), opt.drafter.c_str(),
                 backend.c_str());
         auto tsrc = open_checkpoint(opt.model);

@@ -22,45 +22,9 @@
 #include "dflash/ddtree.h"
 #include "dflash/draft_model.h"
 #include "dflash/draft_model_gpu.h"
+#include "gpu_check_util.h"
 
 using namespace lb;
-
-static int failures = 0;
-static std::mt19937 rng(4321);
-
-static std::vector<float> randn(size_t n, float sd = 1.f) {
-    std::normal_distribution<float> nd(0.f, sd);
-    std::vector<float> v(n);
-    for (auto& e : v) e = nd(rng);
-    return v;
-}
-template <class T> static T* up(const std::vector<T>& v) {
-    T* d = nullptr;
-    GPU_CHECK(gpuMalloc((void**)&d, std::max<size_t>(1, v.size()) * sizeof(T)));
-    if (!v.empty()) GPU_CHECK(gpuMemcpy(d, v.data(), v.size() * sizeof(T), gpuMemcpyHostToDevice));
-    return d;
-}
-template <class T> static std::vector<T> down(const T* d, size_t n) {
-    GPU_CHECK(gpuStreamSynchronize(0));
-    GPU_CHECK(gpuGetLastError());
-    std::vector<T> v(n);
-    GPU_CHECK(gpuMemcpy(v.data(), d, n * sizeof(T), gpuMemcpyDeviceToHost));
-    return v;
-}
-static double rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-        if (!std::isfinite(got[i]) && std::isfinite(want[i])) return INFINITY;
-        d = std::fmax(d, std::fabs(double(got[i]) - want[i]));
-        s = std::fmax(s, std::fabs(double(want[i])));
-    }
-    return got.size() != want.size() ? INFINITY : (s > 0 ? d / s : d);
-}
-static void report(const std::string& what, double rel, double tol) {
-    const bool ok = rel <= tol;
-    if (!ok) ++failures;
-    printf("  %-64s max rel diff %.2e %s\n", what.c_str(), rel, ok ? "ok" : "FAIL");
-}
 
 static float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
@@ -127,7 +91,7 @@ static void check_top_k(int rows, int vocab, int k, float mult, float softcap, b
     char name[160];
     snprintf(name, sizeof name, "draft_top_k rows=%d vocab=%d k=%d mult=%.2f cap=%.1f%s ids %s", rows, vocab, k, mult,
              softcap, ties ? " ties" : "", id_mismatch ? "DIFFER" : "equal");
-    if (id_mismatch) ++failures;
+    if (id_mismatch) ++g_failed;
     report(name, rel_diff(got_lp, want_lp), 1e-5);
     GPU_CHECK(gpuFree(dl)); GPU_CHECK(gpuFree(di)); GPU_CHECK(gpuFree(dp));
 }
@@ -251,7 +215,7 @@ static void check_forward(const std::string& dir, DType cache_type) {
             max_lp = std::fmax(max_lp, std::fabs(double(got[size_t(d)].logprobs[0]) - c.logprobs[0]));
         }
         const bool ok = agree == compared;
-        if (!ok) ++failures;
+        if (!ok) ++g_failed;
         printf("  %-64s top-1 %d/%d depths (away from near-ties), max |dlogp| %.2e %s\n",
                "DraftModelGpu propose vs DraftModelCpu + top_k_logprobs", agree, compared, max_lp, ok ? "ok" : "FAIL");
     }
@@ -259,6 +223,7 @@ static void check_forward(const std::string& dir, DType cache_type) {
 }
 
 int main(int argc, char** argv) {
+    rng.seed(4321);
     gpuDeviceProp p;
     GPU_CHECK(gpuGetDeviceProperties(&p, 0));
     printf("device: %s\n", p.name);
@@ -288,10 +253,10 @@ int main(int argc, char** argv) {
         try {
             for (DType t : {DType::F32, DType::BF16}) check_forward(argv[i], t);
         } catch (const std::exception& e) {
-            ++failures;
+            ++g_failed;
             printf("  forward check of %s: FAIL (%s)\n", argv[i], e.what());
         }
     }
-    printf(failures ? "%d check(s) FAILED\n" : "all checks passed\n", failures);
-    return failures ? 1 : 0;
+    printf(g_failed ? "%d check(s) FAILED\n" : "all checks passed\n", g_failed);
+    return g_failed ? 1 : 0;
 }

@@ -23,12 +23,12 @@
 #include "core/cuda/gpu_ops.h"
 #include "core/half.h"
 #include "core/quant.h"
+#include "gpu_check_util.h"
 
 using namespace lb;
 
 namespace {
 
-int g_failed = 0, g_checks = 0;
 gpuStream_t g_s;
 
 struct Rng {
@@ -200,11 +200,14 @@ std::vector<uint8_t> random_blocks(Rng& r, DType t, int rows, int in, std::vecto
     return raw;
 }
 
+// xscale: the activations' magnitude (qmv_kernel scales them by 2^80 and takes q4_K quants as subnormals)
 void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int col0, int ldy, const char* variant,
-                        double tol, int gemv = 8) {
+                        double tol, int gemv = 8, float xscale = 1.f) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
     auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
+    for (float& v : x) v *= xscale;
+    for (float& v : y0) v *= xscale;
     Dev<uint8_t> dw(raw);
     Dev<float> dx(x), dy(y0);
     gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, gemv);
@@ -235,8 +238,8 @@ void check_embed_quant(Rng& r, DType t) {
            rel_err(x.down(), ref), 1e-6);
 }
 
-void check_heads_to_tiled(Rng& r) {
-    const int n = 3, nk = 2, nv = 6, ph = 40, w = nv * ph;
+void check_heads_to_tiled(Rng& r, int n, int nk, int nv, int ph) {
+    const int w = nv * ph;
     auto x = r.vec(size_t(n) * w);
     Dev<float> dx(x), dy(size_t(n) * w);
     gpu::heads_to_tiled(dx.p, n, nk, nv, ph, dy.p, g_s);
@@ -641,6 +644,12 @@ void check_argmax_pos(Rng& r) {
     const int got = out.down()[0], want = cpu::argmax(x.data(), n);
     report("argmax", "argmax_kernel (tie: lowest index)", shape({{"n", n}}), got == want ? 0 : 1, 0);
     report("add_pos", "add_pos_kernel", shape({{"pos", 40}, {"n", 7}}), pos.down()[0] == 47 ? 0 : 1, 0);
+    // with a ring (the unfused decode graph's token out; device memory here): slot (47 + 1 - 1) & 7 = 7
+    Dev<int> tok(std::vector<int>{123}), ring(std::vector<int>(8, -1));
+    gpu::add_pos(pos.p, 1, g_s, tok.p, ring.p, 7);
+    const std::vector<int> rg = ring.down();
+    report("add_pos", "add_pos_kernel, token to ring slot (pos - 1) & mask", shape({{"pos", 47}, {"n", 1}}),
+           pos.down()[0] == 48 && rg[7] == 123 && rg[6] == -1 ? 0 : 1, 0);
 }
 
 // ----------------------------------------------------------------------------------------- fused decode
@@ -939,12 +948,14 @@ void time_quant() {
         const size_t copies = std::max<size_t>(1, ((size_t(512) << 20) + bytes - 1) / bytes);
         Dev<uint8_t> w(bytes * copies);
         Dev<float> x(size_t(72) * c.in), y(size_t(72) * c.out);
-        // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4 and the
-        // tensor-core qgemm_kernel (-1) above
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2}, {9, -1}, {9, 2},
-                                            {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2}, {33, -1}, {33, 2},
-                                            {65, -1}, {65, 2}};
+        // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4, the
+        // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows
+        // qmv_kernel at one token also with 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
+                                            {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
+                                            {33, -1}, {33, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {
+            if (gemv == 4 && c.t != DType::Q4_K) continue;
             std::vector<float> ts;
             for (int r = 0; r < 23; ++r) {
                 GPU_CHECK(gpuEventRecord(e0, g_s));
@@ -959,7 +970,9 @@ void time_quant() {
             std::sort(ts.begin(), ts.end());
             const double ms = ts[ts.size() / 2];
             printf("| %s | %d x %d | %d %s | %.4f | %.0f |\n", c.name, c.out, c.in, n,
-                   gemv == 1 ? "(qmv)" : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : "(qgemm)", ms, bytes / ms / 1e6);
+                   gemv == 1 ? "(qmv)" : gemv == 3 ? "(qmv, 2 rows a warp)" : gemv == 4 ? "(qmv, 4 rows a warp)"
+                   : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : n < gpu::kGemmTcMinRows ? "(qgemm)"
+                   : "(gemm_tc)", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());
@@ -993,9 +1006,14 @@ int main(int argc, char** argv) {
     check_matmul(r, 3, 1001, 77, true, "gemv_kernel<3> (scalar loads)", 1e-5);
     check_matmul(r, 8, 1024, 130, false, "gemv_kernel<8>", 1e-5);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)  // HIP: matmul runs the GEMV over groups of 8 tokens
-    check_matmul(r, 100, 256, 300, false, "gemm_vec_kernel", 2e-2);
-    check_matmul(r, 64, 2048, 256, true, "gemm_vec_kernel, split-K", 2e-2);
-    check_matmul(r, 33, 1001, 70, false, "gemm_kernel (in % 8 != 0)", 2e-2);
+    // gemm_tc (n > 8): each tile shape (64 x 128 below a wave of the bigger tiles, 128 x 128, 128 x 256 at
+    // n = 4096), split-K, K not a multiple of the K step, in % 8 != 0 (W copied to the bf16 panel), odd out
+    check_matmul(r, 9, 2048, 300, false, "gemm_tc 64x128, split-K", 2e-2);
+    check_matmul(r, 65, 1024, 77, true, "gemm_tc 64x128, split-K", 2e-2);
+    check_matmul(r, 128, 1001, 70, false, "gemm_tc (in % 8 != 0: panel)", 2e-2);
+    check_matmul(r, 300, 256, 4100, true, "gemm_tc 64x128", 2e-2);
+    check_matmul(r, 4096, 328, 520, false, "gemm_tc 128x128, K tail", 2e-2);
+    check_matmul(r, 4096, 256, 1100, true, "gemm_tc 128x256", 2e-2);
 #endif
     // GGUF block matrices: every type, each n class (GEMV n <= kQuantGemvMax, the tensor-core GEMM above it: a
     // verify's rows, split-K, two token tiles, prefill), odd output sizes, a run of rows written at a column
@@ -1018,6 +1036,8 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 8, 2048, 66, false, 0, 66, "qmv_kernel<8>", 1e-5, 1);
         check_matmul_quant(r, t, 23, 1024, 45, true, 3, 60, "qmv_kernel, 23 rows (8 + 8 + 7), at column 3", 1e-5, 1);
         check_matmul_quant(r, t, 32, 256, 200, false, 0, 200, "qmv_kernel, 32 rows, 1 super-block", 1e-5, 1);
+        check_matmul_quant(r, t, 1, 1024, 90, false, 0, 90, "qmv_kernel<1>, x ~ 1e-12", 1e-5, 1, 1e-12f);
+        check_matmul_quant(r, t, 1, 1024, 90, false, 0, 90, "qmv_kernel<1>, x ~ 1e8", 1e-5, 1, 1e8f);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
         // qmma_kernel: each token tile count, a partial last tile, rows not a multiple of the block's 128,
         // split-K (few row blocks, many super-blocks) and one split, accumulate at a column offset
@@ -1028,20 +1048,38 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 17, 256, 40000, false, 0, 40000, "qmma_kernel<3>, one super-block", 2e-2, 2);
 #endif
     }
+    // q4_K, 1-2 tokens, >= kQmvWideRows rows: 4 rows a warp (the last warp's rows partly past the end)
+    check_matmul_quant(r, DType::Q4_K, 1, 1280, 16387, false, 0, 16387, "qmv_kernel<1, 4 rows a warp>", 1e-5, 1);
+    check_matmul_quant(r, DType::Q4_K, 2, 2304, 16390, true, 0, 16390, "qmv_kernel<2, 4 rows a warp>", 1e-5, 1);
     check_matmul_quant(r, DType::Q4_K, 4, 2560, 33, true, 5, 50, "qgemv_kernel<4>, at column 5", 1e-5);
     check_matmul_quant(r, DType::Q6_K, 9, 1024, 4096, false, 0, 4096, "n = 9: qgemm (CUDA), GEMV groups (HIP)", 2e-2);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
     check_matmul_quant(r, DType::Q4_K, 5, 2560, 77, false, 0, 77, "qgemm_kernel, split-K", 2e-2);
-    check_matmul_quant(r, DType::Q6_K, 64, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);
-    check_matmul_quant(r, DType::Q5_K, 65, 768, 130, false, 0, 130, "qgemm_kernel (two token tiles)", 2e-2);
-    check_matmul_quant(r, DType::Q4_K, 200, 256, 2048, true, 0, 2048, "qgemm_kernel (prefill, one split)", 2e-2);
+    check_matmul_quant(r, DType::Q6_K, 63, 4352, 515, true, 3, 530, "qgemm_kernel, split-K, at column 3", 2e-2);
+    check_matmul_quant(r, DType::Q5_K, 63, 768, 130, false, 0, 130, "qgemm_kernel (one token tile)", 2e-2);
     check_matmul_quant(r, gpu::kWtypeDType, 23, 512, 77, false, 0, 77, "qgemm_kernel", 2e-2);
+    // gemm_tc (n >= kGemmTcMinRows): every type, W dequantised to the bf16 panel (wtype rows read in place);
+    // n = 65 (split-K, at a column offset of a wider y), 128, 300, 4096 (each tile shape), out not a multiple
+    // of 128, accumulate on and off; and a W over one panel (128 MB of bf16: two panels)
+    for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, gpu::kWtypeDType}) {
+        check_matmul_quant(r, t, 65, 512, 77, true, 3, 90, "gemm_tc, split-K, at column 3", 2e-2);
+        check_matmul_quant(r, t, 128, 768, 300, false, 0, 300, "gemm_tc", 2e-2);
+        check_matmul_quant(r, t, 300, 512, 1001, true, 0, 1001, "gemm_tc", 2e-2);
+        const bool wide = t == DType::Q4_K || t == DType::Q8_0 || t == gpu::kWtypeDType;
+        check_matmul_quant(r, t, 4096, 256, wide ? 1100 : 650, t == DType::Q6_K || t == gpu::kWtypeDType, 0,
+                           wide ? 1100 : 650, wide ? "gemm_tc 128x256" : "gemm_tc 128x128", 2e-2);
+    }
+    check_matmul_quant(r, DType::Q4_K, 65, 4096, 16500, false, 0, 16500, "gemm_tc, two W panels", 2e-2);
 #endif
     check_matmul_quant(r, gpu::kWtypeDType, 1, 1000, 77, false, 0, 77, "qgemv_kernel<1>", 1e-5);
     for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) check_embed_quant(r, t);
-    check_heads_to_tiled(r);
+    check_heads_to_tiled(r, 3, 2, 6, 40);
+    check_heads_to_tiled(r, 2, 16, 48, 128);  // the 27B's DeltaNet output, 24 blocks a row
     check_rmsnorm(r, 7, 1000);
     check_rmsnorm(r, 3, 37);
+    check_rmsnorm(r, 1, 5120);  // registers (24 a thread, 4 of them padding)
+    check_rmsnorm(r, 2, 8192);  // registers, full
+    check_rmsnorm(r, 2, 9000);  // the strided loop
     check_gated_rmsnorm(r, 3, 4, 128);
     for (int K = 1; K <= 8; ++K) check_conv1d(r, 13, 300, K);
     check_deltanet_prep(r);

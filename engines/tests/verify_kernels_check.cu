@@ -9,46 +9,9 @@
 
 #include "core/cpu/ops.h"
 #include "core/cuda/verify_ops.h"
+#include "gpu_check_util.h"
 
 using namespace lb;
-
-static int failures = 0;
-static std::mt19937 rng(1234);
-
-static std::vector<float> randn(size_t n, float sd = 1.f) {
-    std::normal_distribution<float> nd(0.f, sd);
-    std::vector<float> v(n);
-    for (auto& e : v) e = nd(rng);
-    return v;
-}
-
-template <class T> static T* up(const std::vector<T>& v) {
-    T* d = nullptr;
-    GPU_CHECK(gpuMalloc((void**)&d, std::max<size_t>(1, v.size()) * sizeof(T)));
-    if (!v.empty()) GPU_CHECK(gpuMemcpy(d, v.data(), v.size() * sizeof(T), gpuMemcpyHostToDevice));
-    return d;
-}
-template <class T> static std::vector<T> down(const T* d, size_t n) {
-    GPU_CHECK(gpuStreamSynchronize(0));
-    GPU_CHECK(gpuGetLastError());
-    std::vector<T> v(n);
-    GPU_CHECK(gpuMemcpy(v.data(), d, n * sizeof(T), gpuMemcpyDeviceToHost));
-    return v;
-}
-
-static void compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
-    double d = 0, s = 0;
-    bool finite = true;  // fmax drops a NaN: an unwritten (NaN) element is caught here
-    for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-        if (!std::isfinite(got[i]) && std::isfinite(want[i])) finite = false;
-        d = std::fmax(d, std::fabs(double(got[i]) - want[i]));
-        s = std::fmax(s, std::fabs(double(want[i])));
-    }
-    const double rel = finite ? (s > 0 ? d / s : d) : INFINITY;
-    const bool ok = rel <= tol && got.size() == want.size();
-    if (!ok) ++failures;
-    printf("  %-48s max rel diff %.2e %s\n", what, rel, ok ? "ok" : "FAIL");
-}
 
 // A random tree of n rows (parents before children), or a chain.
 static std::vector<int> random_parents(int n, bool chain) {
@@ -138,8 +101,8 @@ static void check_attention(int n, int len, int nh, int nkv, int hd, int rot, bo
     // a rounding flip of a 16-bit value, or a q4_0 value one step (1/8 of its block's largest) away
     const bool q4 = kt == DType::Q4_0 || vt == DType::Q4_0;
     const double store_tol = kt == DType::F32 && vt == DType::F32 ? 1e-5 : q4 ? 0.15 : 1e-2;
-    compare((std::string(name) + ": K stored").c_str(), kg_f, kw_f, store_tol);
-    compare((std::string(name) + ": V stored").c_str(), vg_f, vw_f, store_tol);
+    compare(std::string(name) + ": K stored", kg_f, kw_f, store_tol);
+    compare(std::string(name) + ": V stored", vg_f, vw_f, store_tol);
     compare(name, got, want, kt == DType::F32 ? 1e-4 : q4 ? 5e-2 : 2e-2);
     for (void* p : {(void*)d_qkv, (void*)d_k, (void*)d_v, (void*)d_pos, (void*)d_vis, (void*)d_qg, (void*)d_kg, (void*)d_out}) GPU_CHECK(gpuFree(p));
 }
@@ -158,13 +121,13 @@ static void check_conv(int n, int C, int K, bool chain) {
     int* dp = up(parent);
     gpu::conv_tree(dx, ldx, n, C, K, dw, ds, dp, dy, dkeep, 0);
     compare(name, down(dy, want.size()), want, 1e-5);
-    compare((std::string(name) + ": kept inputs").c_str(), down(dkeep, xc.size()), xc, 0);
+    compare(std::string(name) + ": kept inputs", down(dkeep, xc.size()), xc, 0);
     const auto path = random_path(parent);
     std::vector<float> st(state);
     cpu::conv_state_commit(xc.data(), C, K, path.data(), int(path.size()), st.data());
     int* dpath = up(path);
     gpu::conv_commit(dkeep, C, K, dpath, int(path.size()), ds, 0);
-    compare((std::string(name) + ": commit").c_str(), down(ds, st.size()), st, 0);
+    compare(std::string(name) + ": commit", down(ds, st.size()), st, 0);
     for (void* p : {(void*)dx, (void*)dw, (void*)ds, (void*)dy, (void*)dkeep, (void*)dp, (void*)dpath}) GPU_CHECK(gpuFree(p));
 }
 
@@ -201,15 +164,15 @@ static void check_delta(int n, int hk, int hv, int dk, int dv, bool chain) {
     unsigned char* dvis = up(vis);
     gpu::delta_tree(dq, ld, n, hk, hv, dk, dv, dg, db, dp, dvis, ds, dout, du, dgam, dk_keep, dscr, 0);
     compare(name, down(dout, out.size()), out, 1e-4);
-    compare((std::string(name) + ": u").c_str(), down(du, u.size()), u, 1e-4);
-    compare((std::string(name) + ": gamma").c_str(), down(dgam, gamma.size()), gamma, 1e-6);
-    compare((std::string(name) + ": k kept").c_str(), down(dk_keep, k.size()), k, 0);
+    compare(std::string(name) + ": u", down(du, u.size()), u, 1e-4);
+    compare(std::string(name) + ": gamma", down(dgam, gamma.size()), gamma, 1e-6);
+    compare(std::string(name) + ": k kept", down(dk_keep, k.size()), k, 0);
     const auto path = random_path(parent);
     std::vector<float> st(state);
     cpu::delta_rule_tree_commit(k.data(), u.data(), gamma.data(), hk, hv, dk, dv, path.data(), int(path.size()), st.data());
     int* dpath = up(path);
     gpu::delta_tree_commit(dk_keep, du, dgam, hk, hv, dk, dv, dpath, int(path.size()), ds, 0);
-    compare((std::string(name) + ": commit").c_str(), down(ds, st.size()), st, 1e-4);
+    compare(std::string(name) + ": commit", down(ds, st.size()), st, 1e-4);
     for (void* p : {(void*)dq, (void*)dg, (void*)db, (void*)ds, (void*)dout, (void*)du, (void*)dgam, (void*)dk_keep, (void*)dscr, (void*)dp, (void*)dpath, (void*)dvis})
         GPU_CHECK(gpuFree(p));
 }
@@ -226,7 +189,7 @@ static void check_compact(int len, int n, size_t row_bytes) {
     int* dp = up(path);
     gpu::kv_compact(d, row_bytes, len, dp, int(path.size()), 0);
     const bool ok = down(d, cache.size()) == want;
-    if (!ok) ++failures;
+    if (!ok) ++g_failed;
     printf("  kv compact len=%d n=%d path %zu rows, row %zu B %s\n", len, n, path.size(), row_bytes, ok ? "ok" : "FAIL");
     GPU_CHECK(gpuFree(d));
     GPU_CHECK(gpuFree(dp));
@@ -252,7 +215,7 @@ int main() {
     }
     check_compact(10, 20, 1024);
     check_compact(0, 65, 256 * 2 * 2);
-    if (failures) { printf("%d check(s) failed\n", failures); return 1; }
+    if (g_failed) { printf("%d check(s) failed\n", g_failed); return 1; }
     printf("verify kernels match the CPU reference\n");
     return 0;
 }

@@ -121,12 +121,18 @@ def lossless(label: str, exe: dict[str, Path], target: Path, draft: Path, prompt
 
 
 def part_lossless_synth(exe, out: Path, backend: list[str]) -> None:
-    say("## SYNTHETIC: lossless against ar (full-shape synthetic Qwen3.5-0.8B + random draft)")
-    draft = synth_draft(SYNTH_TARGET, Path("/tmp/dflash-0.8b-synth-draft"))
+    # $DFLASH_LOSSLESS_TARGET / $DFLASH_LOSSLESS_DRAFT: another full-shape target (e.g. the synthetic 27B
+    # Q4_K_M GGUF) and its draft, instead of the synthetic 0.8B and a random draft for it
+    target = Path(os.environ.get("DFLASH_LOSSLESS_TARGET", str(SYNTH_TARGET)))
+    if os.environ.get("DFLASH_LOSSLESS_DRAFT"):
+        draft = Path(os.environ["DFLASH_LOSSLESS_DRAFT"])
+    else:
+        draft = synth_draft(target, Path(f"/tmp/dflash-{target.name}-draft"))
+    say(f"## SYNTHETIC: lossless against ar (full-shape synthetic {target.name} + random draft {draft.name})")
     rng = random.Random(0)
     prompts = [[rng.randrange(248000) for _ in range(n)] for n in (5, 40, 300)]
-    rows = lossless("SYNTHETIC", exe, SYNTH_TARGET, draft, prompts, 64, list(MODES), ["bf16", "q8_0"], backend, 512)
-    (out / "lossless_synthetic.json").write_text(json.dumps(rows, indent=1))
+    rows = lossless("SYNTHETIC", exe, target, draft, prompts, 64, list(MODES), ["bf16", "q8_0"], backend, 512)
+    (out / f"lossless_synthetic_{target.stem}.json").write_text(json.dumps(rows, indent=1))
 
 
 def part_reference(exe, out: Path, backend: list[str], cpu_baseline: Path | None) -> None:

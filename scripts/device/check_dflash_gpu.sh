@@ -8,6 +8,7 @@
 #                   lucebench-verify-gpu-check: GPU verify + commit == AR (scripted trees), also with q8_0 KV
 #   lossless-synth  SYNTHETIC: dflash == ar greedy on full-shape synthetic Qwen3.5-0.8B, chain and tree at
 #                   budgets 8/22/40, KV bf16 and q8_0 (first divergence otherwise)                    (~1 min)
+#                   DFLASH_LOSSLESS_TARGET / DFLASH_LOSSLESS_DRAFT: another target (e.g. the 27B Q4_K_M GGUF)
 #   reference       TRAINED REFERENCE: the fixture pair on scripts/device/dflash_reference_prompts.json (4 a
 #                   set): lossless, AL chain vs tree at budget 22, against the CPU engine's AL and outputs
 #                   (scripts/device/dflash_reference_cpu.json, made on a CPU)                         (~10 s)

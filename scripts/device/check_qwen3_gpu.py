@@ -3,8 +3,9 @@ repository root, PYTHONPATH=.:scripts/device).
 
     python3 scripts/device/check_qwen3_gpu.py BUILD_DIR OUT_JSON
 
-Models: the odd tiny shapes of tests/engines/test_qwen3_vs_transformers.py, the qwen3-0.6b shape (synthetic,
-what `lucebench models synth --shape qwen3-0.6b` writes) and the trained reference drafter
+Models: the odd tiny shapes of tests/engines/qwen3_synth.py (TINY_CONFIGS, which
+tests/engines/test_qwen3_vs_transformers.py checks on the CPU) and one of head_dim 128, the qwen3-0.6b shape
+(synthetic, what `lucebench models synth --shape qwen3-0.6b` writes) and the trained reference drafter
 (tests/fixtures/reference-models/drafter). Every checkpoint is saved in bf16, so that transformers (fp32 on
 the GPU) and lucebench-ar (bf16 weights, fp32 activations, tensor-core GEMMs that round activations to bf16)
 read the same weights. Per prompt: the prefill logits' relative error (L2) against transformers, and the
@@ -36,12 +37,7 @@ N_GEN = 32
 NEAR_TIE = 2e-2  # relative top-1 - top-2 margin of the reference logits under which a flip is a near-tie
 LOGITS_TOL = 5e-2  # prefill logits' relative error: the GPU GEMMs round activations to bf16 (Qwen3.5-0.8B: 1.2e-2..1.8e-2)
 TINY = {
-    "gqa-untied": dict(),
-    "odd-tied": dict(vocab_size=397, hidden_size=40, intermediate_size=72, num_hidden_layers=4,
-                     num_attention_heads=5, num_key_value_heads=5, head_dim=14, tie_word_embeddings=True),
-    "wide-gqa": dict(vocab_size=1000, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
-                     num_attention_heads=6, num_key_value_heads=2, head_dim=32,
-                     rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+    **qwen3_synth.TINY_CONFIGS,
     "hd128-gqa": dict(vocab_size=2000, hidden_size=256, intermediate_size=384, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=128),
 }

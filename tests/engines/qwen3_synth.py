@@ -12,6 +12,18 @@ from typing import Any
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+# Odd tiny shapes (make_config overrides): untied GQA (the defaults), tied MHA with head_dim 14, and GQA
+# with 6/2 heads of 32. test_qwen3_vs_transformers.py checks the CPU engine on them,
+# scripts/device/check_qwen3_gpu.py the CUDA one.
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "gqa-untied": dict(),
+    "odd-tied": dict(vocab_size=397, hidden_size=40, intermediate_size=72, num_hidden_layers=4,
+                     num_attention_heads=5, num_key_value_heads=5, head_dim=14, tie_word_embeddings=True),
+    "wide-gqa": dict(vocab_size=1000, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
+                     num_attention_heads=6, num_key_value_heads=2, head_dim=32,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+}
+
 
 def make_config(**overrides: Any) -> Qwen3Config:
     base: dict[str, Any] = dict(

@@ -87,6 +87,13 @@ def test_bad_kv_type(ar_exe, model_dir):
     expect_load_error(ar_exe, model_dir, "q5_1", "unsupported", "--kv-k", "q5_1")
 
 
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_gpu_backend_on_a_cpu_build(ar_exe, model_dir, backend):
+    """A cpu build asked for a GPU backend says how to rebuild (core/engine_main.cpp, make_backend)."""
+    expect_load_error(ar_exe, model_dir, f"built for the cpu backend only; rebuild with --backend {backend}",
+                      "unsupported", "--backend", backend)
+
+
 @pytest.mark.parametrize("flags", [("--budget", "22"), ("--budget=22",), ("--draft", "/some/draft"),
                                    ("--drafter=/some/drafter",), ("--keep-ratio", "0.05"), ("--chain",),
                                    ("--chain=false",), ("--budget", "0")])

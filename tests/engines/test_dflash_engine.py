@@ -115,6 +115,15 @@ def test_bad_tree_flags(dflash_exe, pair, flag, value):
     assert proc.returncode == 2 and line["kind"] == "load" and flag in line["message"]
 
 
+def test_gpu_backend_on_a_cpu_build(dflash_exe, pair):
+    """The cpu build refuses --backend cuda with one `unsupported` line before loading anything."""
+    proc = subprocess.run([str(dflash_exe), "--model", str(pair[0]), "--draft", str(pair[1]), "--backend", "cuda"],
+                          capture_output=True, text=True, input="", timeout=60)
+    [line] = [json.loads(s) for s in proc.stdout.splitlines()]
+    assert proc.returncode == 1 and line["type"] == "error" and line["kind"] == "unsupported", line
+    assert "built for the cpu backend only; rebuild with --backend cuda" in line["message"], line
+
+
 @pytest.mark.parametrize("flags,forced,schedule", [
     (["--budget", "22"], 8.31, None),
     (["--chain"], 3.5, [3, 4, 3, 4]),       # floor((r + 1) 3.5) - floor(r 3.5)

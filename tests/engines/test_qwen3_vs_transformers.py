@@ -21,14 +21,7 @@ import torch
 
 N_GEN = 24
 
-CONFIGS = {
-    "gqa-untied": dict(),
-    "odd-tied": dict(vocab_size=397, hidden_size=40, intermediate_size=72, num_hidden_layers=4,
-                     num_attention_heads=5, num_key_value_heads=5, head_dim=14, tie_word_embeddings=True),
-    "wide-gqa": dict(vocab_size=1000, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
-                     num_attention_heads=6, num_key_value_heads=2, head_dim=32,
-                     rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
-}
+CONFIGS = qwen3_synth.TINY_CONFIGS
 
 
 def margins(model, prompt: list[int], tokens: list[int]) -> list[float]:

@@ -193,6 +193,15 @@ __device__ __forceinline__ void rope_rotate(float* x, int i, int half, float cs,
     x[i] = a * cs - b * sn;
     x[i + half] = b * cs + a * sn;
 }
+// Element i of the head row x rotated back from position pos (RoPE at -pos, the inverse rotation): dims past
+// rot pass through. Reads x[i] and its pair, writes nothing, so each thread can take its own dims.
+__device__ __forceinline__ float rope_inverse(const float* x, int i, int rot, float theta, float pos) {
+    const int half = rot / 2;
+    if (i >= rot) return x[i];
+    float sn, cs;
+    sincosf(pos * rope_inv_freq(i < half ? i : i - half, rot, theta), &sn, &cs);
+    return i < half ? x[i] * cs + x[i + half] * sn : x[i] * cs - x[i - half] * sn;
+}
 
 template <typename T>
 __device__ __forceinline__ T ld_cg(const T* p) {  // bypass L1: data written by other blocks of this launch
@@ -255,6 +264,16 @@ bool kv_bf16_kernels(DType kt, DType vt);
 // decode_setup's share for the fused GEMV's and the fused MLP's kernels (their shared memory limits).
 void gemv_fused_setup(const gpuDeviceProp& p);
 void mlp_fused_setup(const gpuDeviceProp& p);
+
+// The prefill GEMM (gemm_tc.cu; CUDA bf16 builds): y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W of type t
+// (a GGUF block type, or kWtypeDType for wtype rows). false, nothing launched: its scratch cannot grow (graph
+// capture); the caller falls back.
+bool gemm_tc(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
+             gpuStream_t s);
+// Split-K count for a prefill GEMM of `tiles` output tiles and `ksteps` K steps: 1 when the tiles give every
+// multiprocessor per_sm blocks (or Tuning::gemm_splitk_per_sm is 0), else enough splits for that, each of
+// at least min_ksteps steps, at most 8.
+int splitk_count(int tiles, int ksteps, int min_ksteps, int per_sm);
 
 namespace {
 

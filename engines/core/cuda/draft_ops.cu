@@ -2,7 +2,7 @@
 // engines/dflash/ddtree.cpp's top_k_logprobs.
 #include <cmath>
 
-#include "common.cuh"
+#include "attention_common.cuh"
 #include "draft_ops.h"
 
 namespace lb::gpu {
@@ -15,15 +15,14 @@ constexpr int kMaxPerLane = 16;  // head_dim up to 16 * warp size
 __device__ __forceinline__ float cache_value(const float* row, int i) { return row[i]; }
 __device__ __forceinline__ float cache_value(const unsigned short* row, int i) { return bf16_value(row[i]); }
 
-// grid (n, nh): block (t, h) takes query row t, head h; warp w walks the visible keys lo + w, lo + w + kWarps,
-// ... with an online softmax, then the warps' partial results are merged. T: the cache's element (float, or
-// the bits of a bf16).
+// grid (n, nh): block (t, h) takes query row t, head h over the keys the mask leaves it
+// (attention_row_online_softmax). T: the cache's element (float, or the bits of a bf16).
 template <class T>
 __global__ void draft_attention_kernel(const float* q, int ldq, int n, int nh, int nkv, int hd, int n_ctx,
                                        const T* kc, const T* vc, int causal, int window, float* out) {
     __shared__ float m_s[kWarps], l_s[kWarps];
     extern __shared__ float acc_s[];  // [kWarps, hd]
-    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP;
+    const int t = blockIdx.x, h = blockIdx.y;
     const int kvh = h / (nh / nkv), qp = n_ctx + t;
     // the mask as a key range: causal keys end at the query; a window starts qp - window + 1 and, when not
     // causal, ends before qp + window
@@ -33,49 +32,11 @@ __global__ void draft_attention_kernel(const float* q, int ldq, int n, int nh, i
         lo = max(0, qp - window + 1);
         if (!causal) hi = min(hi, qp + window);
     }
-    const float* qh = q + size_t(t) * ldq + size_t(h) * hd;
-    const int per = (hd + LB_WARP - 1) / LB_WARP;
-    float qr[kMaxPerLane], acc[kMaxPerLane];
-    for (int e = 0; e < per; ++e) {
-        const int i = lane + e * LB_WARP;
-        qr[e] = i < hd ? qh[i] : 0.f;
-        acc[e] = 0.f;
-    }
-    const float scale = 1.0f / sqrtf(float(hd));
-    float m = -INFINITY, l = 0.f;
-    for (int key = lo + warp; key < hi; key += kWarps) {
-        const T* kr = kc + (size_t(key) * nkv + kvh) * hd;
-        float d = 0;
-        for (int e = 0; e < per; ++e) {
-            const int i = lane + e * LB_WARP;
-            if (i < hd) d += qr[e] * cache_value(kr, i);
-        }
-        const float sc = warp_sum(d) * scale;
-        const float m_new = fmaxf(m, sc);
-        const float corr = expf(m - m_new), p = expf(sc - m_new);
-        l = l * corr + p;
-        const T* vr = vc + (size_t(key) * nkv + kvh) * hd;
-        for (int e = 0; e < per; ++e) {
-            const int i = lane + e * LB_WARP;
-            acc[e] = acc[e] * corr + (i < hd ? p * cache_value(vr, i) : 0.f);
-        }
-        m = m_new;
-    }
-    if (lane == 0) { m_s[warp] = m; l_s[warp] = l; }
-    for (int e = 0; e < per; ++e) {
-        const int i = lane + e * LB_WARP;
-        if (i < hd) acc_s[warp * hd + i] = acc[e];
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) if (l_s[w] > 0) mx = fmaxf(mx, m_s[w]);
-    float denom = 0;
-    for (int w = 0; w < kWarps; ++w) if (l_s[w] > 0) denom += l_s[w] * expf(m_s[w] - mx);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0;
-        for (int w = 0; w < kWarps; ++w) if (l_s[w] > 0) o += acc_s[w * hd + i] * expf(m_s[w] - mx);
-        out[size_t(t) * nh * hd + size_t(h) * hd + i] = denom > 0 ? o / denom : 0.f;
-    }
+    attention_row_online_softmax<kWarps, kMaxPerLane>(
+        q + size_t(t) * ldq + size_t(h) * hd, hd, lo, hi, [](int) { return true; },
+        [&](int key, int i) { return cache_value(kc + (size_t(key) * nkv + kvh) * hd, i); },
+        [&](int key, int i) { return cache_value(vc + (size_t(key) * nkv + kvh) * hd, i); }, m_s, l_s, acc_s,
+        [&](int i, float o) { out[size_t(t) * nh * hd + size_t(h) * hd + i] = o; });
 }
 
 // A (value, index) pair as one 64-bit key whose unsigned order is "larger value, then lower index": the

@@ -35,7 +35,11 @@ __global__ void argmax_kernel(const float* x, int n, int* result) {
     if (threadIdx.x == 0) *result = bi[0];
 }
 
-__global__ void add_pos_kernel(int* pos, int n) { *pos += n; }
+__global__ void add_pos_kernel(int* pos, int n, const int* token, int* host_ring, int ring_mask) {
+    const int p = *pos + n;
+    *pos = p;
+    if (host_ring) host_ring[(p - 1) & ring_mask] = *token;  // a posted write over the bus
+}
 
 __global__ void embed_decode_kernel(const int* token, const wtype* E, int H, float* x, unsigned long long* key,
                                     unsigned long long* acc, int n_acc) {
@@ -66,7 +70,9 @@ void embed(const int* d_tokens, int n, const wtype* E, int H, float* x, gpuStrea
 
 void argmax(const float* x, int n, int* d_out, gpuStream_t s) { argmax_kernel<<<1, 1024, 0, s>>>(x, n, d_out); }
 
-void add_pos(int* d_pos, int n, gpuStream_t s) { add_pos_kernel<<<1, 1, 0, s>>>(d_pos, n); }
+void add_pos(int* d_pos, int n, gpuStream_t s, const int* token, int* host_ring, int ring_mask) {
+    add_pos_kernel<<<1, 1, 0, s>>>(d_pos, n, token, host_ring, ring_mask);
+}
 
 void embed_decode(const int* d_token, const wtype* E, int H, float* x, unsigned long long* key,
                   unsigned long long* acc, int n_acc, gpuStream_t s) {

@@ -46,6 +46,7 @@ struct DeviceContext {
     int smem_optin = 48 * 1024;  // the most dynamic shared memory a block may opt into
     DecodeCfg dec;               // decode_setup
     GrowBuffer splitk;           // matmul: split-K partials
+    GrowBuffer gemm_x, gemm_w;   // gemm_tc: activations as bf16 (n x in), a bf16 panel of W (~128 MB)
     GrowBuffer delta_prep;       // delta_rule: chunk data (delta_chunk_prep_kernel)
 };
 
@@ -70,20 +71,24 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 // Matrices kept in GGUF's block formats (matmul_quant.cu): q4_K, q5_K, q6_K, q8_0, q4_0, and the backend's wtype
 // (DType::BF16, or F16 in an LB_GPU_FP16 build) for the f32/f16/bf16 parts of a matrix stored next to them.
 // y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
-// a GEMV for n <= kQuantGemvMax, above it a tensor-core GEMM over weight tiles dequantised to bf16; q4_K and
-// q6_K take qmv_kernel (the qmv knob) up to kQuantGemvMax rows and qmma_kernel (the qmma knob, CUDA:
-// tensor cores on weights dequantised in registers) from there up to kQmmaMaxRows rows.
+// a GEMV for n <= kQuantGemvMax, above it tensor-core GEMMs on weights dequantised to bf16 (gemm_tc.cu for
+// prefill); q4_K and q6_K take qmv_kernel (the qmv knob) up to kQuantGemvMax rows and qmma_kernel (the qmma
+// knob, CUDA: tensor cores on weights dequantised in registers) from there up to kQmmaMaxRows rows.
 constexpr int kQuantGemvMax = 4;
 constexpr int kQmvMaxRows = 32;
 constexpr int kQmmaMaxRows = 72;
+// From this many rows matmul_quant's GEMM is gemm_tc.cu's (W dequantised to bf16 panels, CUDA), below it
+// qgemm_kernel (each block read once per 64 tokens, no bf16 copy of W).
+constexpr int kGemmTcMinRows = 64;
 #if defined(LB_GPU_FP16)
 constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matrix converted to it)
 #else
 constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
-// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows); 2: qmma_kernel where it applies
-// (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel above kQuantGemvMax);
+// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows; 3 / 4: with 2 / 4 rows a warp where
+// that applies, for the op check's timing); 2: qmma_kernel where it applies
+// (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel / gemm_tc above kQuantGemvMax);
 // 0: the knobs' choice (qmma above kQuantGemvMax rows, qmv, then qgemv / qgemm).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);
@@ -143,7 +148,10 @@ size_t tail_scores_scratch(int n_tail, int nh, int hd, int ctx);
 void tail_scores(const float* qkv, int ld, bool gated, int n_tail, int nh, int nkv, int hd, int rot, float theta,
                  const void* kcache, DType kt, int ctx, float* scratch, float* probs, gpuStream_t s);
 void argmax(const float* x, int n, int* d_out, gpuStream_t s);
-void add_pos(int* d_pos, int n, gpuStream_t s);
+// *d_pos += n. host_ring (pinned host memory, or null): *token also goes to host_ring[(new *d_pos - 1) &
+// ring_mask] (the unfused decode graph's decode_finish).
+void add_pos(int* d_pos, int n, gpuStream_t s, const int* token = nullptr, int* host_ring = nullptr,
+             int ring_mask = 0);
 
 // ----------------------------------------------------------------------------------------- fused decode
 // One-token (decode) kernels for the captured decode graph. They fuse the norms into the GEMVs and the

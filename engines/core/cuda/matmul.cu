@@ -1,5 +1,5 @@
-// y (=|+=) x W^T: a GEMV for up to 8 tokens, tensor-core GEMMs (split-K for few output tiles) above.
-// CPU reference: ../cpu/matmul.cpp.
+// y (=|+=) x W^T: a GEMV for up to 8 tokens, the tensor-core GEMM above (gemm_tc.cu; the fp16 build for
+// sm_75 keeps a wmma GEMM here). CPU reference: ../cpu/matmul.cpp.
 #include "common.cuh"
 
 namespace lb::gpu {
@@ -46,8 +46,8 @@ __global__ void gemv_kernel(const float* __restrict__ x, int in, const wtype* __
     }
 }
 
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-// Tensor-core GEMM: 64x64 output tile per block of 4 warps (2x2 warps of 32x32), K step 32. The fp32
+#if defined(LB_CUDA) && defined(LB_GPU_FP16)
+// The fp16 build (sm_75: no bf16 mma, no cp.async): a wmma GEMM. Tensor-core GEMM: 64x64 output tile per block of 4 warps (2x2 warps of 32x32), K step 32. The fp32
 // activations are rounded to wtype while staged in shared memory; accumulation is fp32.
 constexpr int TM = 64, TN = 64, TK = 32, PAD = 8;
 __global__ void gemm_kernel(const float* __restrict__ x, int n, int in, const wtype* __restrict__ W, int out,
@@ -94,11 +94,9 @@ __global__ void gemm_kernel(const float* __restrict__ x, int n, int in, const wt
 
 // Tensor-core GEMM for in % 8 == 0: as gemm_kernel, with 16-byte loads of x (4 floats) and W (8 weights),
 // the next K step loaded into registers while the tensor cores work on the current one (two smem buffers).
-// Split-K (gridDim.z > 1): block z takes K steps [z * ksteps, (z + 1) * ksteps) and stores its partial
-// product to part[z][n][out]; gemm_splitk_sum_kernel adds the partials into y in split order.
 __global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__ x, int n, int in,
                                                         const wtype* __restrict__ W, int out, float* __restrict__ y,
-                                                        bool accumulate, int ksteps, float* __restrict__ part) {
+                                                        bool accumulate) {
     using namespace nvcuda;
     __shared__ __align__(32) wtype As[2][TM][TK + PAD];
     __shared__ __align__(32) wtype Bs[2][TN][TK + PAD];
@@ -134,7 +132,7 @@ __global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__
     };
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2][2];
     for (int i = 0; i < 2; ++i) for (int j = 0; j < 2; ++j) wmma::fill_fragment(c[i][j], 0.f);
-    const int kt0 = blockIdx.z * ksteps, nk = min((in + TK - 1) / TK, kt0 + ksteps);
+    const int kt0 = 0, nk = (in + TK - 1) / TK;
     load(kt0 * TK);
     store(0);
     __syncthreads();
@@ -156,86 +154,43 @@ __global__ __launch_bounds__(128) void gemm_vec_kernel(const float* __restrict__
         for (int j = 0; j < 2; ++j)
             wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], c[i][j], TN + 4, wmma::mem_row_major);
     __syncthreads();
-    float* pz = part ? part + size_t(blockIdx.z) * n * out : nullptr;
     for (int e = tid; e < TM * TN; e += blockDim.x) {
         const int r = e / TN, cc = e % TN;
         const int gm = m0 + r, gn = n0 + cc;
         if (gm < n && gn < out) {
-            if (pz) {
-                pz[size_t(gm) * out + gn] = Cs[r][cc];
-            } else {
-                float* dst = y + size_t(gm) * out + gn;
-                *dst = accumulate ? *dst + Cs[r][cc] : Cs[r][cc];
-            }
+            float* dst = y + size_t(gm) * out + gn;
+            *dst = accumulate ? *dst + Cs[r][cc] : Cs[r][cc];
         }
     }
 }
 
-// y (+)= sum over z of part[z] (count floats each, in split order); count % 4 == 0.
-__global__ void gemm_splitk_sum_kernel(const float* __restrict__ part, int splits, size_t count, float* __restrict__ y,
-                                       bool accumulate) {
-    const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
-    if (i >= count) return;
-    float4 a = accumulate ? *(const float4*)(y + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int z = 0; z < splits; ++z) {
-        const float4 v = *(const float4*)(part + size_t(z) * count + i);
-        a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
-    }
-    *(float4*)(y + i) = a;
-}
 #endif
 
-#if defined(LB_CUDA)
-// Split-K for GEMMs with few output tiles: at prefill lengths of a few hundred tokens the 1024-wide
-// projections (down, out, o_proj) have 144 tiles for 132 multiprocessors, one 4-warp block each, which
-// leaves the tensor cores waiting on memory. The K loop is cut so that there are about four blocks per
-// multiprocessor; the partials go to a workspace and are summed in split order, so results do not depend
-// on block scheduling. Tuning::gemm_splitk_per_sm: blocks a multiprocessor to aim for (0 turns it off).
-int gemm_splits(int tiles, int in, size_t count, gpuStream_t s) {
-    const int per_sm = tuning().gemm_splitk_per_sm;
-    const int sms = context().sms;
-    if (per_sm == 0 || count % 4 != 0) return 1;
-    const int ksteps = (in + TK - 1) / TK;
-    const int splits = std::min({(per_sm * sms) / std::max(1, tiles), ksteps / 8, 8});  // >= 8 K steps a split
-    if (splits < 2 || !context().splitk.get(size_t(splits) * count, s)) return 1;
-    return splits;
-}
-#endif
 
 }  // namespace
 
 void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bool accumulate, gpuStream_t s) {
     const int warps = 8;
     const dim3 grid((out + warps - 1) / warps);
-#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+#if defined(LB_CUDA) && !defined(LB_GPU_FP16)
+    // gemm_tc refuses only when its scratch cannot grow (graph capture): then GEMV groups, as HIP
+    if (n > 8 && gemm_tc(x, n, in, W, kWtypeDType, out, y, out, accumulate, s)) return;
+#elif defined(LB_CUDA)
     if (n > 8) {
         const dim3 g2((out + TN - 1) / TN, (n + TM - 1) / TM);
-        if (in % 8 == 0) {
-            const int splits = gemm_splits(int(g2.x * g2.y), in, size_t(n) * out, s);
-            const int ksteps = ((in + TK - 1) / TK + splits - 1) / splits;
-            if (splits == 1) {
-                gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps, nullptr);
-            } else {
-                gemm_vec_kernel<<<dim3(g2.x, g2.y, splits), 128, 0, s>>>(x, n, in, W, out, y, accumulate, ksteps,
-                                                                         context().splitk.p);
-                const size_t count = size_t(n) * out;
-                gemm_splitk_sum_kernel<<<unsigned((count / 4 + 255) / 256), 256, 0, s>>>(context().splitk.p, splits, count,
-                                                                                         y, accumulate);
-            }
-        } else {
-            gemm_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
+        if (in % 8 == 0) gemm_vec_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
+        else gemm_kernel<<<g2, 128, 0, s>>>(x, n, in, W, out, y, accumulate);
+        return;
+    }
+#endif
+    if (n > 8) {  // HIP: GEMV over groups of 8 tokens (a rocWMMA GEMM is future work)
+        for (int t0 = 0; t0 < n; t0 += 8) {
+            const int m = std::min(8, n - t0);
+            if (m < 8) { matmul(x + size_t(t0) * in, m, in, W, out, y + size_t(t0) * out, accumulate, s); continue; }
+            gemv_kernel<8><<<grid, warps * LB_WARP, 0, s>>>(x + size_t(t0) * in, in, W, out, y + size_t(t0) * out, accumulate);
         }
         return;
     }
-#else
-    // HIP: GEMV over groups of 8 tokens (a rocWMMA GEMM is future work).
-    for (int t0 = 0; t0 < n; t0 += 8) {
-        const int m = std::min(8, n - t0);
-        if (m < 8) { matmul(x + size_t(t0) * in, m, in, W, out, y + size_t(t0) * out, accumulate, s); continue; }
-        gemv_kernel<8><<<grid, warps * LB_WARP, 0, s>>>(x + size_t(t0) * in, in, W, out, y + size_t(t0) * out, accumulate);
-    }
-    if (n > 8) return;
-#endif
     switch (n) {
         case 1: gemv_kernel<1><<<grid, warps * LB_WARP, 0, s>>>(x, in, W, out, y, accumulate); break;
         case 2: gemv_kernel<2><<<grid, warps * LB_WARP, 0, s>>>(x, in, W, out, y, accumulate); break;

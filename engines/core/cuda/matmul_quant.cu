@@ -10,11 +10,13 @@
 //    cores, weights dequantised in registers and each block read once for all rows. Knob qmma.
 //  * qgemv_kernel<T, N> (the other types, and q4_K/q6_K with the knobs off; n <= kQuantGemvMax): 8 elements
 //    at a time (dq8), one warp per two output rows, fp32 FMA.
-//  * qgemm_kernel<T> (n above; prefill): 64 tokens x 64 rows a block; the K loop dequantises a 64 x 64 weight tile to
-//    bf16 in shared memory and multiplies on the tensor cores (fp32 accumulation; activations rounded to
-//    bf16 as the bf16 GEMM does). Each weight block is read once per 64 tokens, so a verify of up to 64 rows
-//    streams the weights once. Split-K (partials summed in split order) when the output tiles do not fill
-//    the GPU. HIP: GEMV over groups of tokens (no tensor-core path yet).
+//  * qgemm_kernel<T> (n above, below kGemmTcMinRows, or gemm_tc's fallback under graph capture): 64 tokens x
+//    64 rows a block; the K loop dequantises a 64 x 64 weight tile to bf16 in shared memory and multiplies on
+//    the tensor cores (fp32 accumulation; activations rounded to bf16 as the bf16 GEMM does). Each weight
+//    block is read once per 64 tokens, so a verify of up to 64 rows streams the weights once. Split-K
+//    (partials summed in split order) when the output tiles do not fill the GPU.
+//  * n >= kGemmTcMinRows (prefill): gemm_tc.cu, W dequantised to a bf16 panel then one bf16 GEMM.
+//    HIP: GEMV over groups of tokens (no tensor-core path yet).
 // The element type WT (the backend's wtype, tagged DType::BF16 or F16) runs through the same kernels, for the
 // parts of a matrix the file stores in f32/f16/bf16 next to quantised ones.
 #include "common.cuh"
@@ -91,36 +93,43 @@ __global__ __launch_bounds__(kGemvWarps * 32) void qgemv_kernel(const float* __r
         }
 }
 
-// qmv_kernel<T, N> (Tuning::qmv; q4_K and q6_K): the decode / verify GEMV built to stream the weights.
-// A GEMV at n = 1 moves ~0.56 (q4_K) or ~0.82 (q6_K) bytes an element, so at the copy bandwidth it has only a
-// few instructions an element; qgemv_kernel spends ~7 (block address, scales and fp16 d a group of 8, an
-// unpack, an FMA to dequantise and one to multiply) and keeps one 8-byte load a lane in flight. Here:
-//  * 8 lanes take one super-block (256 elements) of a row, 32 elements each, with one 16-byte load (q4_K) or
-//    six 4-byte loads (q6_K, whose 210-byte blocks are only 2-byte aligned); a warp reads 4 consecutive
-//    super-blocks of each of its kQmvRows rows a step, and the next step's bytes are loaded before this
-//    step's arithmetic, so two steps are in flight a warp;
+// qmv_kernel<T, N, R> (q4_K and q6_K): the decode / verify GEMV built to stream the weights. A GEMV at n = 1
+// moves ~0.56 (q4_K) or ~0.82 (q6_K) bytes an element, so at the copy bandwidth the multiprocessors can issue
+// only ~4 instructions an element: the kernel is counted in instructions (measured, H200: the largest q4_K
+// matrices (0.56 bytes an element) and the q6_K LM head (0.82) both ran at ~2.9e12 elements/s, not at one
+// byte rate: issue-bound). Here:
+//  * 8 lanes take one super-block (256 elements) of a row, 32 elements each, with one 16-byte load of quants
+//    (+ one of the 16-byte header: q4_K) or six 4-byte loads (q6_K, whose 210-byte blocks are only 2-byte
+//    aligned); a warp reads 4 consecutive super-blocks of each of its R rows a step, and the next step's
+//    bytes are loaded into the other of two register sets before this step's arithmetic (no copies);
 //  * the scales come out of the dot product: a lane's run of elements shares one scale (and min), so
-//    sum_i (d sc q_i - dmin m) x_i = d sc (sum_i q_i x_i) - dmin m (sum_i x_i): a quant costs a byte permute,
-//    a subtract (2^23 + q as a float, exact) and an FMA per token; the sum of x is shared by the rows.
-// fp32 throughout; the sums are grouped differently from the reference (a few ulp, within the GEMV's 1e-5).
-// n tokens run in passes of up to kQmvTokens, each pass streaming the weights once: passes cost
-// (2 + N) instructions an element against the bytes, so a verify of up to kQmvMaxRows rows stays below the
-// tensor-core GEMM's time (which dequantises each 64 x 64 tile to shared memory).
-constexpr int kQmvRows = 2, kQmvWarps = 4, kQmvTokens = 8;
+//    sum_i (d sc q_i - dmin m) x_i = d sc (sum_i q_i x_i) - dmin m (sum_i x_i); the sum of x is shared by
+//    the rows. q4_K: a lane's two 6-bit scales and mins come out of the 12 scale bytes without branches
+//    (the lanes of a warp take different sub-blocks);
+//  * q4_K quants as subnormal floats: the bits of a 4-bit q are the float q * 2^-149, so a quant costs one
+//    byte permute and one FMA a token. The activations are scaled by 2^80 (exact), so each product and
+//    partial sum is exactly 2^-69 times the one of the plain q * x (a power-of-two scale commutes with
+//    rounding while the values stay normal: magnitudes above 2^-57) and the run's dot is scaled back by 2^69
+//    (exact). q6_K's signed quants take 2^23 + q as a float and a subtraction (exact).
+// Each row's sums are the same operations in the same order whatever R (so R is a launch choice, not a
+// numerics one), written with explicit roundings (__fmul_rn, fmaf, __fadd_rn) so that the compiler cannot
+// regroup them. fp32 throughout; the grouping differs from the reference's (a few ulp, within the GEMV's 1e-5).
+// n tokens run in passes of up to kQmvTokens, each pass streaming the weights once.
+constexpr int kQmvWarps = 4, kQmvTokens = 8;
+// q4_K at 1-2 tokens: R = 4 rows a warp from this many output rows up (fewer warps; the activations' loads and
+// sums shared by more rows), else 2 (more warps for the 5,120-row outputs, whose time is their latency).
+constexpr int kQmvWideRows = 16384;
 
 template <DType T>
 struct QmvRaw;  // one super-block's bytes of one lane (loaded a step ahead)
 
 template <>
 struct QmvRaw<DType::Q4_K> {
-    uint4 q;               // 16 bytes of quants: 16 low nibbles (sub-block 2g), 16 high (2g + 1)
-    uint32_t dm, s0, s1, s2;  // fp16 d and dmin; the 12 bytes of 6-bit scales and mins
+    uint4 q;  // 16 bytes of quants: 16 low nibbles (sub-block 2g), 16 high (2g + 1)
+    uint4 h;  // the block's header: fp16 d and dmin; the 12 bytes of 6-bit scales and mins
     __device__ __forceinline__ void load(const uint8_t* b, int t) {
         q = *(const uint4*)(b + 16 + 16 * t);  // t = lane % 8: bytes [16 t, 16 t + 16) of qs
-        dm = *(const uint32_t*)b;
-        s0 = *(const uint32_t*)(b + 4);
-        s1 = *(const uint32_t*)(b + 8);
-        s2 = *(const uint32_t*)(b + 12);
+        h = *(const uint4*)b;
     }
 };
 
@@ -155,6 +164,17 @@ __device__ __forceinline__ void q4k_sm_w(int j, uint32_t s0, uint32_t s1, uint32
         *mn = float((a >> 4) | ((hi >> 6) << 4));
     }
 }
+// The same for the pair of sub-blocks 2g, 2g + 1 (g < 4), both branches computed: the scales in bytes 0 and 1
+// of *sc2, the mins in those of *mn2. j = 2g + e < 4 reads bytes j, j + 4; j >= 4 (g >= 2) bytes j + 4, j - 4, j.
+__device__ __forceinline__ void q4k_sm_pair(int g, uint32_t s0, uint32_t s1, uint32_t s2, uint32_t* sc2,
+                                            uint32_t* mn2) {
+    const int sh = 16 * (g & 1);
+    const uint32_t b0 = (s0 >> sh) & 0xFFFFu, b1 = (s1 >> sh) & 0xFFFFu, b2 = (s2 >> sh) & 0xFFFFu;
+    const uint32_t lo_sc = b0 & 0x3F3Fu, lo_mn = b1 & 0x3F3Fu;
+    const uint32_t hi_sc = (b2 & 0x0F0Fu) | ((b0 & 0xC0C0u) >> 2), hi_mn = ((b2 >> 4) & 0x0F0Fu) | ((b1 & 0xC0C0u) >> 2);
+    *sc2 = g < 2 ? lo_sc : hi_sc;
+    *mn2 = g < 2 ? lo_mn : hi_mn;
+}
 // the 4 bytes of w as floats (each < 2^8) minus `off`: exact
 __device__ __forceinline__ void unpack4(uint32_t w, float off, float* v) {
     float f[4];
@@ -162,12 +182,114 @@ __device__ __forceinline__ void unpack4(uint32_t w, float off, float* v) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) v[e] = f[e] - (8388608.f + off);
 }
+#if defined(LB_CUDA)
+// byte e of w (each < 2^8) as the subnormal float byte * 2^-149 (NVIDIA GPUs run FMAs on subnormals at full
+// rate and keep them unless built with -ftz)
+__device__ __forceinline__ float sub_f(uint32_t w, int e) { return __uint_as_float(__byte_perm(w, 0u, 0x4440u + e)); }
+// 2^80 and 2^-80 * 2^149 (see above)
+constexpr float kQmvUp = 0x1p80f, kQmvBack = 0x1p69f;
+#else
+// HIP: byte e of w as a plain float (2^23 + q, minus 2^23), no scaling: the same sums
+__device__ __forceinline__ float sub_f(uint32_t w, int e) { return small_f((w >> (8 * e)) & 0xFFu); }
+constexpr float kQmvUp = 1.f, kQmvBack = 1.f;
+#endif
 
-template <DType T, int N>
+// One step of qmv_kernel: super-block blk of each of the R rows (the lane's 32 elements of it), N tokens.
+template <DType T, int N, int R>
+__device__ __forceinline__ void qmv_step(const QmvRaw<T> (&w)[R], const float* __restrict__ x, int in, int blk,
+                                         int t, float (&acc)[N][R]) {
+    if constexpr (T == DType::Q4_K) {
+        const int g = t >> 1, h = t & 1;
+        const int k0 = blk * 256 + 64 * g + 16 * h;  // the low nibbles' run; the high nibbles' at k0 + 32
+        float dl[R], ml[R], dh[R], mh[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float d = h2f(uint16_t(w[r].h.x & 0xFFFF)), dmin = h2f(uint16_t(w[r].h.x >> 16));
+            uint32_t sc2, mn2;
+            q4k_sm_pair(g, w[r].h.y, w[r].h.z, w[r].h.w, &sc2, &mn2);
+            dl[r] = d * small_f(sc2 & 0xFFu);
+            ml[r] = dmin * small_f(mn2 & 0xFFu);
+            dh[r] = d * small_f(sc2 >> 8);
+            mh[r] = dmin * small_f(mn2 >> 8);
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float* xt = x + size_t(i) * in + k0;
+            float4 a[4], b[4];
+            float sl = 0.f, sh = 0.f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                a[c] = *(const float4*)(xt + 4 * c);
+                b[c] = *(const float4*)(xt + 32 + 4 * c);
+                sl += (a[c].x + a[c].y) + (a[c].z + a[c].w);
+                sh += (b[c].x + b[c].y) + (b[c].z + b[c].w);
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                a[c] = make_float4(a[c].x * kQmvUp, a[c].y * kQmvUp, a[c].z * kQmvUp, a[c].w * kQmvUp);
+                b[c] = make_float4(b[c].x * kQmvUp, b[c].y * kQmvUp, b[c].z * kQmvUp, b[c].w * kQmvUp);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint32_t q[4] = {w[r].q.x, w[r].q.y, w[r].q.z, w[r].q.w};
+                float pl = 0.f, ph = 0.f;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {  // each run of 4: ((q0 a0 + q1 a1) + q2 a2) + q3 a3, then added
+                    const uint32_t lo = q[c] & 0x0F0F0F0Fu, hi = (q[c] >> 4) & 0x0F0F0F0Fu;
+                    const float tl = fmaf(sub_f(lo, 3), a[c].w, fmaf(sub_f(lo, 2), a[c].z,
+                                          fmaf(sub_f(lo, 0), a[c].x, __fmul_rn(sub_f(lo, 1), a[c].y))));
+                    const float th = fmaf(sub_f(hi, 3), b[c].w, fmaf(sub_f(hi, 2), b[c].z,
+                                          fmaf(sub_f(hi, 0), b[c].x, __fmul_rn(sub_f(hi, 1), b[c].y))));
+                    pl = __fadd_rn(pl, tl);
+                    ph = __fadd_rn(ph, th);
+                }
+                pl = __fmul_rn(pl, kQmvBack);
+                ph = __fmul_rn(ph, kQmvBack);
+                acc[i][r] = __fadd_rn(acc[i][r], __fadd_rn(fmaf(dl[r], pl, -__fmul_rn(ml[r], sl)),
+                                                           fmaf(dh[r], ph, -__fmul_rn(mh[r], sh))));
+            }
+        }
+    } else {  // q6_K: runs of 8 at l0 + {0, 32, 64, 96} of one 128-element half, one scale each
+        const int half = t >> 2, l0 = 8 * (t & 3);
+        const int k0 = blk * 256 + 128 * half + l0;
+        float q[R][4][8], ds[R][4];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const QmvRaw<T>& c = w[r];
+            const uint32_t a[2] = {c.a0, c.a1}, cc[2] = {c.c0, c.c1}, hh[2] = {c.h0, c.h1};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {  // 6-bit quants: low 4 bits from ql, high 2 from qh; minus 32
+                unpack4((a[i] & 0x0F0F0F0Fu) | ((hh[i] << 4) & 0x30303030u), 32.f, &q[r][0][4 * i]);
+                unpack4((cc[i] & 0x0F0F0F0Fu) | ((hh[i] << 2) & 0x30303030u), 32.f, &q[r][1][4 * i]);
+                unpack4(((a[i] >> 4) & 0x0F0F0F0Fu) | (hh[i] & 0x30303030u), 32.f, &q[r][2][4 * i]);
+                unpack4(((cc[i] >> 4) & 0x0F0F0F0Fu) | ((hh[i] >> 2) & 0x30303030u), 32.f, &q[r][3][4 * i]);
+            }
+            const float d = h2f(c.d);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ds[r][j] = d * float(int8_t(uint32_t(c.sc) >> (8 * j)));
+        }
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float* xt = x + size_t(i) * in + k0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float4 a = *(const float4*)(xt + 32 * j), b = *(const float4*)(xt + 32 * j + 4);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float* v = q[r][j];
+                    acc[i][r] += ds[r][j] * (v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                                             v[5] * b.y + v[6] * b.z + v[7] * b.w);
+                }
+            }
+        }
+    }
+}
+
+template <DType T, int N, int R>
 __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __restrict__ x, int in,
                                                               const uint8_t* __restrict__ W, int out,
                                                               float* __restrict__ y, int ldy, bool accumulate) {
-    constexpr int R = kQmvRows, BB = T == DType::Q4_K ? 144 : 210;
+    constexpr int BB = T == DType::Q4_K ? 144 : 210;
     const int lane = threadIdx.x % 32, t = lane % 8;
     const int row0 = (blockIdx.x * kQmvWarps + threadIdx.x / 32) * R;
     if (row0 >= out) return;
@@ -180,96 +302,25 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-    QmvRaw<T> cur[R], nxt[R];
+    QmvRaw<T> wa[R], wb[R];  // steps blk (wa) and blk + 4 (wb), in turn
     int blk = lane / 8;
     if (blk < nblk)
 #pragma unroll
-        for (int r = 0; r < R; ++r) cur[r].load(rows[r] + size_t(blk) * BB, t);
+        for (int r = 0; r < R; ++r) wa[r].load(rows[r] + size_t(blk) * BB, t);
     // launched with programmatic dependent launch (launch_k): the first weight bytes are requested while the
     // kernel before still runs; x and y (its outputs) are read only after the wait
     griddep_launch();
     griddep_wait();
-    for (; blk < nblk; blk += 4) {
+    for (; blk < nblk; blk += 8) {
         if (blk + 4 < nblk)
 #pragma unroll
-            for (int r = 0; r < R; ++r) nxt[r].load(rows[r] + size_t(blk + 4) * BB, t);
-        if constexpr (T == DType::Q4_K) {
-            const int g = t >> 1, h = t & 1;
-            const int k0 = blk * 256 + 64 * g + 16 * h;  // the low nibbles' run; the high nibbles' at k0 + 32
-            float ql[R][16], qh[R][16], dl[R], ml[R], dh[R], mh[R];
+            for (int r = 0; r < R; ++r) wb[r].load(rows[r] + size_t(blk + 4) * BB, t);
+        qmv_step<T, N, R>(wa, x, in, blk, t, acc);
+        if (blk + 4 >= nblk) break;
+        if (blk + 8 < nblk)
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const uint32_t w[4] = {cur[r].q.x, cur[r].q.y, cur[r].q.z, cur[r].q.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    unpack4(w[i] & 0x0F0F0F0Fu, 0.f, &ql[r][4 * i]);
-                    unpack4((w[i] >> 4) & 0x0F0F0F0Fu, 0.f, &qh[r][4 * i]);
-                }
-                const float d = h2f(uint16_t(cur[r].dm & 0xFFFF)), dmin = h2f(uint16_t(cur[r].dm >> 16));
-                float sc, mn;
-                q4k_sm_w(2 * g, cur[r].s0, cur[r].s1, cur[r].s2, &sc, &mn);
-                dl[r] = d * sc;
-                ml[r] = dmin * mn;
-                q4k_sm_w(2 * g + 1, cur[r].s0, cur[r].s1, cur[r].s2, &sc, &mn);
-                dh[r] = d * sc;
-                mh[r] = dmin * mn;
-            }
-#pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const float* xt = x + size_t(i) * in + k0;
-                float sl = 0.f, sh = 0.f, pl[R], ph[R];
-#pragma unroll
-                for (int r = 0; r < R; ++r) pl[r] = ph[r] = 0.f;
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const float4 a = *(const float4*)(xt + 4 * c), b = *(const float4*)(xt + 32 + 4 * c);
-                    sl += (a.x + a.y) + (a.z + a.w);
-                    sh += (b.x + b.y) + (b.z + b.w);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        pl[r] += ql[r][4 * c] * a.x + ql[r][4 * c + 1] * a.y + ql[r][4 * c + 2] * a.z + ql[r][4 * c + 3] * a.w;
-                        ph[r] += qh[r][4 * c] * b.x + qh[r][4 * c + 1] * b.y + qh[r][4 * c + 2] * b.z + qh[r][4 * c + 3] * b.w;
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[i][r] += (dl[r] * pl[r] - ml[r] * sl) + (dh[r] * ph[r] - mh[r] * sh);
-            }
-        } else {  // q6_K: runs of 8 at l0 + {0, 32, 64, 96} of one 128-element half, one scale each
-            const int half = t >> 2, l0 = 8 * (t & 3);
-            const int k0 = blk * 256 + 128 * half + l0;
-            float q[R][4][8], ds[R][4];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const QmvRaw<T>& c = cur[r];
-                const uint32_t a[2] = {c.a0, c.a1}, cc[2] = {c.c0, c.c1}, hh[2] = {c.h0, c.h1};
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {  // 6-bit quants: low 4 bits from ql, high 2 from qh; minus 32
-                    unpack4((a[i] & 0x0F0F0F0Fu) | ((hh[i] << 4) & 0x30303030u), 32.f, &q[r][0][4 * i]);
-                    unpack4((cc[i] & 0x0F0F0F0Fu) | ((hh[i] << 2) & 0x30303030u), 32.f, &q[r][1][4 * i]);
-                    unpack4(((a[i] >> 4) & 0x0F0F0F0Fu) | (hh[i] & 0x30303030u), 32.f, &q[r][2][4 * i]);
-                    unpack4(((cc[i] >> 4) & 0x0F0F0F0Fu) | ((hh[i] >> 2) & 0x30303030u), 32.f, &q[r][3][4 * i]);
-                }
-                const float d = h2f(c.d);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) ds[r][j] = d * float(int8_t(uint32_t(c.sc) >> (8 * j)));
-            }
-#pragma unroll
-            for (int i = 0; i < N; ++i) {
-                const float* xt = x + size_t(i) * in + k0;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float4 a = *(const float4*)(xt + 32 * j), b = *(const float4*)(xt + 32 * j + 4);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const float* v = q[r][j];
-                        acc[i][r] += ds[r][j] * (v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
-                                                 v[5] * b.y + v[6] * b.z + v[7] * b.w);
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) cur[r] = nxt[r];
+            for (int r = 0; r < R; ++r) wa[r].load(rows[r] + size_t(blk + 8) * BB, t);
+        qmv_step<T, N, R>(wb, x, in, blk + 4, t, acc);
     }
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -283,20 +334,31 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
         }
 }
 
+// rows: the rows a warp, 0: by the matrix (4 for q4_K at 1-2 tokens and >= kQmvWideRows rows, else 2); 2 or 4:
+// that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only).
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                gpuStream_t s) {
-    const unsigned blocks = unsigned((out + kQmvWarps * kQmvRows - 1) / (kQmvWarps * kQmvRows));
+                gpuStream_t s, int rows) {
+    // R = 4: q4_K at up to 2 tokens (more would spill registers; q6_K's 32 unpacked floats a row would too)
+    if constexpr (T == DType::Q4_K) {
+        if (n <= 2 && (rows == 4 || (rows == 0 && out >= kQmvWideRows))) {
+            const unsigned blocks = unsigned((out + kQmvWarps * 4 - 1) / (kQmvWarps * 4));
+            if (n == 1) return launch_k(qmv_kernel<T, 1, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
+            return launch_k(qmv_kernel<T, 2, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
+        }
+    }
+    constexpr int R = 2;
+    const unsigned blocks = unsigned((out + kQmvWarps * R - 1) / (kQmvWarps * R));
     for (int t0 = 0; t0 < n; t0 += kQmvTokens) {
         const int m = std::min(kQmvTokens, n - t0);
         const float* xt = x + size_t(t0) * in;
         float* yt = y + size_t(t0) * ldy;
         switch (m) {
 #define LB_QMV_CASE(M) \
-    case M: launch_k(qmv_kernel<T, M>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
+    case M: launch_k(qmv_kernel<T, M, R>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
             LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
             LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7)
-            default: launch_k(qmv_kernel<T, 8>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
+            default: launch_k(qmv_kernel<T, 8, R>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
 #undef LB_QMV_CASE
         }
     }
@@ -311,13 +373,18 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 //   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), low nibbles then high;
 //   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4);
 // and the activations (bf16 in shared memory, one super-block staged at a time for the block's 8 warps) are
-// read at the same elements. Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
+// read at the same elements; the next super-block's fp32 activations land in shared memory by cp.async while
+// the warps multiply the current one (their L2 latency was exposed once a super-block). Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
 // qgemm_kernel). Split-K over super-blocks (partials summed in split order) when the row blocks leave
 // multiprocessors idle. The next super-block's weight bytes are loaded before this one's arithmetic.
 constexpr int kQmmaWarps = 8, kQmmaRows = 16 * kQmmaWarps;
 // Staged activations: 4 bf16 of padding after each 64 elements and rows of 272, so that a warp's 8-byte
 // fragment reads (rows g, q-th 64-element runs) fall in distinct banks for q4_K.
 __device__ __forceinline__ int qmma_col(int k) { return k + 4 * (k >> 6); }
+constexpr int kQmmaXs = 272;
+// Dynamic shared memory of qmma_kernel<T, NT>: the staged bf16 x [8 NT][kQmmaXs] and the next super-block's
+// fp32 x [8 NT][256] (landing by cp.async while the warps multiply the current one).
+constexpr size_t qmma_smem_bytes(int nt) { return size_t(8 * nt) * (2 * kQmmaXs + 4 * 256); }
 
 template <DType T>
 struct QmmaRaw;
@@ -416,14 +483,17 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (NT <= 9: 39 KB of staged x) (the rest of the last tile is zeros).
+// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (the rest of the last tile is zeros);
+// qmma_smem_bytes(NT) of dynamic shared memory (NT = 9: 113 KB).
 template <DType T, int NT>
-__global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __restrict__ x, int n, int in,
+__global__ __launch_bounds__(kQmmaWarps * 32, 2) void qmma_kernel(const float* __restrict__ x, int n, int in,
                                                                 const uint8_t* __restrict__ W, int out,
                                                                 float* __restrict__ y, int ldy, bool accumulate,
                                                                 int sb_per_split, float* __restrict__ part) {
-    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT, XS = 272;
-    __shared__ __align__(16) __nv_bfloat16 xs[NTOK][XS];
+    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT, XS = kQmmaXs;
+    extern __shared__ __align__(16) unsigned char qmma_smem[];
+    __nv_bfloat16(*xs)[XS] = (__nv_bfloat16(*)[XS])qmma_smem;           // [NTOK][XS]: the staged bf16 x
+    float(*xf)[256] = (float(*)[256])(qmma_smem + sizeof(__nv_bfloat16) * NTOK * XS);  // [n][256]: next fp32 x
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
     const int row_a = blockIdx.x * kQmmaRows + 16 * warp + g, row_b = row_a + 8;
     const int nblk = in / 256;
@@ -437,25 +507,38 @@ __global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __re
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    // x[:, 256 sb, + 256) of the n tokens -> xf, 16-byte cp.async (64 a token), in flight during a super-block
+    auto fetch = [&](int sb) {
+        for (int i = threadIdx.x; i < n * 64; i += kQmmaWarps * 32) {
+            const int t = i >> 6, k4 = 4 * (i & 63);
+            const unsigned d = unsigned(__cvta_generic_to_shared(&xf[t][k4]));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d),
+                         "l"(x + size_t(t) * in + size_t(sb) * 256 + k4) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
     QmmaRaw<T> ca, cb, na, nb;
     if (sb0 < sb1) {
         ca.load(wa + size_t(sb0) * BB, q);
         cb.load(wb + size_t(sb0) * BB, q);
+        fetch(sb0);
     }
     for (int sb = sb0; sb < sb1; ++sb) {
-        // stage x[:, 256 sb, + 256) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();  // x(sb) in xf for every thread; every warp done reading xs (sb - 1)
+        // stage x(sb) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
         for (int i = threadIdx.x; i < NTOK * 64; i += kQmmaWarps * 32) {
             const int t = i >> 6, k4 = 4 * (i & 63);
-            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb) * 256 + k4)
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 v = t < n ? *(const float4*)&xf[t][k4] : make_float4(0.f, 0.f, 0.f, 0.f);
             __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
             *(uint2*)&xs[t][qmma_col(k4)] = *(const uint2*)p;
         }
+        __syncthreads();  // xs ready; xf free for the next super-block's x
         if (sb + 1 < sb1) {
+            fetch(sb + 1);
             na.load(wa + size_t(sb + 1) * BB, q);
             nb.load(wb + size_t(sb + 1) * BB, q);
         }
-        __syncthreads();
         float sa[4], ma[4], sbv[4], mbv[4];
         qmma_scales<T>(ca, q, sa, ma);
         qmma_scales<T>(cb, q, sbv, mbv);
@@ -471,7 +554,6 @@ __global__ __launch_bounds__(kQmmaWarps * 32) void qmma_kernel(const float* __re
                 mma_bf16_16816(acc[j], a, bx.x, bx.y);
             }
         }
-        __syncthreads();
         ca = na;
         cb = nb;
     }
@@ -587,11 +669,12 @@ void launch(const float* x, int n, int in, const uint8_t* W, int out, float* y, 
             gpuStream_t s) {
     const unsigned gemv_blocks = unsigned((out + kGemvWarps * kRowsPerWarp - 1) / (kGemvWarps * kRowsPerWarp));
 #if LB_QUANT_MMA
+    if (n >= kGemmTcMinRows && gemm_tc(x, n, in, W, T, out, y, ldy, accumulate, s)) return;
     if (n > kQuantGemvMax) {
         const int tiles = ((out + QN - 1) / QN) * ((n + QM - 1) / QM), ksteps_all = in / QKS;
         // Split-K while the tiles leave multiprocessors idle (>= 4 K steps a split); the partials need scratch,
         // which is refused during graph capture (then one split).
-        int splits = std::min({(4 * context().sms + tiles - 1) / tiles, ksteps_all / 4, 16});
+        int splits = splitk_count(tiles, ksteps_all, 4, tuning().gemm_splitk_per_sm);
         if (splits < 2 || !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
         const int ksteps = (ksteps_all + splits - 1) / splits;
         const dim3 grid((out + QN - 1) / QN, (n + QM - 1) / QM, splits);
@@ -630,15 +713,16 @@ __global__ void embed_quant_kernel(const int* tokens, const uint8_t* E, int H, f
     }
 }
 
-// y[t][(j * nk + kh) * ph + e] = x[t][(kh * r + j) * ph + e]: value heads grouped -> tiled.
-__global__ void heads_to_tiled_kernel(const float* __restrict__ x, int nk, int r, int ph, float* __restrict__ y) {
-    const int width = nk * r * ph;
-    const float* xt = x + size_t(blockIdx.x) * width;
-    float* yt = y + size_t(blockIdx.x) * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const int head = i / ph, e = i % ph, j = head / nk, kh = head % nk;
-        yt[i] = xt[(kh * r + j) * ph + e];
-    }
+// y[t][(j * nk + kh) * ph + e] = x[t][(kh * r + j) * ph + e]: value heads grouped -> tiled. One element a
+// thread over a grid (width / 256, tokens): a decode step's row is one round trip, not one per 256 elements.
+__global__ void heads_to_tiled_kernel(const float* __restrict__ x, int n, int nk, int r, int ph,
+                                      float* __restrict__ y) {
+    griddep_launch();
+    griddep_wait();
+    const int width = nk * r * ph, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    const int head = i / ph, e = i % ph, j = head / nk, kh = head % nk, src = (kh * r + j) * ph + e;
+    for (int t = blockIdx.y; t < n; t += gridDim.y) y[size_t(t) * width + i] = x[size_t(t) * width + src];
 }
 
 }  // namespace
@@ -648,28 +732,62 @@ bool quant_type_ok(DType t) {
 }
 
 #if LB_QUANT_MMA
-template <DType T>
-void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                 gpuStream_t s) {
+// The split count of a qmma launch. Its blocks run in rounds of `slots` (resident blocks over the GPU), all
+// about alike long, so a launch of one round plus a few blocks costs two: choose the count that minimises
+// what one slot does, in bytes: its rounds x (the super-blocks a block reads, 128 rows of each, plus ~2 for
+// the block's start) plus the split partials written and summed (8 bytes each), spread over the slots. At
+// least 2 super-blocks a split, at most 16 splits; a near-tie keeps fewer splits.
+inline int qmma_splits(int row_blocks, int nblk, int n, int out, int block_bytes, long slots) {
+    int best = 1;
+    double best_cost = 0;
+    for (int sp = 1; sp <= std::min(16, std::max(1, nblk / 2)); ++sp) {
+        const int per = (nblk + sp - 1) / sp, used = (nblk + per - 1) / per;
+        const long blocks = long(row_blocks) * used, rounds = (blocks + slots - 1) / slots;
+        const double cost = double(rounds) * (per + 2) * block_bytes + (used > 1 ? 8.0 * used * n * out / double(slots) : 0.0);
+        if (sp == 1 || cost < 0.98 * best_cost) {
+            best = used;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+template <DType T, int NT>
+void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                    gpuStream_t s) {
+    constexpr size_t smem = qmma_smem_bytes(NT);
+    static const int per_sm = [] {  // the limit raised first (above 48 KB), as launch_smem does
+        GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        int b = 0;
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmma_kernel<T, NT>, kQmmaWarps * 32, smem));
+        return std::max(b, 1);
+    }();
+    constexpr int BB = T == DType::Q4_K ? 144 : 210;
     const int row_blocks = (out + kQmmaRows - 1) / kQmmaRows, nblk = in / 256;
-    // split-K while the row blocks give the GPU fewer than 2 blocks a multiprocessor (>= 2 super-blocks a
-    // split); the partials need scratch, refused during graph capture (then one split)
-    int splits = std::min({(2 * context().sms + row_blocks - 1) / row_blocks, nblk / 2, 16});
-    if (splits < 2 || !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
+    int splits = qmma_splits(row_blocks, nblk, n, out, kQmmaRows * BB, long(per_sm) * context().sms);
+    // the partials need scratch, refused during graph capture (then one split)
+    if (splits > 1 && !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
     const int per = (nblk + splits - 1) / splits;
     splits = (nblk + per - 1) / per;
     float* part = splits > 1 ? context().splitk.p : nullptr;
-    const dim3 grid(row_blocks, splits);
-    switch ((n + 7) / 8) {
-#define LB_QMMA_CASE(NT) \
-    case NT: qmma_kernel<T, NT><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
-        LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
-        LB_QMMA_CASE(7) LB_QMMA_CASE(8) default: qmma_kernel<T, 9><<<grid, kQmmaWarps * 32, 0, s>>>(x, n, in, W, out, y, ldy, accumulate, per, part); break;
-#undef LB_QMMA_CASE
-    }
+    launch_smem(qmma_kernel<T, NT>, dim3(row_blocks, splits), dim3(kQmmaWarps * 32), smem, s, x, n, in, W, out, y, ldy,
+                accumulate, per, part);
     if (splits > 1) {
         const size_t count = size_t(n) * out;
         qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, splits, n, out, y, ldy, accumulate);
+    }
+}
+
+template <DType T>
+void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                 gpuStream_t s) {
+    switch ((n + 7) / 8) {
+#define LB_QMMA_CASE(NT) \
+    case NT: return launch_qmma_nt<T, NT>(x, n, in, W, out, y, ldy, accumulate, s);
+        LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
+        LB_QMMA_CASE(7) LB_QMMA_CASE(8)
+        default: return launch_qmma_nt<T, 9>(x, n, in, W, out, y, ldy, accumulate, s);
+#undef LB_QMMA_CASE
     }
 }
 #endif
@@ -689,7 +807,7 @@ static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmvMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;  // 16-byte loads of whole blocks
-    return gemv == 1 || (gemv == 0 && tuning().qmv);
+    return gemv == 1 || gemv == 3 || gemv == 4 || (gemv == 0 && tuning().qmv);
 }
 
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
@@ -701,8 +819,9 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
     }
 #endif
     if (qmv_takes(t, n, in, W, gemv)) {
-        if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
-        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+        const int rows = gemv == 3 ? 2 : gemv == 4 ? 4 : 0;
+        if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows);
+        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows);
     }
     if (in % 8 != 0 || (t != kWT && in % int(dtype_block_elems(t)) != 0) || (n > kQuantGemvMax && in % 64 != 0))
         fail("unsupported", std::string("matmul_quant: ") + dtype_name(t) + " rows of " + std::to_string(in) +
@@ -737,7 +856,9 @@ void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, floa
 }
 
 void heads_to_tiled(const float* x, int n, int nk, int nv, int per_head, float* y, gpuStream_t s) {
-    heads_to_tiled_kernel<<<n, 256, 0, s>>>(x, nk, nv / nk, per_head, y);
+    const int width = nv * per_head;
+    launch_k(heads_to_tiled_kernel, dim3(unsigned((width + 255) / 256), unsigned(std::min(n, 65535))), dim3(256), 0, s,
+             x, n, nk, nv / nk, per_head, y);
 }
 
 }  // namespace lb::gpu

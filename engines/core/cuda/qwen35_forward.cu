@@ -98,7 +98,7 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
     rmsnorm(ws.x + size_t(n - 1) * H, F(w.final_norm), ws.h, 1, H, cfg.eps, s);
     matmul(ws.h, 1, w.lm_head, ws.logits, false, s);
     argmax(ws.logits, cfg.vocab, d_next, s);
-    add_pos(c.d_pos, n, s);
+    add_pos(c.d_pos, n, s, d_next, c.host_ring, c.ring_mask);
 }
 
 }  // namespace lb::gpu

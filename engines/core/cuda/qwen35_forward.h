@@ -38,6 +38,10 @@ struct ForwardCaches {
     // position on the host (what *d_pos holds when it starts).
     const BlockSparse* sparse = nullptr;
     int pos0 = 0;
+    // Pinned host memory, or null: the forward's argmax also goes to host_ring[(last position) & ring_mask]
+    // (the decode graph's token, read by the host without a copy between graph launches).
+    int* host_ring = nullptr;
+    int ring_mask = 0;
 };
 
 // y[n, W.rows] (=|+=) x[n, W.cols] @ W^T whatever W's storage: the backend's wtype (gpu::matmul), GGUF blocks

@@ -11,7 +11,9 @@
 // kernels do not handle take the unfused sequence.
 // Qwen3 dense layers (LayerKind::Attention: no output gate) take the same prefill kernels with the gate off;
 // the fused decode kernels read Qwen3.5's gated layout, so a model with such layers decodes through the
-// captured layer sequence (forward_layers for one token, also one graph launch a step).
+// captured layer sequence (forward_layers for one token, also one graph launch a step), as does a model that
+// keeps GGUF blocks; both graphs read the token from d_next_ and leave the next there and in host_ring_, so
+// that decode() queues steps ahead of the token the host reads either way.
 // Prefill runs in chunks of Tuning::prefill_chunk tokens, so a 128K-token prompt needs the activations of
 // one chunk; forward_scored (PFlash importance) scores the last chunk's tail rows (tail_scores.cu).
 // Verify + commit (backend.h) run verify_forward.h's layer sequence on the same caches. The ops' limits and
@@ -50,7 +52,6 @@ public:
         for (gpuEvent_t& e : step_ev_) GPU_CHECK(gpuEventCreate(&e));
         GPU_CHECK(gpuMallocHost((void**)&host_ring_, sizeof(int) * kRing));
         GPU_CHECK(gpuMalloc(&d_pos_, sizeof(int)));
-        GPU_CHECK(gpuMalloc(&d_tok_, sizeof(int) * 1));
         GPU_CHECK(gpuMalloc(&d_next_, sizeof(int)));
         GPU_CHECK(gpuMalloc(&d_key_, sizeof(unsigned long long)));
         gpu::decode_setup(device);
@@ -287,7 +288,7 @@ public:
         return next;
     }
 
-    // Decode with the fused graph: up to kInFlight steps queued ahead of the one whose token the host
+    // Decode with the step graph: up to kInFlight steps queued ahead of the one whose token the host
     // reads, so that the GPU does not idle through each token's stream wait and graph launch. Each step's
     // last kernel writes its token into host_ring_ (pinned memory, slot = the step's position), and the
     // step records an event; the host takes the tokens in order and stops at the first that stop()
@@ -295,7 +296,7 @@ public:
     // and timer_stop_ms() ends at the stop step's event. No copy runs between two graph launches: a
     // 4-byte device-to-host copy there kept the next step waiting on the copy engine.
     void decode(int n_steps, const std::function<bool(int)>& stop, std::vector<int>* out) override {
-        if (!fused_ || n_steps <= 0) return Qwen35Backend::decode(n_steps, stop, out);
+        if (n_steps <= 0) return Qwen35Backend::decode(n_steps, stop, out);
         gpu::ContextScope bind(ctx_);
         pending_n_ = 0;
         static_assert(kRing > kInFlight, "the ring holds every step in flight");
@@ -495,16 +496,16 @@ private:
     size_t conv_elems() const { return size_t(cfg_.conv_dim()) * (cfg_.conv_kernel - 1); }
     gpu::VerifyCaches vcaches() { return gpu::VerifyCaches{kc_, vc_, kt_, vt_, ssm_, conv_}; }
 
-    // Whether the fused graph's input, d_next_, already holds `token`: the previous step's argmax, as read back.
-    bool next_holds(int token) const { return fused_ && have_next_ && token == last_next_; }
+    // Whether the step graph's input, d_next_, already holds `token`: the previous step's argmax, as read back.
+    bool next_holds(int token) const { return have_next_ && token == last_next_; }
 
-    // One step of the single-token graph (captured at first use) on the stream. The fused graph embeds the
-    // token in d_next_, where the previous step left its argmax, so a greedy loop uploads nothing.
-    // upload: copy `token` in first (the unfused graph reads d_tok_, the fused one d_next_). pos: the step's
+    // One step of the single-token graph (captured at first use) on the stream. The graph embeds the token
+    // in d_next_, where the previous step left its argmax, so a greedy loop uploads nothing.
+    // upload: copy `token` into d_next_ first. pos: the step's
     // position (the tokens already in the caches): up to a context of attn_short_ctx_ the step runs the graph
     // whose attention layers take the short-context kernel, beyond it the flash-decoding one.
     void launch_step(int token, bool upload, int pos) {
-        if (upload) GPU_CHECK(gpuMemcpyAsync(fused_ ? d_next_ : d_tok_, &token, sizeof(int), gpuMemcpyHostToDevice, s_));
+        if (upload) GPU_CHECK(gpuMemcpyAsync(d_next_, &token, sizeof(int), gpuMemcpyHostToDevice, s_));
         const bool short_attn = pos + 1 <= attn_short_ctx_;  // 0 unless the fused graph takes the kernel
         gpuGraphExec_t& exec = graph_exec_[short_attn ? 1 : 0];
         if (!exec) {
@@ -513,7 +514,7 @@ private:
             if (fused_)
                 run_decode(d_next_, short_attn);
             else
-                run_layers(d_tok_, 1);
+                run_layers(d_next_, 1, nullptr, nullptr, 0, host_ring_);
             GPU_CHECK(gpuStreamEndCapture(s_, &graph));
             GPU_CHECK(gpuGraphInstantiate(&exec, graph));
             (void)gpuGraphDestroy(graph);
@@ -550,12 +551,15 @@ private:
         ws_.ensure(cfg_, n, [this](size_t bytes) { return alloc(bytes); });
     }
 
+    // host_ring: the unfused decode graph's (gpu::ForwardCaches::host_ring)
     void run_layers(const int* d_tokens, int n, std::function<void(int, const float*, int, int)> score = nullptr,
-                    const gpu::BlockSparse* sparse = nullptr, int pos0 = 0) {
+                    const gpu::BlockSparse* sparse = nullptr, int pos0 = 0, int* host_ring = nullptr) {
         gpu::ForwardCaches c{kc_, vc_, kt_, vt_, ssm_, conv_, d_pos_};
         c.score = std::move(score);
         c.sparse = sparse;
         c.pos0 = pos0;
+        c.host_ring = host_ring;
+        c.ring_mask = kRing - 1;
         gpu::forward_layers(cfg_, w_, ws_, c, d_tokens, n, d_next_, s_);
     }
 
@@ -723,7 +727,7 @@ private:
     int device_;
     gpuStream_t s_;
     gpuEvent_t ev0_, ev1_;
-    int *d_pos_ = nullptr, *d_tok_ = nullptr, *d_next_ = nullptr;
+    int *d_pos_ = nullptr, *d_next_ = nullptr;
     unsigned long long* d_key_ = nullptr;
     bool fused_ = false, fused_attn_ = true, fused_delta_ = true;
     bool ungated_ = false;  // some layer is a Qwen3 (ungated) attention layer: no fused decode graph

@@ -17,23 +17,11 @@ constexpr int TS_MAX_HD = 512;
 
 // qpre[t, h, :] = RoPE(-pos_t) of query head h of tail row t (row n - n_tail + t of qkv).
 __global__ void tail_q_kernel(const float* qkv, int ld, int qs, int hd, int rot, float theta, int pos0, float* qpre) {
-    const int t = blockIdx.x, h = blockIdx.y, nh = gridDim.y, half = rot / 2;
+    const int t = blockIdx.x, h = blockIdx.y, nh = gridDim.y;
     const float* q = qkv + size_t(t) * ld + size_t(h) * qs * hd;
     float* o = qpre + (size_t(t) * nh + h) * hd;
     const float pos = float(pos0 + t);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float x = q[i];
-        if (i < half) {
-            float sn, cs;
-            sincosf(pos * rope_inv_freq(i, rot, theta), &sn, &cs);
-            x = q[i] * cs + q[i + half] * sn;
-        } else if (i < rot) {
-            float sn, cs;
-            sincosf(pos * rope_inv_freq(i - half, rot, theta), &sn, &cs);
-            x = q[i] * cs - q[i - half] * sn;
-        }
-        o[i] = x;
-    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) o[i] = rope_inverse(q, i, rot, theta, pos);
 }
 
 // grid (ceil(ctx / 8), nkv), 8 warps: warp w un-rotates key s = 8 blockIdx.x + w of KV head blockIdx.y into
@@ -43,7 +31,7 @@ __global__ void tail_raw_kernel(const float* qpre, int n_tail, int nh, int nkv, 
                                 const void* kcache, DType kt, int ctx, float* S) {
     __shared__ float ks[TS_WARPS][TS_MAX_HD];
     const int warp = threadIdx.x / LB_WARP, lane = threadIdx.x % LB_WARP;
-    const int s = blockIdx.x * TS_WARPS + warp, kvh = blockIdx.y, G = nh / nkv, half = rot / 2;
+    const int s = blockIdx.x * TS_WARPS + warp, kvh = blockIdx.y, G = nh / nkv;
     if (s >= ctx) return;  // whole warps only: no block-wide barrier below
     const uint8_t* row = (const uint8_t*)kcache + (size_t(s) * nkv + kvh) * kv_row_bytes(kt, hd);
     float* k = ks[warp];
@@ -55,18 +43,7 @@ __global__ void tail_raw_kernel(const float* qpre, int n_tail, int nh, int nkv, 
 #pragma unroll
     for (int c = 0; c < PER; ++c) {
         const int i = lane + c * LB_WARP;
-        if (i >= hd) { kr[c] = 0.f; continue; }
-        float x = k[i];
-        if (i < half) {
-            float sn, cs;
-            sincosf(pos * rope_inv_freq(i, rot, theta), &sn, &cs);
-            x = k[i] * cs + k[i + half] * sn;
-        } else if (i < rot) {
-            float sn, cs;
-            sincosf(pos * rope_inv_freq(i - half, rot, theta), &sn, &cs);
-            x = k[i] * cs - k[i - half] * sn;
-        }
-        kr[c] = x;
+        kr[c] = i < hd ? rope_inverse(k, i, rot, theta, pos) : 0.f;
     }
     const float scale = rsqrtf(float(hd));
     for (int t = 0; t < n_tail; ++t)

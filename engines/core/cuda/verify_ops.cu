@@ -4,7 +4,7 @@
 // reference on random inputs.
 #include "verify_ops.h"
 
-#include "common.cuh"
+#include "attention_common.cuh"
 
 #include <cmath>
 
@@ -70,63 +70,26 @@ __global__ void attn_prep_tree_kernel(float* qkv, int ld, int nh, int nkv, int h
 constexpr int kAttnWarps = 16;
 constexpr int kMaxPerLane = 16;  // head_dim up to 16 * warp size
 
-// grid (n, nh), kAttnWarps warps: warp w takes the visible keys w, w + kAttnWarps, ... with an online
-// softmax; the warps' partial results are merged at the end.
+// grid (n, nh), kAttnWarps warps: block (t, h) takes row t, head h over the committed keys and the tree rows
+// visible to row t (attention_row_online_softmax), then the output gate.
 __global__ void tree_attention_kernel(const float* qkv, int ld, int n, int nh, int nkv, int hd, int gated, int len,
                                       const void* kcache, DType kt, const void* vcache, DType vt,
                                       const unsigned char* visible, float* out) {
     __shared__ float m_s[kAttnWarps], l_s[kAttnWarps];
     extern __shared__ float acc_s[];  // [kAttnWarps, hd]
-    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP;
+    const int t = blockIdx.x, h = blockIdx.y;
     const int kvh = h / (nh / nkv);
-    const float* q = qkv + size_t(t) * ld + h * (gated ? 2 : 1) * hd;
-    const int per = (hd + LB_WARP - 1) / LB_WARP;
-    float qr[kMaxPerLane], acc[kMaxPerLane];
-    for (int e = 0; e < per; ++e) {
-        const int i = lane + e * LB_WARP;
-        qr[e] = i < hd ? q[i] : 0.f;
-        acc[e] = 0.f;
-    }
-    const float scale = 1.0f / sqrtf(float(hd));
     const size_t krow = kv_row_bytes(kt, hd), vrow = kv_row_bytes(vt, hd);
-    float m = -INFINITY, l = 0.f;
-    for (int key = warp; key < len + n; key += kAttnWarps) {
-        if (key >= len && !visible[size_t(t) * n + (key - len)]) continue;
-        const void* kr = (const char*)kcache + (size_t(key) * nkv + kvh) * krow;
-        float d = 0;
-        for (int e = 0; e < per; ++e) {
-            const int i = lane + e * LB_WARP;
-            if (i < hd) d += qr[e] * kv_load(kr, kt, i);
-        }
-        const float sc = warp_sum(d) * scale;
-        const float m_new = fmaxf(m, sc);
-        const float corr = expf(m - m_new), p = expf(sc - m_new);
-        l = l * corr + p;
-        const void* vr = (const char*)vcache + (size_t(key) * nkv + kvh) * vrow;
-        for (int e = 0; e < per; ++e) {
-            const int i = lane + e * LB_WARP;
-            acc[e] = acc[e] * corr + (i < hd ? p * kv_load(vr, vt, i) : 0.f);
-        }
-        m = m_new;
-    }
-    if (lane == 0) { m_s[warp] = m; l_s[warp] = l; }
-    for (int e = 0; e < per; ++e) {
-        const int i = lane + e * LB_WARP;
-        if (i < hd) acc_s[warp * hd + i] = acc[e];
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, m_s[w]);
-    float denom = 0;
-    for (int w = 0; w < kAttnWarps; ++w) if (l_s[w] > 0) denom += l_s[w] * expf(m_s[w] - mx);
     const float* gate = qkv + size_t(t) * ld + h * 2 * hd + hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0;
-        for (int w = 0; w < kAttnWarps; ++w) if (l_s[w] > 0) o += acc_s[w * hd + i] * expf(m_s[w] - mx);
-        o /= denom;
-        if (gated) o *= 1.f / (1.f + expf(-gate[i]));
-        out[size_t(t) * nh * hd + size_t(h) * hd + i] = o;
-    }
+    attention_row_online_softmax<kAttnWarps, kMaxPerLane>(
+        qkv + size_t(t) * ld + h * (gated ? 2 : 1) * hd, hd, 0, len + n,
+        [&](int key) { return key < len || visible[size_t(t) * n + (key - len)]; },
+        [&](int key, int i) { return kv_load((const char*)kcache + (size_t(key) * nkv + kvh) * krow, kt, i); },
+        [&](int key, int i) { return kv_load((const char*)vcache + (size_t(key) * nkv + kvh) * vrow, vt, i); }, m_s,
+        l_s, acc_s, [&](int i, float o) {
+            if (gated) o *= 1.f / (1.f + expf(-gate[i]));
+            out[size_t(t) * nh * hd + size_t(h) * hd + i] = o;
+        });
 }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
