@@ -198,8 +198,8 @@ def summarize(rows: list[dict]) -> str:
                 if inside:
                     ranks.append(min(inside) / len(cands))
         ranks.sort()
-        med = ranks[len(ranks) // 2] if ranks else float("nan")
-        out.append(f"| {suite} | {length} | {len(ranks)} | {100 * med:.0f}% | {pct([x < 0.05 for x in ranks])} | "
+        med = f"{100 * ranks[len(ranks) // 2]:.0f}%" if ranks else "n/a (no chunk beyond head and tail)"
+        out.append(f"| {suite} | {length} | {len(ranks)} | {med} | {pct([x < 0.05 for x in ranks])} | "
                    f"{pct([x < 0.10 for x in ranks])} |")
     answered = [r for r in rows if r["full"] is not None]
     if answered:

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from lucebench.reports import cells as C
 from lucebench.reports.cells import CellView
-from lucebench.reports.tables import full_prefills, ar_partner
+from lucebench.reports.tables import ar_partner, full_prefills
 
 MAX_TIMELINES = 6
 
