@@ -38,6 +38,9 @@ class SynthSpec(_Strict):
     draft_for: str | None = Field(None, description="a `models:` entry: a random DFlash draft for that target")
     seed: int = Field(0, ge=0)
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    format: Literal["hf", "gguf"] = Field("hf", description="hf: safetensors in Hugging Face layout; gguf: a "
+                                          "llama.cpp qwen35 file quantised as `quant` (`models synth --format gguf`)")
+    quant: Literal["q4_k_m", "q8_0"] = Field("q4_k_m", description="with format gguf: llama.cpp's recipe")
 
     @field_validator("shape")
     @classmethod
@@ -52,6 +55,12 @@ class SynthSpec(_Strict):
     def _one_source(self) -> SynthSpec:
         if sum(x is not None for x in (self.shape, self.config, self.draft_for)) != 1:
             raise ValueError("give exactly one of 'shape', 'config' or 'draft_for'")
+        if self.format == "gguf" and self.draft_for is not None:
+            raise ValueError("a DFlash draft is written in Hugging Face layout: leave 'format' out")
+        if self.format == "gguf" and "dtype" in self.model_fields_set:
+            raise ValueError("a GGUF's tensor types come from 'quant': leave 'dtype' out")
+        if self.format != "gguf" and "quant" in self.model_fields_set:
+            raise ValueError("'quant' applies to format gguf only")
         return self
 
 
@@ -220,7 +229,8 @@ class Config(_Strict):
     measure: Measure = Field(default_factory=Measure)
     power: PowerPolicy = Field(default_factory=PowerPolicy)
     baseline: str | None = Field(None, description="engine whose cells the speedups are measured against")
-    score: bool = Field(False, description="score outputs (GSM8K, Math500, HumanEval) against the gold answers")
+    score: bool = Field(False, description="score outputs (GSM8K, Math500, HumanEval, needles) against the "
+                        "gold answers")
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -40,6 +40,8 @@ class LlamaCppOptions(OptionsBase):
     flash_attn: bool | None = None
     n_gpu_layers: int | None = Field(None, ge=0)
     threads: int | None = Field(None, ge=1)
+    ubatch: int | None = Field(None, ge=32, description="prompt tokens per forward (-b and -ub); default: "
+                               "llama.cpp's (-b 2048, -ub 512). A long prefill runs faster at 2048")
     arch: str | None = None
 
 

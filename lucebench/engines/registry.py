@@ -162,10 +162,11 @@ def _launch_llamacpp(req: LaunchRequest) -> EngineLaunch:
         kv_k=req.kv_k or "f16", kv_v=req.kv_v or req.kv_k or "f16",
         flash_attn=bool(req.options.get("flash_attn", req.backend != "cpu")),
         n_gpu_layers=int(req.options.get("n_gpu_layers", 0 if req.backend == "cpu" else 999)),
-        threads=req.options.get("threads"),
+        threads=req.options.get("threads"), ubatch=req.options.get("ubatch"),
     )
     return EngineLaunch(argv=argv, build={**build.to_dict(), "gguf_type": gguf_type, "gguf": gguf.name,
-                                          "mode": req.options.get("mode", "server")})
+                                          "mode": req.options.get("mode", "server"),
+                                          **({"ubatch": req.options["ubatch"]} if req.options.get("ubatch") else {})})
 
 
 def _launch_external(req: LaunchRequest) -> EngineLaunch:

@@ -35,7 +35,7 @@ import numpy as np
 from lucebench import __version__
 from lucebench.errors import UserError
 from lucebench.models.shapes import Shape
-from lucebench.models.tokenizer import build_tokenizer_json
+from lucebench.models.tokenizer import build_tokenizer_json, tokenizer_config
 
 QUANTS = ("q4_k_m", "q8_0")
 PROVENANCE_FILE = "lucebench_synth.json"
@@ -221,6 +221,13 @@ def synthesize_gguf(shape: Shape, out_dir: Path, *, quant: str = "q4_k_m", seed:
             if progress is not None:
                 progress(t.name, done, total)
 
+    # The tokenizer beside the file (the GGUF's own table, as tokenizer.json), so that the folder gives
+    # prompts their ids as a safetensors synth's does (a config's `synth: {format: gguf}` model is this folder).
+    tok_json = build_tokenizer_json(shape.bpe_vocab, shape.special_ids)
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(
+        shape.special_ids, model_max_length=int(cfg.get("max_position_embeddings", 32768))), indent=2) + "\n",
+        encoding="utf-8")
     counts: dict[str, int] = {}
     for qt in types.values():
         counts[qt] = counts.get(qt, 0) + 1

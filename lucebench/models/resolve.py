@@ -213,6 +213,8 @@ def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
             raise UserError(f"{cfg_path} is not JSON: {exc}", where="model.synth.config") from None
         shape = shape_from_config(cfg, name=cfg_path.stem, where=str(cfg_path))
     seed = int(s.get("seed", 0))
+    if s.get("format", "hf") == "gguf":
+        return _resolve_synth_gguf(shape, seed, str(s.get("quant", "q4_k_m")), console=console)
     dtype = str(s.get("dtype", "bf16"))
     layout = str(s.get("layout", "text"))
     out = models_cache_dir() / synth_cache_key(shape, seed, dtype, layout)
@@ -222,6 +224,33 @@ def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
         synthesize_atomic(shape, out, seed=seed, dtype=dtype, layout=layout)
     return ResolvedModel(path=out, kind="synth", name=f"synth:{shape.name}", synthetic=True,
                          synth={"shape": shape.name, "seed": seed, "dtype": dtype, "layout": layout})
+
+
+def _resolve_synth_gguf(shape: Any, seed: int, quant: str, *, console: Any = None) -> ResolvedModel:
+    """A synthetic llama.cpp GGUF (`models synth --format gguf`), written on first use into the models cache
+    (a folder with the file, its tokenizer.json and provenance); the model is the file."""
+    from lucebench.models.gguf_synth import synthesize_gguf
+    from lucebench.models.synth import PROVENANCE_FILE
+
+    out = models_cache_dir() / synth_cache_key(shape, seed, quant, "gguf")
+    path = out / f"model-{quant}.gguf"
+    try:
+        current = json.loads((out / PROVENANCE_FILE).read_text(encoding="utf-8")).get("quant") == quant
+    except (OSError, json.JSONDecodeError, AttributeError):
+        current = False
+    if not (current and path.is_file() and (out / "tokenizer.json").is_file()):
+        if console is not None:
+            console.print(f"writing synthetic model {shape.name} (seed {seed}, {quant} GGUF) to {out}")
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:  # into a sibling first, so an interrupted write never looks whole
+            synthesize_gguf(shape, tmp, quant=quant, seed=seed)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ResolvedModel(path=path, kind="synth", name=f"synth:{shape.name}", synthetic=True,
+                         synth={"shape": shape.name, "seed": seed, "format": "gguf", "quant": quant})
 
 
 def resolve_draft_synth(target: Path, *, seed: int = 0, dtype: str = "bf16", console: Any = None) -> ResolvedModel:

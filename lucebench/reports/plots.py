@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from lucebench.reports import cells as C
 from lucebench.reports.cells import CellView
-from lucebench.reports.tables import ar_partner
+from lucebench.reports.tables import ar_partner, full_prefills
 
 MAX_TIMELINES = 6
 
@@ -243,21 +243,34 @@ def ttft_vs_length(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     series: dict[str, list[CellView]] = {}
     for v in cv:
         series.setdefault(_series_label(v, keys), []).append(v)
+    suites = sorted({v.suite for v in cv})
+
+    def med(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for label, s in sorted(series.items()):
-        pts = sorted((C.context_of(v), (v.median("ttft_ms") or 0) / 1e3, _err(v, "ttft_ms") / 1e3) for v in s)
+        # several suites (needle variants) at one length: the same prompt length, so one point, their median
+        by_ctx: dict[int, list[CellView]] = {}
+        for v in s:
+            by_ctx.setdefault(C.context_of(v) or 0, []).append(v)
+        pts = sorted((ctx, med([(v.median("ttft_ms") or 0) / 1e3 for v in vs]),
+                      _err(vs[0], "ttft_ms") / 1e3 if len(vs) == 1 else 0.0) for ctx, vs in by_ctx.items())
         style = "-" if C.is_compressed(s[0]) else "--"
         ax1.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
                      linestyle=style, label=label)
         if C.is_compressed(s[0]):
-            ratio = []
+            ratios: dict[str, dict[int, list[float]]] = {}  # full-prefill engine -> context -> ratios
             for v in s:
-                partner = ar_partner(v, views)
-                if partner is not None and partner.median("ttft_ms") and v.median("ttft_ms"):
-                    ratio.append((C.context_of(v), partner.median("ttft_ms") / v.median("ttft_ms")))
-            if ratio:
-                ratio.sort()
-                ax2.plot([r[0] for r in ratio], [r[1] for r in ratio], marker="o", label=label)
+                for engine, full in full_prefills(v, views).items():
+                    if full.median("ttft_ms") and v.median("ttft_ms"):
+                        ratios.setdefault(engine, {}).setdefault(C.context_of(v) or 0, []).append(
+                            full.median("ttft_ms") / v.median("ttft_ms"))
+            for engine, per in sorted(ratios.items()):
+                r = sorted((ctx, med(xs)) for ctx, xs in per.items())
+                ax2.plot([x[0] for x in r], [x[1] for x in r], marker="o",
+                         label=label + (f" vs {engine}" if len(ratios) > 1 else ""))
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
     ax1.set_yscale("log")
@@ -268,9 +281,10 @@ def ttft_vs_length(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     ax1.legend(fontsize=7)
     if ax2.lines[1:]:
         ax2.legend(fontsize=7)
+    over = f"; each point the median over the suites {', '.join(suites)}" if len(suites) > 1 else ""
     return Plot(_save(fig, out_dir, "ttft_vs_length.png"), "Time to first token vs prompt length",
                 "solid: compressed prefill (scoring, selection, bridge and the target's prefill of the kept prompt); "
-                "dashed: full prefill")
+                "dashed: full prefill; speed-up against each full prefill of the same KV type" + over)
 
 
 def acceptance_by_depth(views: Sequence[CellView], out_dir: Path) -> Plot | None:

@@ -327,40 +327,83 @@ def context_table(views: Sequence[CellView]) -> Table | None:
 
 
 def _full_prefill_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
-    """The uncompressed cell a compressed prefill is measured against: same params but the engine axes, the
-    same KV type preferred."""
-    return ar_partner(v, views)
+    """The one full prefill a compressed cell's answers are compared with: the run's baseline engine's cell if
+    there is one, else the first (same params but the engine axes, the same KV type)."""
+    fulls = full_prefills(v, views)
+    content = v.result.config.content
+    baseline = content.get("baseline") if isinstance(content, dict) else None
+    return fulls.get(baseline) if baseline in fulls else next(iter(fulls.values()), None)
+
+
+def full_prefills(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
+    """Every uncompressed cell a compressed prefill is measured against, by engine (ours and llama.cpp's, say):
+    the same params but the engine axes, the same KV type."""
+    key = _partner_key(v)
+    return {o.engine: o for o in _ok(views) if not C.is_speculative(o) and not C.is_compressed(o)
+            and _partner_key(o) == key}
+
+
+def _ttft_speedup(v: CellView, full: CellView | None) -> str:
+    """Full-prefill TTFT over the compressed TTFT: the run's metric where `full` is its baseline's cell, else
+    the ratio of medians."""
+    if full is None:
+        return NA
+    m = v.cell.metrics.get("speedup_ttft")
+    content = v.result.config.content
+    baseline = content.get("baseline") if isinstance(content, dict) else None
+    if m is not None and m.median is not None and full.engine == baseline:
+        return fmt_summary(m, "speedup_ttft")
+    a, b = v.median("ttft_ms"), full.median("ttft_ms")
+    return f"{b / a:.2f}x (ratio of medians)" if a and b else NA
 
 
 def compressed_prefill_table(views: Sequence[CellView]) -> Table | None:
-    """Context | method | KV | keep | TTFT and its split | tokens kept | effective prefill | vs full prefill."""
+    """Context | method | KV | keep | TTFT and its split | tokens kept | effective prefill | vs each full prefill."""
     cv = [v for v in _ok(views) if C.is_compressed(v)]
     if not cv:
         return None
-    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu", "suite"])
+    # the suite is a column only where it varies (several needle variants in one run)
+    label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu"])
+    fulls = {id(v): full_prefills(v, views) for v in cv}
+    engines = sorted({e for f in fulls.values() for e in f}) or [""]
+    one = len(engines) == 1  # one full-prefill engine: plain headers, the engine named in the note
+
+    def head(text: str, engine: str) -> str:
+        return text if one else f"{text}, {engine}"
     headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "TTFT (ms)",
-               "scoring / select / bridge / target (ms)", "Kept (target tok)", "Effective prefill (tok/s)",
-               "Full prefill TTFT (ms)", "TTFT speedup"]
+               "scoring / select / bridge / target (ms)", "Kept (target tok)", "Effective prefill (tok/s)"]
+    for e in engines:
+        headers += [head("Full prefill TTFT (ms)", e), head("TTFT speedup", e)]
+    with_energy = any(v.median("prefill_j") is not None for v in cv)
+    if with_energy:
+        headers += ["Prefill energy (J)"] + [head("Full prefill energy (J)", e) for e in engines]
     rows = []
     for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, repr(C.key_of(v, label_keys)), C.kv_label(v),
                                        float(v.cell.params.get("keep_ratio") or 0))):
         ctx = C.context_of(v)
-        partner = _full_prefill_partner(v, views)
         split = " / ".join(fmt_value(v.median(f"prefill_{s}_ms"), f"prefill_{s}_ms")
                            for s in ("score", "select", "bridge", "target_prefill"))
-        a, b = v.median("ttft_ms"), partner.median("ttft_ms") if partner is not None else None
-        speedup = v.cell.metrics.get("speedup_ttft")
-        speed_text = (fmt_summary(speedup, "speedup_ttft") if speedup is not None and speedup.median is not None
-                      else f"{b / a:.2f}x (ratio of medians, vs {partner.engine})" if a and b and partner else NA)
-        rows.append([f"{ctx:,}" if ctx is not None else NA,
-                     *[C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))],
-                     C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
-                     _metric_cell(v, "ttft_ms"), split, _metric_cell(v, "kept_tokens_target"),
-                     _metric_cell(v, "effective_prefill_tok_s"), _metric_cell(partner, "ttft_ms"), speed_text])
-    return Table("compressed_prefill", "Compressed prefill: time to first token by context", headers, rows, notes=[
-        "TTFT includes the drafter's scoring, the selection, the tokenizer bridge and the target's prefill of "
-        "the kept prompt; effective prefill = prompt tokens before compression / TTFT",
-        "full prefill: the cell of the same model, suite and context without compression"])
+        row = [f"{ctx:,}" if ctx is not None else NA,
+               *[C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))],
+               C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
+               _metric_cell(v, "ttft_ms"), split, _metric_cell(v, "kept_tokens_target"),
+               _metric_cell(v, "effective_prefill_tok_s")]
+        for e in engines:
+            full = fulls[id(v)].get(e)
+            row += [_metric_cell(full, "ttft_ms"), _ttft_speedup(v, full)]
+        if with_energy:
+            row += [_metric_cell(v, "prefill_j")] + [_metric_cell(fulls[id(v)].get(e), "prefill_j") for e in engines]
+        rows.append(row)
+    named = f" ({engines[0]})" if one and engines[0] else ""
+    notes = ["TTFT includes the drafter's scoring, the selection, the tokenizer bridge and the target's prefill of "
+             "the kept prompt; effective prefill = prompt tokens before compression / TTFT",
+             f"full prefill{named}: the cell of the same model, suite, context and KV type without compression"]
+    if with_energy:
+        notes.append("prefill energy: gross joules of the prefill windows (compressed: scoring, selection, bridge "
+                     "and the target's prefill) per pass over the cell's prompts, the same prompts as its full "
+                     "prefill's")
+    return Table("compressed_prefill", "Compressed prefill: time to first token by context", headers, rows,
+                 notes=notes)
 
 
 def retention_table(views: Sequence[CellView]) -> Table | None:
@@ -372,8 +415,11 @@ def retention_table(views: Sequence[CellView]) -> Table | None:
                      for d in s.prefill.needle_depths})
     label_keys = _label_keys(cv, exclude=["context", "kv_k", "kv_v", KV_KEY, "keep_ratio", "gpu"])
     headers = ["Context", *[_header(k) for k in label_keys], "KV", "Keep", "Retention"]
-    headers += [f"depth {d:g}" for d in depths] + (["Accuracy"] if any(v.median("accuracy") is not None
-                                                                         for v in cv) else [])
+    partners = {id(v): _full_prefill_partner(v, views) for v in cv}
+    # answers scored (--score): the compressed cell's beside its full prefill's, the same prompts
+    scored = any(v.median("accuracy") is not None or (p := partners[id(v)]) is not None and p.median("accuracy")
+                 is not None for v in cv)
+    headers += [f"depth {d:g}" for d in depths] + (["Accuracy, compressed", "Accuracy, full prompt"] if scored else [])
     rows = []
     for v in sorted(cv, key=lambda v: (C.context_of(v) or 0, repr(C.key_of(v, label_keys)), C.kv_label(v))):
         ctx = C.context_of(v)
@@ -388,13 +434,16 @@ def retention_table(views: Sequence[CellView]) -> Table | None:
                C.kv_label(v), C.fmt_param("keep_ratio", v.cell.params.get("keep_ratio")),
                _metric_cell(v, "needle_retention_pct")]
         row += [f"{sum(kept_at[d])}/{len(kept_at[d])}" if d in kept_at else NA for d in depths]
-        if len(headers) > len(row):
-            row.append(_metric_cell(v, "accuracy"))
+        if scored:
+            row += [_metric_cell(v, "accuracy"), _metric_cell(partners[id(v)], "accuracy")]
         rows.append(row)
-    return Table("retention", "Needle retention in the compressed prompt", headers, rows, notes=[
-        "a needle is retained when every one of its tokens lies in the prompt ranges the engine kept; checked "
-        "from the engine's kept ranges, independent of the answer",
-        "depth columns: needles kept / needles in the first repetition's prompts"])
+    notes = ["a needle is retained when every one of its tokens lies in the prompt ranges the engine kept; checked "
+             "from the engine's kept ranges, independent of the answer",
+             "depth columns: needles kept / needles in the first repetition's prompts"]
+    if scored:
+        notes.append("accuracy: share of the prompts whose first output holds every answer (the suite's scoring), "
+                     "compressed and from the full-prefill cell of the same model, suite and context")
+    return Table("retention", "Needle retention in the compressed prompt", headers, rows, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------- problems

@@ -110,7 +110,8 @@ def print_plan(config: Config, backend: str, cells: list[CellSpec], console: Con
         else:
             assert src.synth is not None
             what = src.synth.shape or src.synth.config or f"DFlash draft for {src.synth.draft_for}"
-            how = f"synthetic {what} seed {src.synth.seed} {src.synth.dtype}"
+            kind = f"{src.synth.quant} GGUF" if src.synth.format == "gguf" else src.synth.dtype
+            how = f"synthetic {what} seed {src.synth.seed} {kind}"
         if src.tokenizer:
             how += f", prompts tokenised by {src.tokenizer}"
             if not Path(src.tokenizer).expanduser().is_dir():

@@ -51,6 +51,8 @@ class ModelCache:
                     resolved = resolve_model(source.model_dump(exclude_none=True, exclude={"tokenizer"}),
                                              console=self.console)
                 tokenizer_dir = resolved.path
+                if resolved.path.is_file() and (resolved.path.parent / "tokenizer.json").is_file():
+                    tokenizer_dir = resolved.path.parent  # a synthetic GGUF: its tokenizer.json beside it
                 if source.tokenizer is not None:
                     from lucebench.models.resolve import resolve_tokenizer
 

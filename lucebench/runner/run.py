@@ -364,7 +364,7 @@ class Runner:
         cell = Cell(id=spec.id, params=spec.params(), status="ok", finished=_now(), warmups=m.warmups,
                     samples=m.samples, metrics=metrics, log_file=str(log_file),
                     power_trace=power.trace(spec.gpu, m.t_start_ns, m.t_end_ns), **known)
-        if self._score() and workload.kind == "dataset":
+        if self._score() and workload.kind in ("dataset", "needle"):  # a needle's answer: the suite's scorer
             from lucebench.runner.checks import score_cell
 
             score_cell(cell, workload, model.tokenizer_dir)

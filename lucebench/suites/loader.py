@@ -29,7 +29,7 @@ def prepare_workload(suite: str, *, tokenizer_dir: Path, n_gen: int | None = Non
 
     Overrides, all optional: `n_gen` (tokens per request, first included), `context` (synthetic: prompt
     tokens / tg depth; needle: the one length to build), `max_prompt_tokens` (the tighter of this and the
-    suite's limit applies; longer prompts are skipped and listed), `sample_size` (dataset rows),
+    suite's limit applies; longer prompts are skipped and listed), `sample_size` (dataset rows; needle: cases per length),
     `stop` ("fixed" | "natural"), `prompt_format` ("raw" | "chat" | "chat-thinking" | "chat-nothinking").
     """
     spec = resolve_spec(suite, n_gen=n_gen, stop=stop, prompt_format=prompt_format, sample_size=sample_size)
@@ -78,11 +78,15 @@ def resolve_spec(suite: str, *, n_gen: int | None = None, stop: str | None = Non
             raise UserError("synthetic suites have no prompt format", where=f"suite {spec.name}")
         update["prompt"] = parse_format_override(prompt_format, spec.prompt)
     if sample_size is not None:
-        if spec.kind != "dataset":
-            raise UserError("sample_size applies to dataset suites only", where=f"suite {spec.name}")
+        if spec.kind == "synthetic":
+            raise UserError("sample_size applies to dataset and needle suites only", where=f"suite {spec.name}")
         if sample_size < 1:
             raise UserError(f"sample_size must be at least 1, got {sample_size}", where=f"suite {spec.name}")
-        update["selection"] = spec.selection.model_copy(update={"sample_size": sample_size})
+        if spec.kind == "needle":  # the cases per length: case i is seeded by (seed, length, i), so the first
+            assert spec.needle is not None  # N cases are the same whatever N is
+            update["needle"] = spec.needle.model_copy(update={"cases_per_length": sample_size})
+        else:
+            update["selection"] = spec.selection.model_copy(update={"sample_size": sample_size})
     return spec.model_copy(update=update) if update else spec
 
 

@@ -28,7 +28,8 @@
 #                                             (its forward time does not depend on the target: stage sparse has it)
 #   retention  pflash_retention.py            needle retention on the trained reference models on the GPU (TRAINED
 #                                             REFERENCE), 8K, 16K and 32K, every needle suite, keep 0.05 and 0.1
-#                                             (needs the wheels: carry .carry/pg)
+#                                             (needs the wheels: carry .carry/pg); every length with the
+#                                             answer probe: scripts/device/check_pflash_retention_gpu.sh
 #   quant                                     TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full
 #                                             prefill
 # The build and the synthetic checkpoints are reused on a warm machine. The calls:

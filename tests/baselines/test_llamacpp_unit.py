@@ -128,6 +128,12 @@ def test_server_argv_pins_one_slot_and_no_cache(tmp_path: Path) -> None:
     for piece in ("--host 127.0.0.1", "--port 4321", "-c 2048", "-np 1", "-ctk bf16", "-ctv q4_0", "-fa on",
                   "-ngl 99", "--no-cache-prompt", "--cache-ram 0", "--ctx-checkpoints 0", "--no-webui"):
         assert piece in joined
+    assert "-ub" not in argv  # llama.cpp's own batch sizes unless the config sets ubatch
+    big = adapter.LlamaServer(b, Path("/m.gguf"), ctx=2048, kv_k="bf16", kv_v="bf16", flash_attn="on", n_gpu_layers=99,
+                              threads=None, log_path=tmp_path / "log", ubatch=4096).server_argv(1)
+    assert " ".join(big).endswith("-b 4096 -ub 4096")
+    assert adapter.command(Path("/m"), build=b, mode="server", ctx=8, kv_k="f16", kv_v="f16", flash_attn=True,
+                           n_gpu_layers=99, threads=None, ubatch=2048)[-2:] == ["--ubatch", "2048"]
 
 
 def test_greedy_payload_pins_sampling() -> None:

@@ -82,6 +82,17 @@ def test_model_source_needs_exactly_one(tmp_path):
         load_config(_write(tmp_path, text))
 
 
+@pytest.mark.parametrize("synth, message", [
+    ("{shape: tiny, format: gguf, dtype: fp32}", "tensor types come from 'quant'"),
+    ("{shape: tiny, quant: q8_0}", "'quant' applies to format gguf only"),
+    ("{shape: tiny, format: gguf, quant: q5_k}", "quant"),
+])
+def test_synth_gguf_fields_are_checked(tmp_path, synth, message):
+    load_config(_write(tmp_path, GOOD.replace("{shape: tiny, seed: 0}", "{shape: tiny, format: gguf, quant: q8_0}")))
+    with pytest.raises(UserError, match=message):
+        load_config(_write(tmp_path, GOOD.replace("{shape: tiny, seed: 0}", synth)))
+
+
 SPEC = """\
 name: t
 models:

@@ -87,6 +87,28 @@ def test_synth_spec_from_a_config_file(cache, tmp_path):
     assert json.loads((m.path / "config.json").read_text())["hidden_size"] == 72
 
 
+def test_synth_gguf_is_the_file_with_its_tokenizer_beside_it(cache, tmp_path):
+    """`synth: {format: gguf}`: the model is a GGUF file written once into the cache, its tokenizer.json beside it
+    (the prompts' ids), the same file on the second resolve."""
+    import gguf
+
+    from lucebench.models.shapes import _qwen3_5
+
+    cfg = tmp_path / "tiny-gguf.json"  # every row a whole number of 256-element blocks
+    cfg.write_text(json.dumps(_qwen3_5(n_layers=4, hidden=256, intermediate=512, vocab=1088, heads=2, kv_heads=1,
+                                       head_dim=128, lin_k_heads=2, lin_v_heads=4, lin_k_dim=64, lin_v_dim=64,
+                                       tied=False, max_pos=4096, eos=1024, mrope=[11, 11, 10])))
+    m = R.resolve_model({"synth": {"config": str(cfg), "seed": 2, "format": "gguf", "quant": "q8_0"}})
+    assert m.synthetic and m.path.is_file() and m.path.name == "model-q8_0.gguf"
+    assert (m.path.parent / "tokenizer.json").is_file()
+    assert json.loads((m.path.parent / PROVENANCE_FILE).read_text())["quant"] == "q8_0"
+    reader = gguf.GGUFReader(str(m.path))
+    assert reader.fields["lucebench.synthetic"].parts[-1][0]
+    mtime = m.path.stat().st_mtime_ns
+    assert R.resolve_model({"synth": {"config": str(cfg), "seed": 2, "format": "gguf", "quant": "q8_0"}}).path == m.path
+    assert m.path.stat().st_mtime_ns == mtime
+
+
 def test_pydantic_model_source_is_accepted(cache):
     from lucebench.config.schema import ModelSource
 

@@ -6,6 +6,7 @@ import re
 
 from PIL import Image
 
+from lucebench.reports import cells as C
 from lucebench.reports.build import build_report
 
 
@@ -80,3 +81,26 @@ def test_speculative_plots_only_where_their_cells_exist(fab, tmp_path):
     assert acceptance_by_depth(views, tmp_path).file == "acceptance.png"
     without = [v for v in views if "keep_ratio" not in v.cell.params and "budget" not in v.cell.params]
     assert ttft_vs_length(without, tmp_path / "x") is None and acceptance_by_depth(without, tmp_path / "x") is None
+
+
+def test_ttft_plot_takes_one_point_per_length_over_several_suites(fab, tmp_path):
+    """Several needle variants at one length (the reference PFlash config): one point per method and length,
+    their median, said in the caption; a plain run's caption says nothing of suites."""
+    from lucebench.reports.plots import ttft_vs_length
+
+    result = fab.gpu_result()
+    extra = []
+    for c in result.cells:
+        if c.params.get("suite") == "niah":
+            o = c.model_copy(deep=True)
+            o.id = c.id + "-code"
+            o.params["suite"] = "niah-code"
+            if o.workload is not None:
+                o.workload = o.workload.model_copy(update={"suite": "niah-code"})
+            extra.append(o)
+    plain = ttft_vs_length(C.collect([fab.gpu_result()]), tmp_path / "a")
+    assert "suites" not in plain.caption
+    result.cells += extra
+    plot = ttft_vs_length(C.collect([result]), tmp_path / "b")
+    assert plot is not None and "the median over the suites niah, niah-code" in plot.caption
+    assert (tmp_path / "b" / "ttft_vs_length.png").stat().st_size > 0

@@ -185,6 +185,67 @@ def test_compressed_prefill_and_retention_tables(fab):
     assert lost[4].startswith("80.0") and lost[5:10] == ["1/1", "1/1", "1/1", "1/1", "0/1"]
     kept = next(r for r in ret.rows if r[0] == "16,384" and r[2] == "f16")
     assert kept[4].startswith("100.0")
+    assert "Accuracy, compressed" not in ret.headers  # nothing scored
+    # prefill energy beside the full prefill's, per pass over the 5 prompts: 345 W x 13.5 s against 135 s each
+    assert t.headers[-2:] == ["Prefill energy (J)", "Full prefill energy (J)"]
+    assert row[10].startswith("23,") and row[11].startswith("23") and len(row[11].split(".")[0]) == 7
+
+
+def test_compressed_prefill_table_names_the_suite_when_several_ran(fab):
+    """Two needle variants at the same context: a Suite column tells their rows apart, each with its own full
+    prefill partner."""
+    result = fab.gpu_result()
+    extra = []
+    for c in result.cells:
+        if c.params.get("suite") == "niah":
+            other = c.model_copy(deep=True)
+            other.id = c.id + "-code"
+            other.params["suite"] = "niah-code"
+            extra.append(other)
+    result.cells += extra
+    t = T.compressed_prefill_table(C.collect([result]))
+    assert t.headers[:3] == ["Context", "Method", "Suite"]
+    assert {(r[0], r[2]) for r in t.rows} == {(c, s) for c in ("16,384", "65,536") for s in ("niah", "niah-code")}
+    assert all(r[9] != "n/a" for r in t.rows if r[3] == "f16")  # each found its full prefill (f16: llama.cpp's)
+
+
+def test_compressed_prefill_table_has_a_column_pair_per_full_prefill_engine(fab):
+    """Our full prefill and llama.cpp's at the same context and KV: a TTFT and a speed-up column for each."""
+    result = fab.gpu_result()
+    ours = []
+    for c in result.cells:
+        if c.params.get("engine") == "llamacpp" and c.params.get("suite") == "niah":
+            o = c.model_copy(deep=True)
+            o.id = c.id + "-ar"
+            o.params["engine"] = "ar"
+            for s in o.samples:  # our full prefill twice as fast as llama.cpp's here
+                s.prefill_s /= 2
+            o.metrics["ttft_ms"] = o.metrics["ttft_ms"].model_copy(update={"median": o.metrics["ttft_ms"].median / 2})
+            ours.append(o)
+    result.cells += ours
+    t = T.compressed_prefill_table(C.collect([result]))
+    assert t.headers[7:12] == ["Effective prefill (tok/s)", "Full prefill TTFT (ms), ar", "TTFT speedup, ar",
+                               "Full prefill TTFT (ms), llamacpp", "TTFT speedup, llamacpp"]
+    row = next(r for r in t.rows if r[0] == "65,536" and r[2] == "f16")
+    assert row[9].startswith("5.0") and row[11].startswith("10.0")
+
+
+def test_retention_table_puts_accuracy_with_and_without_compression_side_by_side(fab):
+    """Scored needle cells (--score): the compressed cell's accuracy beside its full-prefill partner's (the
+    same model, suite and context), n/a where that partner has none."""
+    from lucebench.metrics.stats import summarize
+
+    result = fab.gpu_result()
+    for c in result.cells:
+        if c.params.get("suite") == "niah" and c.params.get("context") == 65536 and c.params.get("kv_k") == "f16":
+            c.metrics["accuracy"] = summarize([80.0 if c.params["engine"] == "pflash" else 100.0], "%")
+    ret = T.retention_table(C.collect([result]))
+    assert ret.headers[-2:] == ["Accuracy, compressed", "Accuracy, full prompt"]
+    row = next(r for r in ret.rows if r[0] == "65,536" and r[2] == "f16")
+    assert row[-2].startswith("80") and row[-1].startswith("100")
+    other = next(r for r in ret.rows if r[0] == "16,384" and r[2] == "f16")
+    assert other[-2:] == ["n/a", "n/a"]
+    assert any("full-prefill cell" in n for n in ret.notes)
 
 
 def test_speculative_table_as_a_run_records_params(fab):

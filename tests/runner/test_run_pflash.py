@@ -1,6 +1,7 @@
 """`lucebench run` of a tiny CPU PFlash config (synthetic weights) with a needle suite: the pflash cell gets
 the drafter's fields, records its compressed-prefill counts and each needle's survival from the kept ranges,
-and the report has the compressed-prefill and retention tables with that data."""
+and the report has the compressed-prefill and retention tables with that data, the answers scored with and
+without compression."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
         engines:
           pflash: {type: pflash, options: {drafter: drafter, keep_ratio: 0.1, min_prompt_tokens: 0}}
         matrix: {engine: [ar, pflash], model: [tiny], suite: [needle], context: [2048]}
-        suites: {needle: {n_gen: 4}}
+        suites: {needle: {n_gen: 4, sample_size: 2}}
         measure: {repetitions: 1, warmups: 0, timeout_s: 300}
         baseline: ar
+        score: true
         """))
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200",
@@ -47,9 +49,14 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
         assert pf.needles_kept is not None and len(pf.needles_kept) == 1 and pf.needle_depths is not None
         assert set(pf.time_ms) == {"score", "select", "bridge", "target_prefill"}
     assert cell.metrics["kept_pct"].median < 100 and cell.metrics["needle_retention_pct"].median is not None
+    assert len(cell.samples) == 2  # sample_size: the first 2 of the suite's 5 cases at 2,048
+    # score: true scores needle answers too, with and without compression
+    for c in result.cells:
+        assert c.metrics["accuracy"].median is not None and set(c.checks["scores"]) == set(c.workload.prompt_ids)
     report = (out / "report" / "report.md").read_text()
     compressed = report.split("## Compressed prefill")[1].split("##")[0]
     retention = report.split("## Needle retention")[1].split("##")[0]
     assert "| 2,048 | pflash |" in compressed and "| 2,048 | pflash |" in retention
     assert "n/a | n/a" not in compressed  # the full prefill partner (the ar cell) is found
+    assert "Accuracy, compressed | Accuracy, full prompt |" in retention
     assert json.loads((out / "results.json").read_text())["cells"]

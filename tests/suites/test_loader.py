@@ -117,3 +117,15 @@ def test_bos_tokenizers_get_their_bos_in_raw_prompts(tmp_path: Path, helpers) ->
     tok = load_tokenizer(folder)
     w = prepare_workload("needle", tokenizer_dir=folder, context=1024)
     assert all(p.token_ids[0] == tok.tokenizer.token_to_id("<s>") and len(p.token_ids) == 1024 for p in w.prompts)
+
+
+def test_needle_sample_size_takes_the_first_cases_per_length(model_dir: Path) -> None:
+    """sample_size on a needle suite: the first N cases (seeded per case, so the same prompts as in the full
+    suite); a synthetic suite has no cases to sample."""
+    full = prepare_workload("needle", tokenizer_dir=model_dir, context=1024)
+    two = prepare_workload("needle", tokenizer_dir=model_dir, context=1024, sample_size=2)
+    assert len(full.prompts) == 5 and len(two.prompts) == 2
+    assert [p.token_ids for p in two.prompts] == [p.token_ids for p in full.prompts[:2]]
+    assert workload_identity(two) != workload_identity(full)
+    with pytest.raises(UserError, match="dataset and needle suites only"):
+        prepare_workload("pp520", tokenizer_dir=model_dir, sample_size=1)

@@ -16,7 +16,7 @@ from lucebench.suites.scoring import score_needle
 from lucebench.suites.spec import validate_suite
 from lucebench.suites.tokenization import load_tokenizer
 
-SUITES = ["needle", "needle-lucebox", "needle-multi", "needle-vt", "needle-code"]
+SUITES = ["needle", "needle-lucebox", "needle-multi", "needle-vt", "needle-code", "needle-code-copy"]
 
 
 @pytest.mark.parametrize("suite", SUITES)
@@ -42,7 +42,7 @@ def test_needle_spans_point_at_the_needles_and_lengths_are_exact(model_dir: Path
             assert tok.decode(p.token_ids[a:b]).strip() == n["text"]
             assert text[ca:cb] == n["text"] and text.count(n["text"]) == 1
             # Placed at a filler boundary near the wanted depth (code pieces are longer than sentences).
-            assert abs(a / 8192 - n["depth"]) < (0.08 if suite == "needle-code" else 0.03), (a, n["depth"])
+            assert abs(a / 8192 - n["depth"]) < (0.08 if suite.startswith("needle-code") else 0.03), (a, n["depth"])
             starts.append(a)
         assert starts == sorted(starts)
         # The gold answers score correct, and a missing one does not.
@@ -104,6 +104,20 @@ def test_code_filler_keeps_the_code_and_puts_the_needle_on_its_own_line(model_di
         assert text[ca - 2:ca] == "\n\n" and text[cb:cb + 2] == "\n\n"
         assert text.startswith("Here is a Python module.\n\n")
         assert "    def push(self, item):\n        self._items.append(item)" in text
+
+
+def test_code_copy_asks_in_code(model_dir: Path) -> None:
+    """needle-code-copy: the needle an assignment on its own line, the prompt ending with its name and "=" again,
+    so that the value is the continuation (a small code model copies it; it cannot follow an English question)."""
+    tok = load_tokenizer(model_dir)
+    w = prepare_workload("needle-code-copy", tokenizer_dir=model_dir, context=8192)
+    for p in w.prompts:
+        text = tok.decode(p.token_ids)
+        n = p.reference["needles"][0]
+        ca, cb = n["char_span"]
+        assert text[ca:cb] == f"passcode_{n['key']} = {n['value']}" and text[cb:cb + 2] == "\n\n"
+        assert text.endswith(f"\n\npasscode_{n['key']} =") and text.count(n["key"]) == 2
+        assert p.reference["answers"] == [n["value"]]
 
 
 def test_deterministic_by_seed_and_lengths_in_the_models_own_tokens(model_dir: Path, tmp_path: Path,

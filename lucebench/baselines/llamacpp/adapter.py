@@ -60,7 +60,7 @@ _FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 7: "q8_0", 15: "q4_k_m", 17: "q5_k
 
 
 def command(gguf: Path, *, build: LlamaCppBuild, mode: str, ctx: int, kv_k: str, kv_v: str, flash_attn: bool,
-            n_gpu_layers: int, threads: int | None) -> list[str]:
+            n_gpu_layers: int, threads: int | None, ubatch: int | None = None) -> list[str]:
     """The argv that starts the llama.cpp baseline adapter for the runner (validated here, so errors are early).
 
     The adapter reads the build record from ``build.build_dir``; ``gguf`` comes from :func:`prepare_gguf`.
@@ -76,6 +76,8 @@ def command(gguf: Path, *, build: LlamaCppBuild, mode: str, ctx: int, kv_k: str,
             "--flash-attn", flash_attn_flag(flash_attn), "--n-gpu-layers", str(int(n_gpu_layers))]
     if threads:
         argv += ["--threads", str(int(threads))]
+    if ubatch:
+        argv += ["--ubatch", str(int(ubatch))]
     return argv
 
 
@@ -180,10 +182,10 @@ class LlamaServer:
 
     def __init__(self, build: LlamaCppBuild, gguf: Path, *, ctx: int, kv_k: str, kv_v: str, flash_attn: str,
                  n_gpu_layers: int, threads: int | None, log_path: Path, port: int | None = None,
-                 startup_timeout_s: float = 600.0, request_timeout_s: float = 3600.0):
+                 startup_timeout_s: float = 600.0, request_timeout_s: float = 3600.0, ubatch: int | None = None):
         self.build, self.gguf, self.ctx = build, gguf, ctx
         self.kv_k, self.kv_v, self.flash_attn = kv_type_flag(kv_k, where="kv_k"), kv_type_flag(kv_v, where="kv_v"), flash_attn
-        self.n_gpu_layers, self.threads = n_gpu_layers, threads
+        self.n_gpu_layers, self.threads, self.ubatch = n_gpu_layers, threads, ubatch
         self.log_path, self.preferred_port = log_path, port
         self.startup_timeout_s, self.request_timeout_s = startup_timeout_s, request_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -199,6 +201,8 @@ class LlamaServer:
                 "--no-webui", "--seed", "0"]
         if self.threads:
             argv += ["-t", str(self.threads)]
+        if self.ubatch:  # the logical batch at least the physical one, as llama.cpp requires
+            argv += ["-b", str(max(2048, self.ubatch)), "-ub", str(self.ubatch)]
         return argv
 
     def _log_tail(self, n: int = 30) -> str:
@@ -330,7 +334,7 @@ def server_result(req: GenerateRequest, reply: dict[str, Any], t_send: int, t_re
 # ------------------------------------------------------------------------------------------------ bench mode
 def bench_result(req: GenerateRequest, build: LlamaCppBuild, gguf: Path, *, ctx: int, kv_k: str, kv_v: str,
                  flash_attn: str, n_gpu_layers: int, threads: int | None, reps: int, version: str,
-                 stderr_path: Path) -> ResultMessage:
+                 stderr_path: Path, ubatch: int | None = None) -> ResultMessage:
     """Run llama-bench for the request's shape and map its rows to a protocol result (no output ids).
 
     Windows: a row's line is printed right after its last repetition, so that repetition ran during
@@ -341,6 +345,8 @@ def bench_result(req: GenerateRequest, build: LlamaCppBuild, gguf: Path, *, ctx:
     fa = None if flash_attn == "auto" else flash_attn == "on"
     common: dict[str, Any] = {"reps": reps, "flash_attn": fa, "kv_k": kv_k, "kv_v": kv_v, "n_gpu_layers": n_gpu_layers,
                               "threads": threads, "stderr_path": stderr_path, "version": version}
+    if ubatch:
+        common["extra"] = ["-b", str(max(2048, ubatch)), "-ub", str(ubatch)]
     pp = run_llama_bench(build, gguf, n_prompt=[p], n_gen=[0], depth=[0], **common)
     pp_rec = pp.records[-1]
     assert pp_rec.line_time_ns is not None
@@ -376,6 +382,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--flash-attn", choices=("on", "off", "auto"), default="auto")
     ap.add_argument("--n-gpu-layers", type=int, default=None, help="default: all on GPU builds, 0 on CPU")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ubatch", type=int, default=None, help="-ub (and -b at least as large); default: llama.cpp's")
     ap.add_argument("--port", type=int, default=None, help="preferred port (another is used if taken)")
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     ap.add_argument("--request-timeout", type=float, default=3600.0)
@@ -408,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = LlamaServer(build, args.gguf, ctx=args.ctx, kv_k=args.kv_k, kv_v=args.kv_v,
                                      flash_attn=args.flash_attn, n_gpu_layers=ngl, threads=args.threads, log_path=log_path,
                                      port=args.port, startup_timeout_s=args.startup_timeout,
-                                     request_timeout_s=args.request_timeout)
+                                     request_timeout_s=args.request_timeout, ubatch=args.ubatch)
                 server.start()
                 version = binary_version(build, "llama-server")
                 extra = {"port": server.port, "ports_tried": server.ports_tried, "log": str(log_path),
@@ -447,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     out.send(bench_result(req, build, args.gguf, ctx=args.ctx, kv_k=args.kv_k, kv_v=args.kv_v,
                                           flash_attn=args.flash_attn, n_gpu_layers=ngl, threads=args.threads,
-                                          reps=args.bench_reps, version=version, stderr_path=log_path))
+                                          reps=args.bench_reps, version=version, stderr_path=log_path,
+                                          ubatch=args.ubatch))
             except RequestError as e:
                 out.error(e.kind, e.message, e.request_id if e.request_id is not None else req_id)
             except EngineError as e:
