@@ -6,6 +6,7 @@ Error bars are the stddev of the repetitions; missing values are left out, never
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,10 @@ class Plot:
 
 def _save(fig: Figure, out_dir: Path, name: str) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    with warnings.catch_warnings():
+        # a crowded figure keeps matplotlib's default margins; its warning would only clutter the run's output
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     fig.savefig(out_dir / name, dpi=110)
     plt.close(fig)
     return name
