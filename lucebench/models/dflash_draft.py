@@ -385,7 +385,9 @@ def synthesize_draft(target_dir: Path, out_dir: Path, *, seed: int = 0, dtype: s
         target = _read_json(target_dir / "config.json")
         config_sha256 = _sha256(target_dir / "config.json")
     else:
-        raise UserError("no config.json: give a Hugging Face checkpoint folder", where=str(target_dir))
+        raise UserError("no config.json: give a Hugging Face checkpoint folder", where=str(target_dir),
+                        hint="for a synthetic GGUF target, name it in a config: `synth: {draft_for: TARGET}` sizes "
+                             "the draft from its shape")
     config = draft_config_for(target, target_dir=target_dir, dtype=dtype)
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
