@@ -269,6 +269,11 @@ class Config(_Strict):
                 if other.synth is not None and other.synth.draft_for is not None:
                     raise LocatedError(("models", name, "synth", "draft_for"),
                                        f"{target!r} is itself a draft: name the target")
+                if other.file is not None or (other.path or "").lower().endswith(".gguf"):
+                    raise LocatedError(("models", name, "synth", "draft_for"),
+                                       f"{target!r} is a GGUF file, which has no config.json to size a draft "
+                                       "from: name a checkpoint folder or a synthetic target (a `synth:` GGUF "
+                                       "too), or the published draft")
         for i, name in enumerate(self.matrix.engine):
             if name not in self.engines and name not in ENGINE_TYPES:
                 raise LocatedError(("matrix", "engine", i), f"unknown engine {name!r}; engines: "

@@ -368,15 +368,26 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def synthesize_draft(target_dir: Path, out_dir: Path, *, seed: int = 0, dtype: str = "bf16") -> DraftSynthResult:
+def synthesize_draft(target_dir: Path, out_dir: Path, *, seed: int = 0, dtype: str = "bf16",
+                     target_config: dict[str, Any] | None = None) -> DraftSynthResult:
     """Write a random-weight DFlash draft for the checkpoint in ``target_dir`` into ``out_dir`` (created; a draft
-    already there is replaced: the command line refuses a non-empty folder without --force)."""
+    already there is replaced: the command line refuses a non-empty folder without --force).
+
+    ``target_config`` stands in for ``target_dir/config.json`` where the target has none (a synthetic GGUF,
+    whose folder holds the file and its tokenizer.json: the config is its shape's)."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}", where="--dtype", hint=f"one of: {', '.join(DTYPES)}")
     target_dir = Path(target_dir)
-    if not (target_dir / "config.json").is_file():
-        raise UserError("no config.json: give a Hugging Face checkpoint folder", where=str(target_dir))
-    target = _read_json(target_dir / "config.json")
+    if target_config is not None:
+        target = dict(target_config)
+        config_sha256 = hashlib.sha256(json.dumps(target, sort_keys=True).encode()).hexdigest()
+    elif (target_dir / "config.json").is_file():
+        target = _read_json(target_dir / "config.json")
+        config_sha256 = _sha256(target_dir / "config.json")
+    else:
+        raise UserError("no config.json: give a Hugging Face checkpoint folder", where=str(target_dir),
+                        hint="for a synthetic GGUF target, name it in a config: `synth: {draft_for: TARGET}` sizes "
+                             "the draft from its shape")
     config = draft_config_for(target, target_dir=target_dir, dtype=dtype)
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
@@ -404,7 +415,9 @@ def synthesize_draft(target_dir: Path, out_dir: Path, *, seed: int = 0, dtype: s
         "generator": "lucebench models synth --draft-for",
         "lucebench_version": __version__,
         "kind": "dflash-draft",
-        "target": {"path": str(target_dir.resolve()), "config_sha256": _sha256(target_dir / "config.json")},
+        "target": {"path": str(target_dir.resolve()), "config_sha256": config_sha256,
+                   # config.json's bytes, or the given config as sorted JSON (a synthetic GGUF's shape)
+                   "config_from": "config.json" if target_config is None else "shape"},
         "layout_of": published.name if published else None,
         "seed": seed,
         "dtype": dtype,

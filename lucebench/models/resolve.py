@@ -195,23 +195,28 @@ def _synth_is_current(provenance: Path) -> bool:
         return False
 
 
-def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
+def synth_shape(s: dict[str, Any]) -> Any:
+    """The Shape a ``synth:`` mapping names (``shape`` or ``config``): what its checkpoint is written from."""
     from lucebench.models.shapes import get_shape, shape_from_config
-    from lucebench.models.synth import PROVENANCE_FILE, synthesize_atomic
 
     if ("shape" in s) == ("config" in s):
         raise UserError("a synth model needs exactly one of shape or config", where="model.synth")
     if "shape" in s:
-        shape = get_shape(str(s["shape"]))
-    else:
-        cfg_path = Path(str(s["config"])).expanduser()
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise UserError(f"cannot read {cfg_path}: {exc.strerror}", where="model.synth.config") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{cfg_path} is not JSON: {exc}", where="model.synth.config") from None
-        shape = shape_from_config(cfg, name=cfg_path.stem, where=str(cfg_path))
+        return get_shape(str(s["shape"]))
+    cfg_path = Path(str(s["config"])).expanduser()
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"cannot read {cfg_path}: {exc.strerror}", where="model.synth.config") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{cfg_path} is not JSON: {exc}", where="model.synth.config") from None
+    return shape_from_config(cfg, name=cfg_path.stem, where=str(cfg_path))
+
+
+def _resolve_synth(s: dict[str, Any], *, console: Any = None) -> ResolvedModel:
+    from lucebench.models.synth import PROVENANCE_FILE, synthesize_atomic
+
+    shape = synth_shape(s)
     seed = int(s.get("seed", 0))
     if s.get("format", "hf") == "gguf":
         return _resolve_synth_gguf(shape, seed, str(s.get("quant", "q4_k_m")), console=console)
@@ -253,35 +258,46 @@ def _resolve_synth_gguf(shape: Any, seed: int, quant: str, *, console: Any = Non
                          synth={"shape": shape.name, "seed": seed, "format": "gguf", "quant": quant})
 
 
-def resolve_draft_synth(target: Path, *, seed: int = 0, dtype: str = "bf16", console: Any = None) -> ResolvedModel:
+def resolve_draft_synth(target: Path, *, target_config: dict[str, Any] | None = None, seed: int = 0,
+                        dtype: str = "bf16", console: Any = None) -> ResolvedModel:
     """A random DFlash draft for the checkpoint at ``target`` (`lucebench models synth --draft-for`), written on
     first use into the models cache under a key of the target's config and tokenizer, the seed, dtype and
-    scale rule."""
+    scale rule.
+
+    ``target`` is a folder in Hugging Face layout, whose config.json gives the draft its sizes, or a single
+    GGUF file with ``target_config`` (a synthetic GGUF: its shape's config; its tokenizer.json lies beside it).
+    The key hashes that config as canonical JSON, so the same shape always finds the same draft."""
     from lucebench.models.dflash_draft import synthesize_draft
     from lucebench.models.synth import PROVENANCE_FILE
     from lucebench.models.weights import SCALE_RULE
 
     target = Path(target)
-    if not (target / "config.json").is_file():
-        raise UserError("a synthetic draft needs a target in Hugging Face layout (config.json)", where=str(target))
     h = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json"):
-        if (target / name).is_file():
-            h.update((target / name).read_bytes())
+    if target_config is None:
+        if not (target / "config.json").is_file():
+            raise UserError("a synthetic draft needs a target in Hugging Face layout (config.json) or a "
+                            "synthetic GGUF (`synth: {format: gguf}`)", where=str(target))
+        folder = target
+        h.update((target / "config.json").read_bytes())
+    else:
+        folder = target.parent if target.is_file() else target
+        h.update(json.dumps(target_config, sort_keys=True).encode())
+    if (folder / "tokenizer.json").is_file():
+        h.update((folder / "tokenizer.json").read_bytes())
     h.update(json.dumps({"rule": SCALE_RULE, "seed": seed, "dtype": dtype}, sort_keys=True).encode())
-    out = models_cache_dir() / f"draft-{target.name[:40]}-s{seed}-{dtype}-{h.hexdigest()[:12]}"
+    out = models_cache_dir() / f"draft-{folder.name[:40]}-s{seed}-{dtype}-{h.hexdigest()[:12]}"
     if not _synth_is_current(out / PROVENANCE_FILE):
         if console is not None:
-            console.print(f"writing a synthetic DFlash draft for {target.name} (seed {seed}, {dtype}) to {out}")
+            console.print(f"writing a synthetic DFlash draft for {folder.name} (seed {seed}, {dtype}) to {out}")
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            synthesize_draft(target, tmp, seed=seed, dtype=dtype)
+            synthesize_draft(folder, tmp, seed=seed, dtype=dtype, target_config=target_config)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return ResolvedModel(path=out, kind="synth", name=f"synth:draft-for-{target.name}", synthetic=True,
+    return ResolvedModel(path=out, kind="synth", name=f"synth:draft-for-{folder.name}", synthetic=True,
                          synth={"draft_for": str(target), "seed": seed, "dtype": dtype})
 
 

@@ -42,11 +42,15 @@ class ModelCache:
             source = self.config.models[name]
             try:
                 if source.synth is not None and source.synth.draft_for is not None:
-                    from lucebench.models.resolve import resolve_draft_synth
+                    from lucebench.models.resolve import resolve_draft_synth, synth_shape
 
                     target = self.get(source.synth.draft_for).path
-                    resolved = resolve_draft_synth(target, seed=source.synth.seed, dtype=source.synth.dtype,
-                                                   console=self.console)
+                    target_source = self.config.models[source.synth.draft_for]
+                    target_config = None
+                    if target.is_file() and target_source.synth is not None:  # a synthetic GGUF: no config.json
+                        target_config = synth_shape(target_source.synth.model_dump(exclude_none=True)).config
+                    resolved = resolve_draft_synth(target, target_config=target_config, seed=source.synth.seed,
+                                                   dtype=source.synth.dtype, console=self.console)
                 else:
                     resolved = resolve_model(source.model_dump(exclude_none=True, exclude={"tokenizer"}),
                                              console=self.console)

@@ -85,7 +85,37 @@ def test_pflash_table_of_the_rtx3090_configs(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["rtx3090-synthetic.yaml", "h100-dflash-synthetic.yaml",
                                   "h200-dflash-synthetic.yaml"])
-def test_synthetic_twins_use_random_weights(name):
+def test_synthetic_twins_use_random_weights(name, tmp_path):
+    """One random Q4_K_M GGUF target that ar, dflash and llama.cpp all read (no conversion), a draft sized from it,
+    and forced-acceptance cells whose budget can commit the forced AL (at most min(budget, 15) + 1 a round)."""
+    from lucebench.matrix import expand
+
     config = load_config(CONFIGS[0].parent / name).config
     assert all(source.synth is not None for source in config.models.values())
-    assert "synthetic" in config.description
+    assert "SYNTHETIC" in config.description
+    cells = expand(config, "cuda")
+    (target,) = {c.model for c in cells}
+    assert config.models[target].synth.format == "gguf" and config.models[target].synth.quant == "q4_k_m"
+    types = {c.engine_type for c in cells}
+    assert {"ar", "llama.cpp", "dflash"} <= types
+    for variant in config.engines.values():
+        assert "gguf" not in variant.options  # llama.cpp runs the target's own file
+        draft = variant.options.get("draft")
+        if draft is not None:
+            assert config.models[draft].synth.draft_for == target
+    forced = [c for c in cells if config.engines.get(c.engine) and
+              config.engines[c.engine].options.get("force_accept_length")]
+    budgets = set()
+    for c in forced:
+        options = config.engines[c.engine].options
+        budget = c.budget or options.get("budget") or 15
+        assert options["force_accept_length"] <= min(budget, 15) + 1, c.id
+        budgets.add(budget)
+        assert c.engine_type == "dflash"
+    assert len(budgets) >= 6 and {8, 22} <= budgets  # the budget sweep
+    for suite in ("humaneval", "gsm8k", "math500"):  # the DFlash table: AR, llama.cpp and DFlash per dataset
+        for engine in ("ar", "llama.cpp-gguf", "dflash-forced"):
+            assert any(c.engine == engine and c.suite == suite for c in cells), (engine, suite)
+    text = " ".join(_dry_run(CONFIGS[0].parent / name, tmp_path).stderr.split())
+    assert f"model {target}: synthetic qwen3.5-27b seed 0 q4_k_m GGUF" in text
+    assert f"DFlash draft for {target}" in text and "lucebench models fetch" not in text

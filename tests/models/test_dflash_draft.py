@@ -188,6 +188,9 @@ def test_draft_for_through_the_command_line(target_and_draft, tmp_path):
     assert both.returncode == 2 and "--draft-for" in both.stderr and "Traceback" not in both.stderr
     nowhere = _cli("models", "synth", "--draft-for", str(tmp_path / "nowhere"), "--out", str(tmp_path / "y"))
     assert nowhere.returncode == 2 and "config.json" in nowhere.stderr and "Traceback" not in nowhere.stderr
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")  # a single file: sized in a config from its synthetic shape only
+    gguf = _cli("models", "synth", "--draft-for", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "z"))
+    assert gguf.returncode == 2 and "draft_for" in gguf.stderr and "Traceback" not in gguf.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
     full = _cli("models", "synth", "--draft-for", str(target), "--out", str(tmp_path / "full"))

@@ -109,6 +109,70 @@ def test_synth_gguf_is_the_file_with_its_tokenizer_beside_it(cache, tmp_path):
     assert m.path.stat().st_mtime_ns == mtime
 
 
+def test_draft_for_a_synthetic_gguf_target(cache, tmp_path):
+    """`synth: {draft_for: X}` where X is a synthetic GGUF (no config.json beside the file): the draft is sized from
+    X's shape, gets a mask id its tokenizer leaves free, fits X, is found again under the same key, and is the same
+    draft as for the same shape written in Hugging Face layout."""
+    from lucebench.config.schema import Config
+    from lucebench.models.dflash_draft import check_draft
+    from lucebench.models.shapes import _qwen3_5
+    from lucebench.runner.prepare import ModelCache
+
+    # a vocabulary past the 2,048 BPE ids and 5 specials, so that the tokenizer leaves ids free for the mask
+    shape = _qwen3_5(n_layers=8, hidden=256, intermediate=512, vocab=2176, heads=2, kv_heads=1, head_dim=128,
+                     lin_k_heads=2, lin_v_heads=4, lin_k_dim=64, lin_v_dim=64, tied=False, max_pos=4096, eos=2048,
+                     mrope=[11, 11, 10])
+    cfg = tmp_path / "tiny-gguf.json"
+    cfg.write_text(json.dumps(shape))
+    config = Config.model_validate({"name": "t", "models": {
+        "target": {"synth": {"config": str(cfg), "seed": 0, "format": "gguf", "quant": "q4_k_m"}},
+        "draft": {"synth": {"draft_for": "target", "seed": 3, "dtype": "fp32"}},
+        "hf-target": {"synth": {"config": str(cfg), "seed": 0, "dtype": "fp32"}},
+        "hf-draft": {"synth": {"draft_for": "hf-target", "seed": 3, "dtype": "fp32"}}},
+        "matrix": {"engine": ["ar"], "model": ["target"], "suite": ["tg8"]}})
+    models = ModelCache(config)
+    target, draft = models.get("target"), models.get("draft")
+    assert target.path.is_file() and target.path.name == "model-q4_k_m.gguf"
+    assert draft.path.is_dir() and draft.path.parent == cache / "models" and draft.info.synthetic
+    assert draft.path.name.startswith(f"draft-{target.path.parent.name[:40]}-s3-fp32-")
+    made = check_draft(draft.path, shape)  # hidden size, target depth and vocabulary of the shape
+    assert made.num_target_layers == 8 and made.target_layer_ids == (1, 2, 3, 4, 5)
+    tok = json.loads((target.path.parent / "tokenizer.json").read_text())
+    known = list(tok["model"]["vocab"].values()) + [t["id"] for t in tok["added_tokens"]]
+    assert made.mask_token_id == max(known) + 1 == 2053
+    provenance = json.loads((draft.path / PROVENANCE_FILE).read_text())
+    assert provenance["target"]["config_from"] == "shape"
+    # The same key on a later run: found, not rewritten.
+    mtime = (draft.path / "model.safetensors").stat().st_mtime_ns
+    again = ModelCache(config).get("draft")
+    assert again.path == draft.path and (draft.path / "model.safetensors").stat().st_mtime_ns == mtime
+    assert again.info.files == draft.info.files
+    # Sizes, mask id and weights depend on the shape alone, not on the target's file format.
+    hf_draft = models.get("hf-draft")
+    assert hf_draft.path != draft.path
+    assert (hf_draft.path / "config.json").read_text() == (draft.path / "config.json").read_text()
+    assert hf_draft.info.files["model.safetensors"] == draft.info.files["model.safetensors"]
+    # Another seed of the target's GGUF is another folder, hence another key.
+    other = Config.model_validate({**config.model_dump(exclude_none=True), "models": {
+        "target": {"synth": {"config": str(cfg), "seed": 1, "format": "gguf", "quant": "q4_k_m"}},
+        "draft": {"synth": {"draft_for": "target", "seed": 3, "dtype": "fp32"}}}})
+    assert ModelCache(other).get("draft").path != draft.path
+
+
+def test_draft_for_a_gguf_file_that_is_not_synthetic_is_a_user_error(cache, tmp_path):
+    """A GGUF given by path has no config to size a draft from: a config error before anything runs, and the
+    resolver's own check for a target met some other way."""
+    from lucebench.config.schema import Config
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="is a GGUF file, which has no config.json"):
+        Config.model_validate({"name": "t", "models": {"m": {"path": str(tmp_path / "m.gguf")},
+                                                       "d": {"synth": {"draft_for": "m"}}},
+                               "matrix": {"engine": ["ar"], "model": ["m"], "suite": ["tg8"]}})
+    with pytest.raises(UserError, match="or a synthetic GGUF"):
+        R.resolve_draft_synth(tmp_path / "m.gguf")
+
+
 def test_pydantic_model_source_is_accepted(cache):
     from lucebench.config.schema import ModelSource
 
