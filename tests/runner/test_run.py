@@ -150,10 +150,11 @@ def test_resume_on_another_machine_keeps_the_earlier_environment(tmp_path, tiny_
 
 def test_ctrl_c_keeps_what_was_measured(tmp_path, tiny_model):
     out = tmp_path / "out"
-    cfg = _config(tmp_path, tiny_model, engines={"slow": ["--decode-s-per-token", "0.3"]}, suites="[tg8]")
+    # 3.5 s a request: the cell (a warm-up and two repetitions) cannot end before the signal, however fast start-up is
+    cfg = _config(tmp_path, tiny_model, engines={"slow": ["--decode-s-per-token", "0.5"]}, suites="[tg8]")
     proc = subprocess.Popen([sys.executable, "-m", "lucebench", "run", str(cfg), "--out", str(out), "--no-report"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)  # start-up, warm-up and the first measured request
+    time.sleep(6)  # start-up and part of the cell
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
