@@ -1,13 +1,18 @@
 """Reading result files: JSON syntax errors with line and column, schema errors with JSON paths.
 
+A result file may be gzip-compressed (`results.json.gz`, as reference runs are kept in `reports/`): it reads
+the same.
+
 Every failure a user can cause (missing file, broken JSON, a file that is not a `lucebench.result/v1`)
 becomes a `UserError` naming the file and where inside it, never a traceback.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,22 +46,27 @@ def json_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
 
 
 def result_file(path: Path) -> Path:
-    """A run folder stands for its results.json (what run, report, compare and validate all accept)."""
+    """A run folder stands for its results.json, or results.json.gz (what report, compare and validate accept)."""
     path = Path(path)
-    return path / "results.json" if path.is_dir() and (path / "results.json").is_file() else path
+    if path.is_dir():
+        for name in ("results.json", "results.json.gz"):
+            if (path / name).is_file():
+                return path / name
+    return path
 
 
 def read_json(path: Path) -> Any:
     """Parse a JSON file; a missing file or a syntax error is a UserError naming line and column."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode("utf-8")
     except FileNotFoundError:
         raise UserError("no such file", where=str(path), hint="pass the results.json that `lucebench run` wrote",
                         exit_code=2) from None
     except IsADirectoryError:
         raise UserError("is a directory, not a result file", where=str(path),
                         hint="pass DIR/results.json", exit_code=2) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # gzip.BadGzipFile is an OSError
         raise UserError(f"cannot read: {exc}", where=str(path), exit_code=2) from None
     try:
         return json.loads(text)

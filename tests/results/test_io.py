@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -21,6 +22,24 @@ def test_directory_means_its_results_json(fab, write_result, tmp_path):
     write_result(fab.cpu_result(), "run/results.json")
     [loaded] = load_results([tmp_path / "run"])
     assert loaded.run_id == "run-cpu-0"
+
+
+def test_gzipped_result_reads_the_same(fab, tmp_path):
+    original = fab.cpu_result()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json.gz").write_bytes(gzip.compress(original.model_dump_json(by_alias=True).encode()))
+    assert load_result(run / "results.json.gz") == original
+    [loaded] = load_results([run])  # a folder holding only the compressed file
+    assert loaded == original
+
+
+def test_broken_gzip_is_a_user_error(tmp_path):
+    path = tmp_path / "results.json.gz"
+    path.write_bytes(gzip.compress(b'{"schema": "lucebench.result/v1"}')[:-6])  # truncated
+    with pytest.raises(UserError) as exc:
+        load_result(path)
+    assert "cannot read" in exc.value.message and exc.value.exit_code == 2
 
 
 def test_syntax_error_names_line_and_column(write_result):
