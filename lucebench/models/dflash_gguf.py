@@ -258,6 +258,20 @@ def convert_draft(src: Path, out: Path, *, wtype: str = "bf16") -> ConvertResult
                          seconds=time.perf_counter() - t0)
 
 
+def decoded_draft(path: Path, cfg: DraftConfig) -> dict[str, tuple[np.ndarray, Any]]:
+    """A GGUF draft's tensors decoded to float32 by gguf-py (ggml's dequantisation), under z-lab names, as
+    write_draft_gguf takes them: the F32 file of these is the reference a quantised draft is checked against."""
+    import gguf
+
+    by_name = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    out = {}
+    for name, shape in cfg.tensor_shapes().items():
+        t = by_name[gguf_name(name)]
+        x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        out[name] = (x.reshape(shape), gguf.GGMLQuantizationType.F32)
+    return out
+
+
 def read_gguf_draft(path: Path) -> dict[str, Any]:
     """The `<arch>.*` metadata of a GGUF draft (keys without the prefix), or a UserError when the file is no
     DFlash draft."""

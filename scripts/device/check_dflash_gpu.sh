@@ -18,6 +18,9 @@
 #                   the chain at the same budget, lossless per prompt, tok/s against ar      (~1 min)
 #   speed           SYNTHETIC, FORCED ACCEPTANCE: ar tok/s against dflash at a forced AL of 8.31, draft /
 #                   verify ms per budget                                                              (~40 s)
+#   gguf-draft      TRAINED REFERENCE: the fixture draft as BF16 / Q8_0 GGUF (`models convert-draft`): BF16
+#                   identical to the safetensors draft (tokens and rounds), Q8_0 identical to the F32 GGUF of
+#                   its decoded values, chain and tree 22; AL of each                                 (~20 s)
 # e.g. PARTS="reference-al" bash scripts/device/check_dflash_gpu.sh   (build + that part: about 3-4 minutes)
 # Options (environment): DFLASH_TARGET (a Qwen3.5 checkpoint folder or GGUF for the speed part; default the
 # synthetic 0.8B), DFLASH_DRAFT (its draft; default a random one from `models synth --draft-for`, which needs
@@ -34,7 +37,7 @@ mkdir -p "$DEST"
 . scripts/device/build_engines.sh
 BUILD=/tmp/lb-dflash-build
 t0=$(date +%s)
-PARTS=${PARTS:-kernels lossless-synth reference reference-al speed}
+PARTS=${PARTS:-kernels lossless-synth reference reference-al speed gguf-draft}
 targets=(lucebench-ar lucebench-dflash)
 [[ " $PARTS " == *" kernels "* ]] && targets+=(lucebench-dflash-gpu-check lucebench-verify-kernels-check lucebench-verify-gpu-check)
 build_engines engines "$BUILD" dflash "" "${targets[@]}" > "$DEST/build.log" 2>&1 || { tail -40 "$DEST/build.log"; exit 1; }

@@ -19,7 +19,7 @@ from conftest import Engine
 from gguf_writer import write_qwen35_gguf
 
 from lucebench.models.dflash_draft import read_draft_config
-from lucebench.models.dflash_gguf import GGUF_ARCH, convert_draft, gguf_metadata, gguf_name, write_draft_gguf
+from lucebench.models.dflash_gguf import GGUF_ARCH, convert_draft, decoded_draft, gguf_metadata, write_draft_gguf
 
 VOCAB = 48  # small, so that a random draft's proposals are often accepted (see test_dflash_engine.py)
 SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=96, n_feat=2, vocab=VOCAB, block=16,
@@ -60,17 +60,6 @@ def run(exe: Path, target: Path, draft: Path, flags: list[str]) -> tuple[dict, l
     return e.ready, out
 
 
-def decoded(path: Path, cfg) -> dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType]]:
-    """A GGUF draft's tensors decoded to float32 by gguf-py (ggml's dequantisation), under z-lab names."""
-    by_gguf = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
-    out = {}
-    for name, shape in cfg.tensor_shapes().items():
-        t = by_gguf[gguf_name(name)]
-        x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
-        out[name] = (x.reshape(shape), gguf.GGMLQuantizationType.F32)
-    return out
-
-
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("wtype", ["f32", "bf16"])
 def test_exact_gguf_drafts_as_safetensors(dflash_exe, pair, tmp_path, mode, wtype):
@@ -94,7 +83,7 @@ def test_rounded_gguf_drafts_as_their_decoded_values(dflash_exe, pair, tmp_path,
     target, draft = pair
     path = convert_draft(draft, tmp_path / f"draft-{wtype}.gguf", wtype=wtype).path
     cfg = read_draft_config(draft)
-    dec = decoded(path, cfg)
+    dec = decoded_draft(path, cfg)
     ref = tmp_path / "decoded.gguf"
     write_draft_gguf(ref, cfg, dec, name="decoded", file_type=0)
     src = dflash_synth.make_draft(tmp_path / "again", seed=7, shape=SHAPE, target_layer_ids=[1, 2],
@@ -161,7 +150,7 @@ def test_default_target_layer_ids_from_the_targets_depth(dflash_exe, pair, tmp_p
     cfg = read_draft_config(draft)
     path = convert_draft(draft, tmp_path / "with-ids.gguf", wtype="f32").path
     keys = {k: v for k, v in gguf_metadata(cfg, 32768).items() if not k.endswith("target_layer_ids")}
-    write_draft_gguf(tmp_path / "no-ids.gguf", cfg, decoded(path, cfg), name="no ids", file_type=0, keys=keys)
+    write_draft_gguf(tmp_path / "no-ids.gguf", cfg, decoded_draft(path, cfg), name="no ids", file_type=0, keys=keys)
     _, want = run(dflash_exe, target, draft, MODES["tree22"])
     _, got = run(dflash_exe, target, tmp_path / "no-ids.gguf", MODES["tree22"])
     assert got == want
@@ -184,7 +173,7 @@ def test_gguf_that_is_no_draft_is_refused(dflash_exe, pair, tmp_path):
 
     cfg = read_draft_config(draft)
     path = convert_draft(draft, tmp_path / "ok.gguf", wtype="f32").path
-    values = decoded(path, cfg)
+    values = decoded_draft(path, cfg)
     base = gguf_metadata(cfg, 32768)
     cases = {  # what is wrong -> (keys, tensors, kind, words in the message)
         "a DFlash variant's key": ({**base, f"{GGUF_ARCH}.dflash.domino.enabled": ("uint32", 1)}, values,
