@@ -288,3 +288,27 @@ def read_gguf_draft(path: Path) -> dict[str, Any]:
     if "dflash.mask_token_id" not in meta:
         raise UserError(f"not a DFlash draft: architecture {arch!r} has no {prefix}dflash.* keys", where=str(path))
     return meta
+
+
+def check_gguf_draft(path: Path, target_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A GGUF draft's metadata, checked against the target's text config where given (hidden size, target
+    layers inside its depth, mask id inside its vocabulary): one UserError naming the mismatch. The engine
+    checks the rest (keys, tensors, shapes) when it loads the file."""
+    from lucebench.models.dflash_draft import text_config
+
+    meta = read_gguf_draft(path)
+    if target_config is None:
+        return meta
+    t = text_config(target_config)
+    if meta.get("embedding_length") != t.get("hidden_size"):
+        raise UserError(f"the draft's hidden size is {meta.get('embedding_length')}, the target's "
+                        f"{t.get('hidden_size')}", where=str(path))
+    ids = meta.get("dflash.target_layer_ids") or []
+    bad = [i for i in ids if not 0 <= int(i) < int(t.get("num_hidden_layers", 0))]
+    if bad:
+        raise UserError(f"target_layer_ids {bad} are outside the target's {t.get('num_hidden_layers')} layers",
+                        where=str(path))
+    if not 0 <= int(meta["dflash.mask_token_id"]) < int(t.get("vocab_size", 0)):
+        raise UserError(f"mask_token_id {meta['dflash.mask_token_id']} is outside the target's vocabulary of "
+                        f"{t.get('vocab_size')}", where=str(path))
+    return meta

@@ -3,7 +3,8 @@
 # CUDA engines and the checks, then runs the parts named in PARTS (default: all of them, in this order):
 #   kernels         lucebench-dflash-gpu-check: the GPU draft's kernels (draft_attention, draft_top_k, gather)
 #                   against their CPU references on random inputs, and the whole GPU draft forward against
-#                   DraftModelCpu (the trained reference draft and a random 0.8B-shape draft);
+#                   DraftModelCpu (the trained reference draft, also as a Q8_0 GGUF, and a random 0.8B-shape
+#                   draft);
 #                   lucebench-verify-kernels-check: the verify kernels with q8_0 / q4_0 KV rows;
 #                   lucebench-verify-gpu-check: GPU verify + commit == AR (scripted trees), also with q8_0 KV
 #   lossless-synth  SYNTHETIC: dflash == ar greedy on full-shape synthetic Qwen3.5-0.8B, chain and tree at
@@ -53,8 +54,14 @@ s(Path('/tmp/qwen35-0.8b-synth'), Path('/tmp/dflash-0.8b-synth-draft'), seed=1)"
 fi
 rc=0
 if [[ " $PARTS " == *" kernels "* ]]; then
+  # The trained reference draft as a Q8_0 GGUF too: the GPU forward of a GGUF draft (decoded at load) against
+  # DraftModelCpu's of the same file.
+  gguf_drafts=()
+  python3 -c "from pathlib import Path; from lucebench.models.dflash_gguf import convert_draft as c; \
+c(Path('tests/fixtures/reference-models/draft'), Path('/tmp/dflash-ref-draft-q8_0.gguf'), wtype='q8_0')" \
+    && gguf_drafts=(/tmp/dflash-ref-draft-q8_0.gguf) || { echo "GGUF draft conversion: FAILED"; rc=1; }
   stdbuf -oL "$BUILD/lucebench-dflash-gpu-check" tests/fixtures/reference-models/draft /tmp/dflash-0.8b-synth-draft \
-    > "$DEST/dflash_gpu_check.txt" 2>&1 || rc=1
+    ${gguf_drafts[@]+"${gguf_drafts[@]}"} > "$DEST/dflash_gpu_check.txt" 2>&1 || rc=1
   cat "$DEST/dflash_gpu_check.txt"
   stdbuf -oL "$BUILD/lucebench-verify-kernels-check" > "$DEST/verify_kernels_check.txt" 2>&1 || rc=1
   tail -4 "$DEST/verify_kernels_check.txt"
