@@ -141,6 +141,27 @@ def test_k_quant_gguf_draft_as_its_decoded_values(dflash_exe, tmp_path):
     assert ready["engine"]["options"]["draft_file_types"] == {"f32": 10, "q4_k": 11, "q6_k": 4}
 
 
+def test_sliding_window_draft(dflash_exe, pair, tmp_path):
+    """A draft with a sliding-window layer (window 6, shorter than every prompt): the window and the per-layer
+    pattern travel in the GGUF's attention.sliding_window(_pattern) keys."""
+    target, _ = pair
+    draft = tmp_path / "swa"
+    dflash_synth.make_draft(draft, seed=9, shape=SHAPE, target_layer_ids=[1, 2], mask_token_id=VOCAB - 1,
+                            layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    path = convert_draft(draft, tmp_path / "swa.gguf", wtype="f32").path
+    meta = gguf.GGUFReader(str(path)).fields
+    assert meta[f"{GGUF_ARCH}.attention.sliding_window_pattern"].contents() == [True, False]
+    _, want = run(dflash_exe, target, draft, MODES["tree22"])
+    _, got = run(dflash_exe, target, path, MODES["tree22"])
+    assert got == want
+    # the window matters here: the same draft with full attention everywhere drafts otherwise
+    keys = {k: v for k, v in gguf_metadata(read_draft_config(draft), 32768).items() if "sliding" not in k}
+    write_draft_gguf(tmp_path / "full.gguf", read_draft_config(draft), decoded_draft(path, read_draft_config(draft)),
+                     name="full", file_type=0, keys=keys)
+    _, full = run(dflash_exe, target, tmp_path / "full.gguf", MODES["tree22"])
+    assert [s for _, s in full] != [s for _, s in want]
+
+
 def test_default_target_layer_ids_from_the_targets_depth(dflash_exe, pair, tmp_path):
     """Without dflash.target_layer_ids the reference rule round(1 + i (L - 4) / (n - 1)) with the target's L
     (4 layers here, n = 2 features: layers 1 and 1): as the safetensors draft that lists [1, 1]."""
