@@ -35,6 +35,33 @@ std::string prefix_of(const TensorSource& src) {
     fail("load", "draft checkpoint: no tensor 'fc.weight' (is this a DFlash draft?)");
 }
 
+// A GGUF draft's name for the z-lab tensor `name` (Lucebox's converter's mapping: the two DFlash singletons
+// under `dflash.`, the rest in llama.cpp's names). Norm gains are stored as the same multiplier.
+std::string gguf_name(const std::string& name) {
+    if (name == "fc.weight") return "dflash.fc.weight";
+    if (name == "hidden_norm.weight") return "dflash.hidden_norm.weight";
+    if (name == "norm.weight") return "output_norm.weight";
+    static const std::pair<const char*, const char*> kLayer[] = {
+        {"input_layernorm.weight", "attn_norm.weight"},   {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},     {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},     {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},      {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"}};
+    if (name.rfind("layers.", 0) == 0) {
+        const size_t dot = name.find('.', 7);
+        const std::string layer = name.substr(7, dot - 7), rest = dot == std::string::npos ? "" : name.substr(dot + 1);
+        for (auto& [z, g] : kLayer)
+            if (rest == z) return "blk." + layer + "." + g;
+    }
+    fail("internal", "no GGUF name for draft tensor '" + name + "'");
+}
+
+// The file's name of the draft tensor `name` (z-lab's naming, without a prefix).
+std::string source_name(const TensorSource& src, const std::string& name) {
+    return src.format() == "gguf" ? gguf_name(name) : prefix_of(src) + name;
+}
+
 const TensorInfo& need(const TensorSource& src, const std::string& name) {
     const TensorInfo* t = src.find(name);
     if (!t) fail("load", "draft checkpoint: missing tensor '" + name + "'");
@@ -64,10 +91,152 @@ std::vector<int> default_target_layer_ids(int n_target_layers, int n_draft_layer
     return ids;
 }
 
-DraftConfig draft_config_from_source(const TensorSource& src) {
+namespace {
+
+// A GGUF draft in the layout of Lucebox's converter: architecture `qwen35-dflash-draft` (or any other whose
+// metadata carries the same `<arch>.dflash.*` keys), the config in `<arch>.*` keys, the tensors in llama.cpp
+// names (gguf_name). Keys this loader does not read and tensors it does not expect are refused: they belong
+// to draft variants (DFlash2's conv, aux heads) whose computation differs.
+DraftConfig draft_config_from_gguf(const TensorSource& src, int target_layers) {
+    const Json& m = src.metadata();
+    const Json* archv = m.get("general.architecture");
+    const std::string arch = archv && archv->is_string() ? archv->as_string() : "";
+    const std::string P = arch + ".";
+    const std::string where = "draft GGUF (architecture '" + arch + "')";
+    if (!m.get(P + "dflash.mask_token_id") && !m.get(P + "dflash.block_size")) {
+        std::string why = where + " is not a DFlash draft: no '" + P + "dflash.*' keys";
+        if (src.find("token_embd.weight")) why += " (it holds token_embd.weight: a target model, for --model)";
+        fail("unsupported", why);
+    }
+    static const char* const kKnown[] = {
+        "context_length", "vocab_size", "embedding_length", "block_count", "feed_forward_length",
+        "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+        "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count", "attention.sliding_window",
+        "attention.sliding_window_pattern", "dflash.n_target_layers", "dflash.n_target_features", "dflash.block_size",
+        "dflash.mask_token_id", "dflash.target_layer_ids"};
+    for (auto& [key, v] : m.members()) {
+        if (key.rfind(P, 0) != 0) continue;
+        bool known = false;
+        for (const char* k : kKnown) known |= key.compare(P.size(), std::string::npos, k) == 0;
+        if (!known)
+            fail("unsupported", where + ": key '" + key + "' is not one this loader reads (a draft variant it does not run)");
+    }
+    auto count = [&](const char* k, bool required, int64_t fallback) -> int64_t {
+        const Json* v = m.get(P + k);
+        if (!v) {
+            if (required) fail("load", where + ": missing key '" + P + k + "'");
+            return fallback;
+        }
+        const double d = v->is_number() ? v->as_number() : -1.0;
+        if (d < 0 || d != std::floor(d) || d > double(1 << 30))
+            fail("load", where + ": '" + P + k + "' must be a non-negative integer, got " + v->dump());
+        return int64_t(d);
+    };
+    auto real = [&](const char* k, bool required, double fallback) -> double {
+        const Json* v = m.get(P + k);
+        if (!v) {
+            if (required) fail("load", where + ": missing key '" + P + k + "'");
+            return fallback;
+        }
+        if (!v->is_number() || !(v->as_number() > 0))
+            fail("load", where + ": '" + P + k + "' must be a positive number, got " + v->dump());
+        return v->as_number();
+    };
+
+    DraftConfig c;
+    c.hidden = int(count("embedding_length", true, 0));
+    c.n_layers = int(count("block_count", true, 0));
+    c.intermediate = int(count("feed_forward_length", true, 0));
+    c.n_heads = int(count("attention.head_count", true, 0));
+    c.n_kv_heads = int(count("attention.head_count_kv", true, 0));
+    c.head_dim = int(count("attention.key_length", true, 0));
+    if (count("attention.value_length", false, c.head_dim) != c.head_dim)
+        fail("unsupported", where + ": value_length differs from key_length (the draft's heads have one head_dim)");
+    if (c.hidden < 1 || c.n_layers < 1 || c.intermediate < 1 || c.head_dim % 2 || c.head_dim < 2 || c.n_heads < 1 ||
+        c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads)
+        fail("load", where + ": hidden " + std::to_string(c.hidden) + ", " + std::to_string(c.n_layers) + " layers, MLP " +
+                         std::to_string(c.intermediate) + ", head_dim " + std::to_string(c.head_dim) + " with " +
+                         std::to_string(c.n_heads) + " query / " + std::to_string(c.n_kv_heads) +
+                         " KV heads is not a valid draft shape");
+    if (c.hidden > (1 << 20) || c.n_layers > 1024 || c.n_heads > 4096 || c.head_dim > 4096 || c.intermediate > (1 << 22))
+        fail("load", where + ": sizes out of range");
+    c.block_size = int(count("dflash.block_size", true, 0));
+    if (c.block_size < 2) fail("load", where + ": dflash.block_size must be >= 2");
+    c.mask_token_id = int(count("dflash.mask_token_id", true, 0));
+    c.eps = float(real("attention.layer_norm_rms_epsilon", false, 1e-6));
+    c.rope_theta = float(real("rope.freq_base", true, 0));
+    if (count("rope.dimension_count", false, c.head_dim) != c.head_dim)
+        fail("unsupported", where + ": partial RoPE (rope.dimension_count below head_dim)");
+
+    // The tensors: exactly the draft's, every layer present.
+    std::vector<std::string> want = {"dflash.fc.weight", "dflash.hidden_norm.weight", "output_norm.weight"};
+    for (int l = 0; l < c.n_layers; ++l)
+        for (const char* t : {"attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm",
+                              "attn_k_norm", "ffn_gate", "ffn_up", "ffn_down"})
+            want.push_back("blk." + std::to_string(l) + "." + t + ".weight");
+    for (const auto& name : src.names())
+        if (std::find(want.begin(), want.end(), name) == want.end())
+            fail("unsupported", where + ": unexpected tensor '" + name + "' (not a plain DFlash draft of " +
+                                    std::to_string(c.n_layers) + " layers)");
+    for (const auto& name : want) need(src, name);
+
+    // The conditioning: fc is [hidden, n_features * target_hidden].
+    const TensorInfo& fc = need(src, "dflash.fc.weight");
+    if (fc.shape.size() != 2 || fc.shape[0] != c.hidden)
+        fail("load", where + ": dflash.fc.weight has shape " + shape_str(fc.shape) + ", expected [" +
+                         std::to_string(c.hidden) + ", n_features * hidden]");
+    if (const Json* ids = m.get(P + "dflash.target_layer_ids")) {
+        if (!ids->is_array()) fail("load", where + ": '" + P + "dflash.target_layer_ids' must be an array");
+        for (auto& v : ids->items()) {
+            if (!v.is_number() || v.as_number() != std::floor(v.as_number()))
+                fail("load", where + ": '" + P + "dflash.target_layer_ids' must hold integers, got " + ids->dump());
+            c.target_layer_ids.push_back(int(v.as_number()));
+        }
+        if (c.target_layer_ids.empty()) fail("load", where + ": '" + P + "dflash.target_layer_ids' is empty");
+    } else {
+        const int64_t n = count("dflash.n_target_layers", false, fc.shape[1] / c.hidden);
+        if (target_layers <= 0)
+            fail("load", where + ": no dflash.target_layer_ids, and the default needs the target's layer count");
+        if (n < 1) fail("load", where + ": dflash.n_target_layers must be >= 1");
+        c.target_layer_ids = default_target_layer_ids(target_layers, int(n));
+    }
+    if (fc.shape[1] % c.n_features())
+        fail("load", where + ": dflash.fc.weight has " + std::to_string(fc.shape[1]) + " inputs, not a multiple of " +
+                         std::to_string(c.n_features()) + " target layers");
+    c.target_hidden = int(fc.shape[1]) / c.n_features();
+    if (count("dflash.n_target_layers", false, c.n_features()) != c.n_features())
+        fail("load", where + ": dflash.n_target_layers is " + m.get(P + "dflash.n_target_layers")->dump() + " but " +
+                         std::to_string(c.n_features()) + " target layers are listed");
+    if (count("dflash.n_target_features", false, fc.shape[1]) != fc.shape[1])
+        fail("load", where + ": dflash.n_target_features disagrees with dflash.fc.weight's " + std::to_string(fc.shape[1]) +
+                         " inputs");
+
+    // Sliding-window layers: a window and a per-layer pattern (true: sliding); none without a pattern.
+    c.sliding_window = int(count("attention.sliding_window", false, 0));
+    c.sliding.assign(size_t(c.n_layers), false);
+    if (const Json* pat = m.get(P + "attention.sliding_window_pattern")) {
+        if (!pat->is_array() || int(pat->size()) != c.n_layers)
+            fail("load", where + ": attention.sliding_window_pattern must list " + std::to_string(c.n_layers) +
+                             " booleans, got " + pat->dump());
+        for (int l = 0; l < c.n_layers; ++l) {
+            const Json& v = pat->items()[size_t(l)];
+            if (!v.is_bool()) fail("load", where + ": attention.sliding_window_pattern must hold booleans");
+            c.sliding[size_t(l)] = v.as_bool();
+            if (v.as_bool() && c.sliding_window <= 0)
+                fail("load", where + ": sliding layers need a positive attention.sliding_window");
+        }
+    }
+    c.causal = c.sliding;  // as z-lab's default: causal inside the block on the sliding layers
+    return c;
+}
+
+}  // namespace
+
+DraftConfig draft_config_from_source(const TensorSource& src, int target_layers) {
+    if (src.format() == "gguf") return draft_config_from_gguf(src, target_layers);
     const Json& root = src.metadata();
     if (src.format() != "safetensors")
-        fail("unsupported", "draft checkpoint: only safetensors drafts (z-lab layout) are supported so far");
+        fail("unsupported", "draft checkpoint: format '" + src.format() + "' (safetensors or GGUF drafts)");
     if (const Json* arch = root.get("architectures"); arch && arch->is_array()) {
         bool ok = false;
         for (auto& a : arch->items()) ok |= a.is_string() && a.as_string() == "DFlashDraftModel";
@@ -109,8 +278,9 @@ DraftConfig draft_config_from_source(const TensorSource& src) {
         for (auto& v : ids->items()) c.target_layer_ids.push_back(as_int(v, "target_layer_ids"));
     } else {
         const Json* nt = draft_key(root, "num_target_layers");
-        if (!nt) fail("load", std::string(kWhere) + ": neither 'target_layer_ids' nor 'num_target_layers'");
-        c.target_layer_ids = default_target_layer_ids(as_int(*nt, "num_target_layers"), c.n_layers);
+        if (!nt && target_layers <= 0)
+            fail("load", std::string(kWhere) + ": neither 'target_layer_ids' nor 'num_target_layers'");
+        c.target_layer_ids = default_target_layer_ids(nt ? as_int(*nt, "num_target_layers") : target_layers, c.n_layers);
     }
     if (c.target_layer_ids.empty()) fail("load", std::string(kWhere) + ": 'target_layer_ids' is empty");
     if (fc.shape[1] % c.n_features())
@@ -158,7 +328,7 @@ DraftConfig draft_config_from_source(const TensorSource& src) {
 
 std::vector<float> read_draft_tensor(const TensorSource& src, const std::string& name, std::vector<int64_t> shape,
                                      uint64_t* bytes) {
-    const TensorInfo& t = need(src, prefix_of(src) + name);
+    const TensorInfo& t = need(src, source_name(src, name));
     check_shape(t, std::move(shape));
     *bytes += t.nbytes;
     return src.read_f32(t);

@@ -22,10 +22,10 @@
 namespace lb::dflash {
 
 struct DraftConfig {
-    // From the tensor shapes.
+    // From the tensor shapes (a GGUF draft: from its metadata, checked against the shapes).
     int n_layers = 0, hidden = 0, intermediate = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
     int target_hidden = 0;              // width of one captured target hidden state
-    // From config.json (top level or dflash_config, whichever has it).
+    // From config.json (top level or dflash_config, whichever has it) or the GGUF's `<arch>.dflash.*` keys.
     int block_size = 16;
     int mask_token_id = -1;
     std::vector<int> target_layer_ids;  // 0-based target decoder layers whose outputs are the features
@@ -40,16 +40,22 @@ struct DraftConfig {
     int feature_width() const { return n_features() * target_hidden; }
 };
 
-// Reads config.json and the tensor shapes of a z-lab draft checkpoint. Throws EngineError("load") for a
-// missing key or tensor or inconsistent shapes, EngineError("unsupported") for other draft kinds.
-DraftConfig draft_config_from_source(const TensorSource& src);
+// The config of a draft checkpoint: a z-lab safetensors draft (config.json and the tensor shapes) or a GGUF
+// draft in Lucebox's layout (architecture `qwen35-dflash-draft`: the `<arch>.*` metadata, tensors named
+// dflash.fc / dflash.hidden_norm / output_norm / blk.N.attn_q ..., any ggml type the core decodes).
+// `target_layers`, the target's decoder layer count, gives the reference's default target_layer_ids where
+// the draft lists none (0: unknown, then the draft must list them or, in config.json, num_target_layers).
+// Throws EngineError("load") for a missing key or tensor or inconsistent shapes, EngineError("unsupported")
+// for other draft kinds (a GGUF that is no DFlash draft, DFlash2, unknown metadata keys or tensors).
+DraftConfig draft_config_from_source(const TensorSource& src, int target_layers = 0);
 
 // z-lab's default when a config has no target_layer_ids: round(1 + i * (L - 4) / (n - 1)) (Python's
 // round, half to even) for n draft layers over L target layers; L / 2 for one layer.
 std::vector<int> default_target_layer_ids(int n_target_layers, int n_draft_layers);
 
-// The draft tensor `name` (without the checkpoint's prefix) in fp32, its shape checked; adds its file
-// bytes to *bytes. Throws EngineError("load") for a missing or misshapen tensor.
+// The draft tensor `name` (z-lab's name, without the checkpoint's prefix; a GGUF draft's own name is looked
+// up) in fp32 (quantised GGUF types decoded exactly as ggml dequantises them), its shape checked; adds its
+// file bytes to *bytes. Throws EngineError("load") for a missing or misshapen tensor.
 std::vector<float> read_draft_tensor(const TensorSource& src, const std::string& name, std::vector<int64_t> shape,
                                      uint64_t* bytes);
 

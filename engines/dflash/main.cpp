@@ -383,7 +383,8 @@ int run(int argc, char** argv) {
     TargetHead head;
     std::unique_ptr<Drafter> drafter;
     uint64_t draft_weight_bytes = 0, draft_cache_bytes = 0, draft_buffer_bytes = 0;
-    std::string draft_cache_dtype = "f32";
+    std::string draft_cache_dtype = "f32", draft_format;
+    Json draft_types = Json::object();
 #if defined(LB_HAVE_GPU)
     std::unique_ptr<DraftModelGpu> gpu_draft;
 #endif
@@ -393,7 +394,13 @@ int run(int argc, char** argv) {
         auto src = open_checkpoint(opt.model);
         cfg = config_from_source(*src);
         auto dsrc = open_checkpoint(opt.draft);
-        DraftConfig dc = dflash::draft_config_from_source(*dsrc);
+        DraftConfig dc = dflash::draft_config_from_source(*dsrc, cfg.n_layers);
+        draft_format = dsrc->format();
+        for (const auto& name : dsrc->names()) {  // the draft file's tensor types, e.g. {"f32": 13, "q8_0": 17}
+            const char* t = dtype_name(dsrc->find(name)->dtype);
+            const Json* n = draft_types.get(t);
+            draft_types[t] = Json(int64_t(n ? n->as_int() : 0) + 1);
+        }
         if (dc.hidden != cfg.hidden || dc.target_hidden != cfg.hidden)
             fail("load", "draft " + opt.draft + ": hidden size " + std::to_string(dc.hidden) + " (features of " +
                              std::to_string(dc.target_hidden) + ") does not match the target's " + std::to_string(cfg.hidden));
@@ -456,7 +463,11 @@ int run(int argc, char** argv) {
     options["chain_seed"] = tree_opt.chain_seed;
     options["top_k"] = tree_opt.chain ? 1 : std::min(tree_opt.budget, tree_opt.top_k);
     options["block_size"] = dc.block_size;
-    // The draft computes in fp32 on the CPU; on a GPU its matrices are in the backend's matrix type.
+    // The draft file's format and tensor types; whatever they are, the draft computes in fp32 on the CPU and
+    // holds its matrices in the backend's matrix type on a GPU (a quantised GGUF draft is decoded at load:
+    // its memory is then that type's size, model.memory.draft).
+    options["draft_format"] = draft_format;
+    options["draft_file_types"] = draft_types;
     options["draft_dtype"] = backend == "cpu" ? std::string("f32") : be->weight_dtype();
     options["draft_cache_dtype"] = draft_cache_dtype;  // the draft's context K/V (LB_DFLASH_DRAFT_BF16)
     options["prefill_chunk"] = loop.prefill_chunk;  // 0: the whole prompt in one verify

@@ -53,7 +53,8 @@ def synth(
         raise UserError(f"unknown format {fmt!r}", where="--format", hint="hf or gguf")
     if draft_for is not None:
         if fmt != "hf":
-            raise UserError("a DFlash draft is written in Hugging Face layout", where="--format", hint="leave --format out")
+            raise UserError("a DFlash draft is written in Hugging Face layout", where="--format",
+                            hint="leave --format out; `lucebench models convert-draft` then writes it as a GGUF")
         if layout != "text":
             raise UserError("a DFlash draft has one layout", where="--layout", hint="leave --layout out")
         _synth_draft(draft_for, out, seed=seed, dtype=dtype)
@@ -107,6 +108,29 @@ def _synth_draft(target: Path, out: Path, *, seed: int, dtype: str) -> None:
     layout = f"the sizes of {result.published}" if result.published else "sizes from the target"
     Console(stderr=True).print(f"wrote a DFlash draft for {target} ({layout}; {result.n_params:,} parameters, "
                                f"{result.weight_bytes / 1e9:.2f} GB {dtype}) to {out} in {result.seconds:.1f} s")
+
+
+@models_app.command("convert-draft")
+def convert_draft(
+    src: Path = typer.Argument(..., help="a DFlash draft folder in the z-lab layout (config.json + *.safetensors)"),
+    out: Path = typer.Argument(..., help="the GGUF file to write"),
+    wtype: str = typer.Option("bf16", "--type",
+                              help="the matrices' type: bf16 (exact for z-lab's BF16 drafts), f16, f32 or q8_0; "
+                                   "norms stay f32"),
+    force: bool = typer.Option(False, "--force", help="replace OUT if it exists"),
+) -> None:
+    """Write a DFlash draft as a GGUF file in Lucebox's layout (architecture qwen35-dflash-draft), which
+    lucebench-dflash --draft and Lucebox's server both load."""
+    from lucebench.models.dflash_gguf import convert_draft as convert
+
+    if out.suffix != ".gguf":
+        raise UserError("the output is a GGUF file", where=str(out), hint="name it *.gguf")
+    if out.exists() and not force:
+        raise UserError("already exists; refusing to replace it", where=str(out), hint="pass --force to replace it")
+    result = convert(src, out, wtype=wtype)
+    mix = ", ".join(f"{n} {t}" for t, n in sorted(result.types.items()))
+    Console(stderr=True).print(f"wrote {result.path} ({result.n_params:,} parameters, {result.file_bytes / 1e6:.1f} MB; "
+                               f"{mix} tensors) in {result.seconds:.1f} s")
 
 
 @models_app.command("fetch")

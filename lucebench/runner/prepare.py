@@ -222,18 +222,22 @@ def prepare_engines(config: Config, backend: str, cells: list[CellSpec], models:
 
 
 def check_second_model(spec: CellSpec, target_dir: Path, second_dir: Path) -> None:
-    """Before a run: a DFlash draft in the z-lab layout must fit its target (hidden size, depth, vocabulary),
+    """Before a run: a DFlash draft (z-lab folder or GGUF file) must fit its target (hidden size, depth, vocabulary),
     a PFlash drafter must have its own tokenizer; a mismatch is a config error naming the model."""
     where = f"config models.{spec.second_model}"
-    if spec.engine_type == "dflash" and second_dir.is_dir():
+    if spec.engine_type == "dflash" and (second_dir.is_dir() or second_dir.suffix == ".gguf"):
         from lucebench.models.dflash_draft import check_draft
+        from lucebench.models.dflash_gguf import check_gguf_draft
 
         try:
             target = json.loads((target_dir / "config.json").read_text())
         except (OSError, json.JSONDecodeError):
             return  # a GGUF target: the engine checks the fit when it loads both
         try:
-            check_draft(second_dir, target)
+            if second_dir.is_dir():
+                check_draft(second_dir, target)
+            else:  # a GGUF draft (Lucebox's layout, `models convert-draft`)
+                check_gguf_draft(second_dir, target)
         except UserError as exc:
             raise UserError(f"draft {spec.second_model!r} does not fit target {spec.model!r}: {exc.message}",
                             where=where, hint=exc.hint) from None

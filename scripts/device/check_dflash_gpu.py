@@ -25,6 +25,9 @@ Parts (--part, repeatable):
                   round. Target: $DFLASH_TARGET (default the synthetic 0.8B), draft: $DFLASH_DRAFT (default a
                   random draft for the target), budgets: $DFLASH_BUDGETS (default 8,15,22,32,40; 15 runs as the
                   chain).
+  gguf-draft      TRAINED REFERENCE: the fixture draft as BF16 and Q8_0 GGUF files (`models convert-draft`): BF16
+                  identical to the safetensors draft (tokens and rounds, chain and tree 22), Q8_0 identical to
+                  the F32 GGUF of its decoded values; the Q8_0 draft's AL beside the BF16 one's.
 Everything goes to --out as JSON, plus summary.md; exit status 1 when a check fails.
 """
 
@@ -157,6 +160,51 @@ def part_reference(exe, out: Path, backend: list[str], cpu_baseline: Path | None
                 line += f"; {m} outputs equal to the CPU engine's {same}/{len(ps)}"
         say(line)
     (out / "reference.json").write_text(json.dumps(result, indent=1))
+
+
+def part_gguf_draft(exe, out: Path, backend: list[str]) -> None:
+    """The trained reference draft as GGUF files (`models convert-draft`, Lucebox's layout): BF16 holds the
+    safetensors' values, so outputs and per-round acceptance must be identical to the safetensors draft's; Q8_0
+    must be identical to the F32 file of its gguf-py-decoded values (a GPU holds both in its matrix type). The
+    Q8_0 draft's AL beside the BF16 one's is the quantisation's cost in acceptance."""
+    from lucebench.models.dflash_draft import read_draft_config
+    from lucebench.models.dflash_gguf import convert_draft, decoded_draft, write_draft_gguf
+
+    say("## TRAINED REFERENCE: GGUF drafts (the fixture draft converted), n_gen 128, KV bf16")
+    tmp = Path("/tmp/dflash-gguf-draft")
+    tmp.mkdir(parents=True, exist_ok=True)
+    st = FIXTURES / "draft"
+    files = {"safetensors": st, "bf16": convert_draft(st, tmp / "bf16.gguf", wtype="bf16").path,
+             "q8_0": convert_draft(st, tmp / "q8_0.gguf", wtype="q8_0").path}
+    files["q8_0 decoded f32"] = tmp / "q8_0-decoded.gguf"
+    cfg = read_draft_config(st)
+    files["q8_0 decoded f32"].unlink(missing_ok=True)
+    write_draft_gguf(files["q8_0 decoded f32"], cfg, decoded_draft(files["q8_0"], cfg), name="decoded", file_type=0)
+    prompts = [p for ps in json.loads((REPO / "scripts/device/dflash_reference_prompts.json").read_text())[
+        "datasets"].values() for p in ps]
+    res: dict = {}
+    for name, draft in files.items():
+        for mode in ("chain", "tree22"):
+            e = Engine(exe["dflash"], FIXTURES / "target", "--draft", str(draft), "--max-ctx", "512", *backend,
+                       *MODES[mode])
+            rs = [e.gen(p, 128) for p in prompts]
+            e.close()
+            runs = [(r["output_ids"], {k: v for k, v in r["spec"].items() if k != "time_ms"}) for r in rs]
+            al = sum(s["accepted_tokens"] for _, s in runs) / max(1, sum(s["draft_steps"] for _, s in runs))
+            res[(name, mode)] = {"al": al, "runs": runs, "options": {k: e.ready["engine"]["options"].get(k) for k in (
+                "draft_format", "draft_file_types", "draft_dtype")}, "draft_memory": e.ready["model"].get(
+                "memory", {}).get("draft")}
+            say(f"  {name:17s} {mode:6s} AL {al:.3f}  {res[(name, mode)]['options']}")
+    for mode in ("chain", "tree22"):
+        for a, b in (("bf16", "safetensors"), ("q8_0", "q8_0 decoded f32")):
+            same = sum(x == y for x, y in zip(res[(a, mode)]["runs"], res[(b, mode)]["runs"]))
+            say(f"  {mode}: {a} against {b}: {same}/{len(prompts)} prompts identical (tokens and rounds)")
+            if same != len(prompts):
+                failures.append(f"gguf-draft {mode}: {a} differs from {b} on {len(prompts) - same} prompts")
+        same = sum(x[0] == y[0] for x, y in zip(res[("q8_0", mode)]["runs"], res[("safetensors", mode)]["runs"]))
+        say(f"  {mode}: q8_0 outputs equal to the safetensors draft's {same}/{len(prompts)} (lossless: both are "
+            "the target's greedy tokens up to near-ties)")
+    (out / "gguf_draft.json").write_text(json.dumps({f"{n} {m}": v for (n, m), v in res.items()}, indent=1))
 
 
 REF_BUDGETS = (8, 16, 22, 32, 40)
@@ -396,7 +444,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, required=True, help="folder with lucebench-ar and lucebench-dflash")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--part", action="append", choices=["lossless-synth", "reference", "reference-al", "speed"])
+    ap.add_argument("--part", action="append",
+                    choices=["lossless-synth", "reference", "reference-al", "speed", "gguf-draft"])
     ap.add_argument("--backend", default=None, help="pass --backend to the engines (cpu for the CPU build)")
     ap.add_argument("--cpu-baseline", type=Path, default=None, help="reference.json of the CPU engine")
     a = ap.parse_args()
@@ -409,7 +458,8 @@ def main() -> int:
             {"lossless-synth": lambda: part_lossless_synth(exe, a.out, backend),
              "reference": lambda: part_reference(exe, a.out, backend, a.cpu_baseline),
              "reference-al": lambda: part_reference_al(exe, a.out, backend),
-             "speed": lambda: part_speed(exe, a.out, backend)}[part]()
+             "speed": lambda: part_speed(exe, a.out, backend),
+             "gguf-draft": lambda: part_gguf_draft(exe, a.out, backend)}[part]()
         except Exception as exc:  # noqa: BLE001
             say(f"  {part}: FAILED with {type(exc).__name__}: {exc}")
             failures.append(f"{part}: {type(exc).__name__}: {exc}")

@@ -3,7 +3,8 @@
 # CUDA engines and the checks, then runs the parts named in PARTS (default: all of them, in this order):
 #   kernels         lucebench-dflash-gpu-check: the GPU draft's kernels (draft_attention, draft_top_k, gather)
 #                   against their CPU references on random inputs, and the whole GPU draft forward against
-#                   DraftModelCpu (the trained reference draft and a random 0.8B-shape draft);
+#                   DraftModelCpu (the trained reference draft, also as a Q8_0 GGUF, and a random 0.8B-shape
+#                   draft);
 #                   lucebench-verify-kernels-check: the verify kernels with q8_0 / q4_0 KV rows;
 #                   lucebench-verify-gpu-check: GPU verify + commit == AR (scripted trees), also with q8_0 KV
 #   lossless-synth  SYNTHETIC: dflash == ar greedy on full-shape synthetic Qwen3.5-0.8B, chain and tree at
@@ -18,6 +19,9 @@
 #                   the chain at the same budget, lossless per prompt, tok/s against ar      (~1 min)
 #   speed           SYNTHETIC, FORCED ACCEPTANCE: ar tok/s against dflash at a forced AL of 8.31, draft /
 #                   verify ms per budget                                                              (~40 s)
+#   gguf-draft      TRAINED REFERENCE: the fixture draft as BF16 / Q8_0 GGUF (`models convert-draft`): BF16
+#                   identical to the safetensors draft (tokens and rounds), Q8_0 identical to the F32 GGUF of
+#                   its decoded values, chain and tree 22; AL of each                                 (~20 s)
 # e.g. PARTS="reference-al" bash scripts/device/check_dflash_gpu.sh   (build + that part: about 3-4 minutes)
 # Options (environment): DFLASH_TARGET (a Qwen3.5 checkpoint folder or GGUF for the speed part; default the
 # synthetic 0.8B), DFLASH_DRAFT (its draft; default a random one from `models synth --draft-for`, which needs
@@ -34,7 +38,7 @@ mkdir -p "$DEST"
 . scripts/device/build_engines.sh
 BUILD=/tmp/lb-dflash-build
 t0=$(date +%s)
-PARTS=${PARTS:-kernels lossless-synth reference reference-al speed}
+PARTS=${PARTS:-kernels lossless-synth reference reference-al speed gguf-draft}
 targets=(lucebench-ar lucebench-dflash)
 [[ " $PARTS " == *" kernels "* ]] && targets+=(lucebench-dflash-gpu-check lucebench-verify-kernels-check lucebench-verify-gpu-check)
 build_engines engines "$BUILD" dflash "" "${targets[@]}" > "$DEST/build.log" 2>&1 || { tail -40 "$DEST/build.log"; exit 1; }
@@ -50,8 +54,14 @@ s(Path('/tmp/qwen35-0.8b-synth'), Path('/tmp/dflash-0.8b-synth-draft'), seed=1)"
 fi
 rc=0
 if [[ " $PARTS " == *" kernels "* ]]; then
+  # The trained reference draft as a Q8_0 GGUF too: the GPU forward of a GGUF draft (decoded at load) against
+  # DraftModelCpu's of the same file.
+  gguf_drafts=()
+  python3 -c "from pathlib import Path; from lucebench.models.dflash_gguf import convert_draft as c; \
+c(Path('tests/fixtures/reference-models/draft'), Path('/tmp/dflash-ref-draft-q8_0.gguf'), wtype='q8_0')" \
+    && gguf_drafts=(/tmp/dflash-ref-draft-q8_0.gguf) || { echo "GGUF draft conversion: FAILED"; rc=1; }
   stdbuf -oL "$BUILD/lucebench-dflash-gpu-check" tests/fixtures/reference-models/draft /tmp/dflash-0.8b-synth-draft \
-    > "$DEST/dflash_gpu_check.txt" 2>&1 || rc=1
+    ${gguf_drafts[@]+"${gguf_drafts[@]}"} > "$DEST/dflash_gpu_check.txt" 2>&1 || rc=1
   cat "$DEST/dflash_gpu_check.txt"
   stdbuf -oL "$BUILD/lucebench-verify-kernels-check" > "$DEST/verify_kernels_check.txt" 2>&1 || rc=1
   tail -4 "$DEST/verify_kernels_check.txt"

@@ -104,6 +104,37 @@ def test_dflash_runs_with_a_synthetic_draft(tmp_path, tiny_model):
     assert chain["chain_seed"] is True and chain["top_k"] == 1
 
 
+def test_dflash_runs_with_a_gguf_draft(tmp_path, tiny_model):
+    """A `models:` entry that is a GGUF draft (`models convert-draft`) serves as a dflash cell's draft; one for
+    another target is a config error before any cell runs."""
+    from lucebench.models.dflash_draft import synthesize_draft
+    from lucebench.models.dflash_gguf import convert_draft
+
+    synthesize_draft(tiny_model, tmp_path / "st", seed=1, dtype="fp32")
+    gguf_draft = convert_draft(tmp_path / "st", tmp_path / "draft.gguf", wtype="bf16").path
+    cfg = _config(tmp_path, tiny_model)
+    text = cfg.read_text().replace("draft: {synth: {draft_for: target, seed: 1, dtype: fp32}}",
+                                   f"draft: {{path: {gguf_draft}}}")
+    cfg.write_text(text.replace("engine: [dflash-tree, dflash-chain]", "engine: [dflash-chain]"))
+    proc = _cli(str(cfg), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    result = Result.model_validate_json((tmp_path / "out" / "results.json").read_text())
+    cell = result.cells[0]
+    assert cell.engine.ready["engine"]["options"]["draft_format"] == "gguf"
+    assert cell.samples[0].spec is not None and cell.samples[0].spec.draft_steps >= 1
+
+    other = tmp_path / "other"
+    synthesize_draft(tiny_model, other, seed=1, dtype="fp32")
+    c = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**c, "dflash_config": {**c["dflash_config"],
+                                                                         "mask_token_id": c["vocab_size"] + 5},
+                                                   "vocab_size": c["vocab_size"] + 10}))
+    convert_draft(other, tmp_path / "other.gguf")
+    cfg.write_text(cfg.read_text().replace(str(gguf_draft), str(tmp_path / "other.gguf")))
+    proc = _cli(str(cfg), "--out", str(tmp_path / "out2"))
+    assert proc.returncode != 0 and "does not fit target" in proc.stderr and "mask_token_id" in proc.stderr, proc.stderr
+
+
 def test_second_model_is_resolved_hashed_recorded_and_passed(tmp_path, tiny_model, monkeypatch):
     """With an executable standing in for dflash (the protocol fake), the whole path runs in process."""
     from typer.testing import CliRunner
