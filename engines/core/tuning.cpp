@@ -48,9 +48,6 @@ const Knob kKnobs[] = {
     {"LB_MK_ATT_ROWS", "mk_att_rows", &Tuning::mk_att_rows},
     {"LB_MK_GENERIC", "mk_generic", &Tuning::mk_generic},
     {"LB_MK_TRACE", "mk_trace", nullptr, nullptr, &Tuning::mk_trace},
-    {"LB_PFLASH_SPARSE_FROM", "pflash_sparse_from", nullptr, &Tuning::pflash_sparse_from, nullptr, 0, 1 << 30},
-    {"LB_PFLASH_SPARSE_ALPHA", "pflash_sparse_alpha", nullptr, &Tuning::pflash_sparse_alpha, nullptr, 1, 100},
-    {"LB_PFLASH_SPARSE_BUDGET", "pflash_sparse_budget", nullptr, &Tuning::pflash_sparse_budget, nullptr, 1, 100},
     {"LB_DFLASH_TRACE", "dflash_trace", nullptr, nullptr, &Tuning::dflash_trace},
     {"LB_DFLASH_DRAFT_BF16", "dflash_draft_bf16", &Tuning::dflash_draft_bf16},
 };
@@ -66,6 +63,14 @@ const char* const kRetired[] = {
 // Read by a tool loaded into the engine, not by the engine: no warning. LB_TIMELINE_OUT: the CUPTI
 // library that scripts/device/timeline_decode.py injects (scripts/device/kernel_timeline.cpp).
 const char* const kTools[] = {"LB_TIMELINE_OUT"};
+
+// Knobs that became engine options (typed, in the config and the ready line's engine.options): the
+// warning names the flag that replaces each.
+const char* const kMoved[][2] = {
+    {"LB_PFLASH_SPARSE_FROM", "lucebench-pflash --drafter-sparse-from N"},
+    {"LB_PFLASH_SPARSE_ALPHA", "lucebench-pflash --drafter-sparse-alpha A (a fraction: 0.85, not 85)"},
+    {"LB_PFLASH_SPARSE_BUDGET", "lucebench-pflash --drafter-sparse-budget B (a fraction: 0.1, not 10)"},
+};
 
 bool parse_int(const std::string& s, long* out) {
     if (s.empty()) return false;
@@ -90,6 +95,12 @@ Tuning parse_tuning(const std::vector<std::string>& env) {
             if (var == c.var) k = &c;
         if (!k) {
             if (std::any_of(std::begin(kTools), std::end(kTools), [&](const char* n) { return var == n; })) continue;
+            const auto moved =
+                std::find_if(std::begin(kMoved), std::end(kMoved), [&](const auto& m) { return var == m[0]; });
+            if (moved != std::end(kMoved)) {
+                t.warnings.push_back(var + "=" + value + ": now the engine option " + (*moved)[1] + "; ignored");
+                continue;
+            }
             const bool retired =
                 std::any_of(std::begin(kRetired), std::end(kRetired), [&](const char* n) { return var == n; });
             t.warnings.push_back(var + "=" + value + (retired ? ": a retired switch (git history keeps its variant)"

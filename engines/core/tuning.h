@@ -48,13 +48,6 @@ struct Tuning {
     bool mk_att_rows = true;      // LB_MK_ATT_ROWS: attention out-projection by rows (0: off)
     bool mk_generic = false;      // LB_MK_GENERIC: the run-time build even for the default configuration (1: on)
     std::string mk_trace;         // LB_MK_TRACE: file for the per-stage clock stamps (timing only; empty: none)
-    // ---- lucebench-pflash
-    int pflash_sparse_from = 0;   // LB_PFLASH_SPARSE_FROM: the drafter's attention is block-sparse in forwards whose
-                                  // sequence reaches this many tokens (0: dense; upstream: about 32K; GPU only)
-    int pflash_sparse_alpha = 85; // LB_PFLASH_SPARSE_ALPHA: its threshold alpha, in percent (1..100)
-    int pflash_sparse_budget = 10;   // LB_PFLASH_SPARSE_BUDGET: of the key blocks a query tile sees, the percent it
-                                     // may keep by the alpha rule beyond its sink and recent blocks, the
-                                     // top-scoring ones (1..100; 100: no bound; docs/engines.md: why 10)
     // ---- lucebench-dflash
     std::string dflash_trace;     // LB_DFLASH_TRACE: file that gets one JSON line per round (bonus position,
                                   // the draft's top-1 per depth, tokens accepted; for tests; empty: none)

@@ -4,7 +4,9 @@
 // greedy autoregressive decoding. Both models on one backend: cpu, or the GPU one this binary was built
 // for (two backends in one process, each with its own device context).
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,7 +15,6 @@
 #include "core/engine_main.h"
 #include "core/errors.h"
 #include "core/server.h"
-#include "core/tuning.h"
 #include "pflash/compress.h"
 
 namespace lb {
@@ -24,11 +25,62 @@ namespace {
 // (LB_GPU_PREFILL_CHUNK), with the tail rows in its last chunk.
 constexpr int kCpuDrafterChunk = 2048;
 
+// The drafter's prefill attention (docs/engines.md, "PFlash"): block-sparse (gpu::BlockSparse, and the same
+// rule on the CPU) in forwards whose sequence reaches `from` tokens, dense below; from = 0: always dense.
+// Defaults: upstream's (block-sparse above about 32K tokens, alpha 0.85) and the budget measured in
+// docs/benchmarks.md ("CPU: the block-sparse budget and retention").
+struct DrafterAttention {
+    int from = 32768;
+    double alpha = 0.85;   // a key block is kept when within ln(alpha) of its query tile's best block score
+    double budget = 0.10;  // of the blocks a query tile sees, the share it may keep beyond its sink and recent ones
+};
+
+// This engine's own flags, taken out of argv before the common parser sees it:
+//   --drafter-sparse-from N     block-sparse drafter attention in forwards of >= N tokens, N >= 0 (0: dense)
+//   --drafter-sparse-alpha A    its threshold alpha, 0 < A <= 1
+//   --drafter-sparse-budget B   its budget, a fraction 0 < B <= 1 (1: no bound)
+std::vector<char*> take_own_flags(int argc, char** argv, DrafterAttention* att) {
+    std::vector<char*> rest;
+    for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i], value, flag;
+        for (const char* f : {"--drafter-sparse-from", "--drafter-sparse-alpha", "--drafter-sparse-budget"})
+            if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
+        if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
+        if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
+        else if (i + 1 < argc) value = argv[++i];
+        else fail("bad_request", flag + " needs a value");
+        char* end = nullptr;
+        if (flag == "--drafter-sparse-from") {
+            errno = 0;
+            const long n = std::strtol(value.c_str(), &end, 10);
+            if (value.empty() || *end || errno == ERANGE || n < 0 || n > 1 << 30)
+                fail("bad_request", flag + " must be an integer >= 0 (0: dense attention), got '" + value + "'");
+            att->from = int(n);
+        } else {
+            const double x = std::strtod(value.c_str(), &end);
+            const bool alpha = flag == "--drafter-sparse-alpha";
+            if (value.empty() || *end || !(x > 0.0 && x <= 1.0))
+                fail("bad_request", flag + " must be a number in (0, 1] (a fraction: " +
+                                        (alpha ? "0.85, not 85" : "0.1, not 10") + "), got '" + value + "'");
+            (alpha ? att->alpha : att->budget) = x;
+        }
+    }
+    return rest;
+}
+
+// A fraction as a percentage for the ready line's text: 0.85 -> "85".
+std::string percent(double x) {
+    char b[32];
+    snprintf(b, sizeof b, "%g", x * 100.0);
+    return b;
+}
+
 class PFlashHandler : public RequestHandler {
 public:
     PFlashHandler(Backend& target, const ModelConfig& tcfg, Backend& drafter, const ModelConfig& dcfg,
-                  const EngineOptions& opt)
-        : target_(target), tcfg_(tcfg), drafter_(drafter), dcfg_(dcfg), opt_(opt), drafter_ctx_(opt.max_ctx) {}
+                  const EngineOptions& opt, const DrafterAttention& att)
+        : target_(target), tcfg_(tcfg), drafter_(drafter), dcfg_(dcfg), opt_(opt), att_(att),
+          drafter_ctx_(opt.max_ctx) {}
     int vocab_size() const override { return tcfg_.vocab; }
     int max_ctx() const override { return opt_.max_ctx; }
 
@@ -71,7 +123,8 @@ public:
             const int head = drafter_.name() == "cpu" ? nd - n_tail : 0;  // tokens before the scored forward
             drafter_.timer_start();
             // block-sparse: the head in one forward, whose last 256 rows are dense (as the GPU's one forward)
-            const int cpu_chunk = tuning().pflash_sparse_from > 0 ? std::max(1, head) : kCpuDrafterChunk;
+            const bool sparse = att_.from > 0 && nd >= att_.from;
+            const int cpu_chunk = sparse ? std::max(1, head) : kCpuDrafterChunk;
             for (int a = 0; a < head; a += cpu_chunk)
                 drafter_.forward(req.drafter_ids.data() + a, std::min(cpu_chunk, head - a), nullptr);
             TailScores scores;
@@ -175,14 +228,17 @@ private:
     Backend& drafter_;
     const ModelConfig& dcfg_;
     EngineOptions opt_;
+    DrafterAttention att_;
     int drafter_ctx_;
     pflash::Rule rule_;
 };
 
 int run(int argc, char** argv) {
     EngineOptions opt;
+    DrafterAttention att;
     try {
-        opt = parse_engine_flags(argc, argv, kFlagDrafter | kFlagKeepRatio | kFlagMinPromptTokens);
+        std::vector<char*> rest = take_own_flags(argc, argv, &att);
+        opt = parse_engine_flags(int(rest.size()), rest.data(), kFlagDrafter | kFlagKeepRatio | kFlagMinPromptTokens);
         if (opt.drafter.empty()) fail("bad_request", "lucebench-pflash needs --drafter PATH (a Qwen3 checkpoint)");
     } catch (const EngineError& e) {
         emit_error("", e.kind == "unsupported" ? "unsupported" : "load", e.what());
@@ -210,13 +266,12 @@ int run(int argc, char** argv) {
                                     " model; PFlash scores with a dense Qwen3 drafter");
         drafter->load(*dsrc, dcfg, &dstats);
         drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
-        drafter->set_block_sparse(tuning().pflash_sparse_from, float(tuning().pflash_sparse_alpha) / 100.f,
-                                  float(tuning().pflash_sparse_budget) / 100.f);
+        drafter->set_block_sparse(att.from, float(att.alpha), float(att.budget));
     });
     if (!loaded) return 1;
-    fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens\n",
-            arch_name(tcfg.arch), tcfg.n_layers, arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio,
-            opt.min_prompt_tokens);
+    fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens, "
+            "drafter attention block-sparse from %d tokens (0: dense)\n", arch_name(tcfg.arch), tcfg.n_layers,
+            arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio, opt.min_prompt_tokens, att.from);
     Json options = kv_options(opt, target->weight_dtype());
     options["keep_ratio"] = opt.keep_ratio;
     options["min_prompt_tokens"] = opt.min_prompt_tokens;
@@ -225,13 +280,15 @@ int run(int argc, char** argv) {
     options["chunk"] = 32;
     options["bridge"] = "character offsets";
     options["drafter"] = opt.drafter;
+    options["drafter_sparse_from"] = att.from;
+    options["drafter_sparse_alpha"] = att.alpha;
+    options["drafter_sparse_budget"] = att.budget;
     options["drafter_attention"] =
-        tuning().pflash_sparse_from > 0
-            ? "block-sparse from " + std::to_string(tuning().pflash_sparse_from) + " tokens: 128-token key blocks, kept " +
+        att.from > 0
+            ? "block-sparse from " + std::to_string(att.from) + " tokens (dense below): 128-token key blocks, kept " +
                   "when within ln(alpha) of the query tile's best block score (mean q . mean k), alpha " +
-                  std::to_string(tuning().pflash_sparse_alpha) + "%, at most " +
-                  std::to_string(tuning().pflash_sparse_budget) + "% of the blocks a query tile sees beyond " +
-                  "2 sink and 4 recent blocks (the best-scoring), the last 256 rows dense"
+                  percent(att.alpha) + "%, at most " + percent(att.budget) + "% of the blocks a query tile sees " +
+                  "beyond 2 sink and 4 recent blocks (the best-scoring), the last 256 rows dense"
             : "dense";
     Json dm = Json::object();
     dm["arch"] = arch_name(dcfg.arch);
@@ -243,7 +300,7 @@ int run(int argc, char** argv) {
     const MemoryReport mem = target->memory();
     emit(ready_line("pflash", backend, options, tcfg, tstats, target->device(), opt.max_ctx, &mem));
 
-    PFlashHandler handler(*target, tcfg, *drafter, dcfg, opt);
+    PFlashHandler handler(*target, tcfg, *drafter, dcfg, opt, att);
     return serve(handler);
 }
 

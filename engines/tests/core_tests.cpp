@@ -168,6 +168,15 @@ static void test_engine_flags() {
     CHECK(parse_fails({"x", "--model", "t", "--budget"}, 0, "unsupported", "--budget"), "refused before its value");
 }
 
+// A knob that became an engine option changes nothing and names the flag that replaces it.
+static void test_tuning_moved() {
+    const lb::Tuning m = lb::parse_tuning({"LB_PFLASH_SPARSE_FROM=32768"});
+    CHECK(m.set.empty() && m.warnings.size() == 1 &&
+              m.warnings[0].find("--drafter-sparse-from") != std::string::npos &&
+              m.to_json().dump().find("pflash_sparse") == std::string::npos,
+          "moved: %s", m.warnings.empty() ? "(no warning)" : m.warnings[0].c_str());
+}
+
 // The knobs (core/tuning.h): parsed, range-clamped, recorded as set; stray and malformed variables warned
 // about and ignored.
 static void test_tuning() {
@@ -257,6 +266,7 @@ int main(int argc, char** argv) {
     test_delta_rule();
     test_block_sparse_cpu();
     test_engine_flags();
+    test_tuning_moved();
     if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
     printf("core tests passed\n");
     return 0;
