@@ -50,6 +50,13 @@ def generate(
     keep_ratio: Optional[float] = typer.Option(None, "--keep-ratio", help="pflash: share of the prompt kept, in (0, 1]"),
     min_prompt_tokens: Optional[int] = typer.Option(
         None, "--min-prompt-tokens", min=0, help="pflash: compress only prompts of at least N tokens (default 32000)"),
+    drafter_sparse_from: Optional[int] = typer.Option(
+        None, "--drafter-sparse-from", min=0,
+        help="pflash: the drafter's attention block-sparse from N tokens (default 32768; 0: dense)"),
+    drafter_sparse_alpha: Optional[float] = typer.Option(
+        None, "--drafter-sparse-alpha", help="pflash: the block-sparse threshold alpha, in (0, 1] (default 0.85)"),
+    drafter_sparse_budget: Optional[float] = typer.Option(
+        None, "--drafter-sparse-budget", help="pflash: the block-sparse budget, a fraction in (0, 1] (default 0.1)"),
     chain: bool = typer.Option(False, "--chain", help="dflash: verify the top-1 chain instead of a tree"),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=MAX_TOP_K, help="dflash: DDTree candidates per depth"),
     chain_seed: Optional[str] = typer.Option(None, "--chain-seed",
@@ -68,14 +75,18 @@ def generate(
         raise UserError(f"--chain-seed is on or off, got {chain_seed!r}", where="--chain-seed")
     given = {"draft": draft, "drafter": drafter, "budget": budget, "keep_ratio": keep_ratio,
              "min_prompt_tokens": min_prompt_tokens, "verify": "chain" if chain else None, "top_k": top_k,
-             "chain_seed": None if chain_seed is None else chain_seed == "on"}
+             "chain_seed": None if chain_seed is None else chain_seed == "on",
+             "drafter_sparse_from": drafter_sparse_from, "drafter_sparse_alpha": drafter_sparse_alpha,
+             "drafter_sparse_budget": drafter_sparse_budget}
     for key, value in given.items():
         if value is not None and key not in engine_type.options:
             flag = "--chain" if key == "verify" else "--" + key.replace("_", "-")
             raise UserError(f"engine {engine!r} takes no {flag}", where=flag,
                             hint=f"{flag} is for {', '.join(sorted(n for n, t in ENGINE_TYPES.items() if key in t.options))}")
-    if keep_ratio is not None and not 0 < keep_ratio <= 1:
-        raise UserError(f"--keep-ratio must be in (0, 1], got {keep_ratio:g}", where="--keep-ratio")
+    for flag, value in (("--keep-ratio", keep_ratio), ("--drafter-sparse-alpha", drafter_sparse_alpha),
+                        ("--drafter-sparse-budget", drafter_sparse_budget)):
+        if value is not None and not 0 < value <= 1:
+            raise UserError(f"{flag} must be in (0, 1], got {value:g}", where=flag)
     second_key = engine_type.second_model_option
     second = given.get(second_key) if second_key else None
     if second_key is not None and second is None:

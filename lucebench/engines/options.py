@@ -73,6 +73,18 @@ class PFlashOptions(BundledOptions):
     # Upstream compresses only long prompts; a shorter one is prefilled whole (kept = all, recorded).
     min_prompt_tokens: int = Field(32000, ge=0, description="compress only prompts of at least this many target "
                                    "tokens (upstream: 32,000); 0 compresses every prompt")
+    # The drafter's prefill attention (docs/engines.md, "PFlash"): block-sparse in long forwards, as upstream.
+    drafter_sparse_from: int = Field(32768, ge=0, le=1 << 30,
+                                     description="the drafter's attention is block-sparse (128-token key blocks) "
+                                     "in forwards of at least this many drafter tokens (upstream: about 32K); "
+                                     "0: dense attention always")
+    drafter_sparse_alpha: float = Field(0.85, gt=0.0, le=1.0,
+                                        description="block-sparse threshold: a key block is kept when its score is "
+                                        "within ln(alpha) of its query tile's best (upstream: 0.85)")
+    drafter_sparse_budget: float = Field(0.1, gt=0.0, le=1.0,
+                                         description="of the key blocks a query tile sees, the share it may keep by "
+                                         "the alpha rule beyond its 2 sink and 4 recent blocks, the best-scoring "
+                                         "(0.1; 1: no bound)")
 
 
 # The option naming a second model, per option class.

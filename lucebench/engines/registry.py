@@ -107,6 +107,11 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
         argv += ["--keep-ratio", repr(req.keep_ratio)]
     if "min_prompt_tokens" in req.options:
         argv += ["--min-prompt-tokens", str(int(req.options["min_prompt_tokens"]))]
+    if "drafter_sparse_from" in req.options:
+        argv += ["--drafter-sparse-from", str(int(req.options["drafter_sparse_from"]))]
+    for key in ("drafter_sparse_alpha", "drafter_sparse_budget"):
+        if key in req.options:
+            argv += ["--" + key.replace("_", "-"), repr(float(req.options[key]))]
     if req.options.get("verify") == "chain":
         argv.append("--chain")
     if req.options.get("top_k") is not None:

@@ -123,8 +123,8 @@ def pool_spec(stats: list[SpecStats | None]) -> SpecStats | None:
 
 
 def pool_prefill(stats: list[PrefillStats | None]) -> PrefillStats | None:
-    """Several requests' compressed-prefill counts as one (tokens and stage times summed, needle flags
-    concatenated); None unless every request reported them."""
+    """Several requests' compressed-prefill counts as one (tokens and stage times summed, the drafter's
+    attention read share averaged, needle flags concatenated); None unless every request reported them."""
     if not stats or any(s is None for s in stats):
         return None
     parts = [s for s in stats if s is not None]
@@ -146,6 +146,8 @@ def pool_prefill(stats: list[PrefillStats | None]) -> PrefillStats | None:
         kept_tokens_target=sum(s.kept_tokens_target for s in parts), time_ms=times,
         drafter_forward_ms=None if any(s.drafter_forward_ms is None for s in parts)
         else sum(s.drafter_forward_ms or 0.0 for s in parts),
+        drafter_attention_read=None if any(s.drafter_attention_read is None for s in parts)
+        else sum(s.drafter_attention_read or 0.0 for s in parts) / len(parts),
         needles_kept=None if any(n is None for n in needles) else [k for n in needles for k in (n or [])],
         needle_depths=None if any(d is None for d in depths) else [x for d in depths for x in (d or [])])
 

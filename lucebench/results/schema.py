@@ -236,6 +236,9 @@ class PrefillStats(_Strict):
                                           "target_prefill")
     drafter_forward_ms: float | None = Field(
         None, ge=0, description="of time_ms.score: the drafter's forwards over the prompt (the backend's timer)")
+    drafter_attention_read: float | None = Field(
+        None, ge=0, le=1, description="block-sparse drafter attention (the engine's drafter_sparse_from): the share "
+                                      "of the causal key tiles it read, all layers; absent when it ran dense")
     memory_bytes: dict[str, int] | None = Field(
         None, description="bytes each model holds on its backend (weights, caches, scratch): target, drafter")
     needles_kept: list[bool] | None = Field(

@@ -243,6 +243,10 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     options = e.ready["engine"]["options"]
     assert options["keep_ratio"] == 0.05 and options["bridge"] == "character offsets"
     assert options["min_prompt_tokens"] == 32000  # upstream's threshold
+    # upstream's drafter attention: block-sparse from about 32K tokens, alpha 0.85; the measured 10% budget
+    assert (options["drafter_sparse_from"], options["drafter_sparse_alpha"], options["drafter_sparse_budget"]) == (
+        32768, 0.85, 0.1)
+    assert "alpha 85%, at most 10%" in options["drafter_attention"]
     assert options["drafter_model"]["arch"] == "qwen3" and e.ready["engine"]["backend"] == "cpu"
     r = e.generate([1, 2, 3], 2)
     assert r["type"] == "error" and r["kind"] == "bad_request" and "drafter_ids" in r["message"]
@@ -258,6 +262,10 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     for flags, what in ((["--drafter", str(target)], "dense Qwen3 drafter"), ([], "needs --drafter"),
                         (["--drafter", str(drafter), "--budget", "3"], "does not take --budget"),
                         (["--drafter", str(drafter), "--min-prompt-tokens", "-5"], "--min-prompt-tokens must be"),
+                        (["--drafter", str(drafter), "--drafter-sparse-alpha", "85"], "a fraction: 0.85, not 85"),
+                        (["--drafter", str(drafter), "--drafter-sparse-budget=0"], "--drafter-sparse-budget must be"),
+                        (["--drafter", str(drafter), "--drafter-sparse-from", "1e4"], "--drafter-sparse-from must be"),
+                        (["--drafter", str(drafter), "--drafter-sparse-from"], "--drafter-sparse-from needs a value"),
                         (["--drafter", str(drafter), "--backend", "cuda"], "built for the cpu backend only")):
         proc = subprocess.run([str(pflash_exe), "--model", str(target), *flags], capture_output=True, text=True,
                               input="", timeout=60)
@@ -265,31 +273,37 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
         assert proc.returncode != 0 and line["type"] == "error" and what in line["message"], line
 
 
-def test_block_sparse_drafter(start, models, monkeypatch):
-    """LB_PFLASH_SPARSE_*: the drafter's attention reads only the kept key tiles (the reply says which share of
-    the causal ones), at most the budget's; the knobs are in the ready line; a dense drafter reports no share."""
+def test_block_sparse_drafter(start, models):
+    """--drafter-sparse-*: the drafter's attention reads only the kept key tiles (the reply says which share of
+    the causal ones), at most the budget's; the options are in the ready line; a dense drafter reports no share,
+    and the default (block-sparse from 32,768 tokens) leaves a shorter prompt dense, selection included."""
     target, drafter = models
     req = synthetic_request(3000, 60, seed=3, vocab_d=777, vocab_t=1024)
     prompt = req.pop("prompt_ids")
-    read = {}
-    for budget in (None, 100, 5):
-        if budget is None:
-            monkeypatch.delenv("LB_PFLASH_SPARSE_FROM", raising=False)
+    read, kept = {}, {}
+    for name, flags in (("dense", ["--drafter-sparse-from", "0"]), ("default", []),
+                        ("b100", ["--drafter-sparse-from=1024", "--drafter-sparse-budget", "1"]),
+                        ("b5", ["--drafter-sparse-from", "1024", "--drafter-sparse-budget", "0.05"])):
+        e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", "3100", "--min-prompt-tokens", "0", *flags)
+        options = e.ready["engine"]["options"]
+        assert "pflash_sparse_from" not in e.ready["engine"]["tuning"]  # an engine option, no longer a knob
+        if name == "dense":
+            assert options["drafter_sparse_from"] == 0 and options["drafter_attention"] == "dense"
+        elif name == "default":
+            assert options["drafter_sparse_from"] == 32768 and "from 32768 tokens" in options["drafter_attention"]
         else:
-            monkeypatch.setenv("LB_PFLASH_SPARSE_FROM", "1024")
-            monkeypatch.setenv("LB_PFLASH_SPARSE_BUDGET", str(budget))
-        e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", "3100", "--min-prompt-tokens", "0")
-        if budget is not None:
-            assert e.ready["engine"]["tuning"]["pflash_sparse_budget"] == budget
-            assert f"at most {budget}%" in e.ready["engine"]["options"]["drafter_attention"]
+            budget = 100 if name == "b100" else 5
+            assert options["drafter_sparse_from"] == 1024 and options["drafter_sparse_budget"] == budget / 100
+            assert f"alpha 85%, at most {budget}%" in options["drafter_attention"]
         r = e.generate(prompt, 2, **req)
         assert r["type"] == "result", r
-        read[budget] = r["prefill"].get("drafter_attention_read")
+        read[name] = r["prefill"].get("drafter_attention_read")
+        kept[name] = r["prefill"]["kept_ranges"]
         assert e.close() == 0
-    assert read[None] is None
+    assert read["dense"] is None and read["default"] is None and kept["default"] == kept["dense"]
     # 3000 rows: query tiles see up to 24 key blocks, 6 of them forced (sinks, recent), at most ceil(5% x 24) = 2
     # more; the last 256 rows dense: about half the causal key tiles at most
-    assert 0 < read[5] <= read[100] <= 1 and read[5] < 0.7, read
+    assert 0 < read["b5"] <= read["b100"] <= 1 and read["b5"] < 0.7, read
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -308,6 +322,11 @@ def test_generate_cli(models):
     assert out["pflash"]["output_ids"] == out["ar"]["output_ids"]
     pf = out["pflash"]["prefill"]
     assert pf["kept_tokens_target"] == pf["prompt_tokens"] == out["ar"]["n_prompt"]
+    # the drafter's attention options: checked before the engine starts, one error line, no traceback
+    proc = subprocess.run(base + ["--engine", "pflash", "--drafter", str(drafter), "--drafter-sparse-alpha", "85"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and "--drafter-sparse-alpha must be in (0, 1]" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_retention_script_reproduces_the_engine_selection(start, models):

@@ -25,7 +25,8 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
           tiny: {synth: {shape: tiny, seed: 0, dtype: fp32}}
           drafter: {synth: {shape: tiny-qwen3-odd, seed: 1, dtype: fp32}}
         engines:
-          pflash: {type: pflash, options: {drafter: drafter, keep_ratio: 0.1, min_prompt_tokens: 0}}
+          pflash: {type: pflash, options: {drafter: drafter, keep_ratio: 0.1, min_prompt_tokens: 0,
+                                           drafter_sparse_from: 1024, drafter_sparse_budget: 0.2}}
         matrix: {engine: [ar, pflash], model: [tiny], suite: [needle], context: [2048]}
         suites: {needle: {n_gen: 4, sample_size: 2}}
         measure: {repetitions: 1, warmups: 0, timeout_s: 300}
@@ -41,13 +42,17 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
     result = Result.model_validate_json((out / "results.json").read_text())
     cell = next(c for c in result.cells if c.params["engine"] == "pflash")
     assert cell.status == "ok" and cell.params["keep_ratio"] == 0.1
-    assert cell.engine.ready["engine"]["options"]["min_prompt_tokens"] == 0  # the option reached the engine
+    options = cell.engine.ready["engine"]["options"]  # the options reached the engine
+    assert options["min_prompt_tokens"] == 0 and options["drafter_sparse_from"] == 1024
+    assert options["drafter_sparse_budget"] == 0.2 and options["drafter_sparse_alpha"] == 0.85
+    assert cell.engine.build["options"]["drafter_sparse_from"] == 1024  # and the config's choice is recorded
     for s in cell.samples:
         pf = s.prefill
         assert pf is not None and pf.prompt_tokens == s.n_prompt == 2048 and pf.compressed is True
         assert 0 < pf.kept_tokens_target < pf.prompt_tokens and pf.kept_tokens_drafter and pf.drafter_prompt_tokens
         assert pf.needles_kept is not None and len(pf.needles_kept) == 1 and pf.needle_depths is not None
         assert set(pf.time_ms) == {"score", "select", "bridge", "target_prefill"}
+        assert pf.drafter_attention_read is not None and 0 < pf.drafter_attention_read < 1  # block-sparse drafter
     assert cell.metrics["kept_pct"].median < 100 and cell.metrics["needle_retention_pct"].median is not None
     assert len(cell.samples) == 2  # sample_size: the first 2 of the suite's 5 cases at 2,048
     # score: true scores needle answers too, with and without compression
