@@ -20,7 +20,11 @@ keep ratio), scored as the suite scores them, for the suites in --answer-suites.
     PYTHONPATH=. python scripts/pflash_retention.py --exe PATH/lucebench-pflash \\
         --target tests/fixtures/reference-models/target --drafter tests/fixtures/reference-models/drafter \\
         --suites needle,needle-lucebox,needle-multi,needle-vt,needle-code --lengths 8192 --keeps 0.05,0.1 \\
-        --out results/pflash-retention.json
+        --out results/pflash-retention.json [--drafter-sparse-from N --drafter-sparse-budget B]
+
+The drafter's attention is the engine's default (block-sparse from 32,768 drafter tokens, alpha 0.85, budget
+0.1) unless --drafter-sparse-from / --drafter-sparse-alpha / --drafter-sparse-budget say otherwise (0: dense);
+each row records the values the engine used (`drafter_sparse`, from its ready line).
 """
 
 from __future__ import annotations
@@ -256,18 +260,26 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="cpu", help="the engine's backend: cpu, or cuda for a CUDA build")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--drafter-sparse-from", type=int, help="the engine's --drafter-sparse-from (0: dense "
+                                                            "drafter attention; default: the engine's, 32768)")
+    ap.add_argument("--drafter-sparse-alpha", type=float, help="the engine's --drafter-sparse-alpha (default 0.85)")
+    ap.add_argument("--drafter-sparse-budget", type=float, help="the engine's --drafter-sparse-budget (default 0.1)")
     args = ap.parse_args()
+    sparse_flags = [f"--drafter-sparse-{k}={v!r}" for k, v in (("from", args.drafter_sparse_from),
+                    ("alpha", args.drafter_sparse_alpha), ("budget", args.drafter_sparse_budget)) if v is not None]
     keeps = [float(k) for k in args.keeps.split(",")]
     bridge_tok = PFlashBridge(args.target, args.drafter)
     rows: list[dict] = []
     for length in [int(x) for x in args.lengths.split(",")]:
         argv = [str(args.exe), "--model", str(args.target), "--drafter", str(args.drafter), "--backend", args.backend,
-                "--max-ctx", str(length + args.n_gen + 64), "--min-prompt-tokens", "0"]
+                "--max-ctx", str(length + args.n_gen + 64), "--min-prompt-tokens", "0", *sparse_flags]
         engines = {k: EngineProcess(argv + ["--keep-ratio", repr(k)], log_path=args.out.with_suffix(f".{k}.log"))
                    for k in [1.0, keeps[0]]}
         try:
             for e in engines.values():
                 e.wait_ready(120)
+            opts = engines[keeps[0]].ready["engine"]["options"]
+            drafter_sparse = {k: opts.get(f"drafter_sparse_{k}") for k in ("from", "alpha", "budget")}
             for suite in args.suites.split(","):
                 w = prepare_workload(suite, tokenizer_dir=args.target, context=length, n_gen=args.n_gen)
                 for p in w.prompts:
@@ -291,7 +303,8 @@ def main() -> int:
                     d_ids = fields["drafter_ids"]
                     means = chunk_means(r["importance_smoothed"], len(d_ids))
                     row["chunk_means"] = means
-                    # a block-sparse drafter (LB_PFLASH_SPARSE_*): the share of its causal key tiles it read
+                    # a block-sparse drafter (--drafter-sparse-*): the share of its causal key tiles it read
+                    row["drafter_sparse"] = drafter_sparse
                     row["drafter_attention_read"] = pf.get("drafter_attention_read")
                     row["needle_chunks"] = needle_chunks(p.reference, fields["drafter_offsets"], fields["target_offsets"])
                     for k in keeps:

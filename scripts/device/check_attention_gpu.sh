@@ -13,7 +13,7 @@
 #      (24 / 4 heads of 256, gated) at 4K/32K against attention_kernel, which served G = 6 before
 #                                                                        -> fa/attention_bench.jsonl
 #   4. PFlash TTFT split by phase, SYNTHETIC drafter and target, bf16 KV, keep 0.05, 32K/64K/128K: the dense
-#      drafter, then block-sparse (LB_PFLASH_SPARSE_FROM 32768, alpha 0.85) at budget $FA_BUDGET (10%)
+#      drafter (--drafter-sparse-from 0), then block-sparse (from 32768, alpha 0.85) at budget $FA_BUDGET (10%)
 #                                                                        -> fa/ttft-*.log, fa/ttft-*.json
 #   5. if time is left (by 520 s): lucebench-ar's Qwen3 against transformers (check_qwen3_gpu.py)
 # Key figures go to stdout; 8 files under $OUT/fa. usage: scripts/device/check_attention_gpu.sh   (ARCH: 90; OUT: output root)
@@ -92,9 +92,9 @@ ttft() {  # NAME [pflash_ttft.py flags]
   cp "/tmp/fa-ttft-$name/pflash_ttft.json" "$O/ttft-$name.json" 2>/dev/null
   echo "ttft $name done at $(elapsed) s"
 }
-ttft dense
-LB_PFLASH_SPARSE_FROM=32768 LB_PFLASH_SPARSE_ALPHA=85 LB_PFLASH_SPARSE_BUDGET=${FA_BUDGET:-10} \
-  ttft "sparse-b${FA_BUDGET:-10}" --compare /tmp/fa-ttft-dense/pflash_ttft.json
+ttft dense --pflash-flags="--drafter-sparse-from 0"
+ttft "sparse-b${FA_BUDGET:-10}" --compare /tmp/fa-ttft-dense/pflash_ttft.json --pflash-flags="--drafter-sparse-from 32768 \
+--drafter-sparse-alpha 0.85 --drafter-sparse-budget $(awk "BEGIN { print ${FA_BUDGET:-10} / 100 }")"
 # 5. end to end, if time is left: lucebench-ar's Qwen3 (the drafter's architecture; prefill through the new
 # kernel from 16 rows) against transformers' Qwen3ForCausalLM: odd tiny shapes, the qwen3-0.6b shape, the trained
 # reference drafter (check_qwen3_gpu.py)                                 -> fa/qwen3_vs_transformers.log

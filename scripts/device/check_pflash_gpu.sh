@@ -12,10 +12,11 @@
 #   ttft       pflash_ttft.py                 TTFT at 32K, 64K and 128K, keep 0.05 (SYNTHETIC): full-shape
 #                                             qwen3-0.6b drafter, full-shape synthetic Qwen3.5-0.8B target, every
 #                                             phase timed, memory; against our own full prefill (lucebench-ar),
-#                                             bf16 KV
-#   sparse                                    the same with the drafter's block-sparse attention
-#                                             (LB_PFLASH_SPARSE_FROM 32768, alpha 0.85), against the dense run's
-#                                             kept prompt (no full prefill)
+#                                             bf16 KV; the drafter's attention dense (--drafter-sparse-from 0)
+#   sparse                                    the same with the drafter's block-sparse attention (the engine's
+#                                             default: --drafter-sparse-from $PFLASH_SPARSE_FROM (32768),
+#                                             --drafter-sparse-alpha $PFLASH_SPARSE_ALPHA (0.85), budget 0.1),
+#                                             against the dense run's kept prompt (no full prefill)
 #   prebuild                                  starts llama.cpp's CUDA build (.cache/llamacpp carried) niced in the
 #                                             background and leaves it running, for a `big` call on the warm machine
 #   big        pflash_ttft.py                 the 27B: full-shape synthetic Qwen3.5-27B Q4_K_M GGUF target (written
@@ -23,15 +24,16 @@
 #                                             our own full prefill of the 27B and llama.cpp's (llama-bench -p L
 #                                             -n 0 -fa 1, bf16 K/V as ours, -b/-ub 2048) on the same GGUF; all of it
 #                                             by $PFLASH_END_S (520 s) after the start: see pflash_ttft.py
-#                                             --deadline-s for what is skipped or cut. The drafter is dense; with
-#                                             LB_PFLASH_SPARSE_FROM=32768 in the environment it is block-sparse
-#                                             (its forward time does not depend on the target: stage sparse has it)
+#                                             --deadline-s for what is skipped or cut. The drafter's attention is
+#                                             the engine's default, block-sparse from 32,768 tokens
+#                                             ($PFLASH_BIG_SPARSE_FROM; 0: dense; the drafter's forward time does
+#                                             not depend on the target: stages ttft and sparse have both)
 #   retention  pflash_retention.py            needle retention on the trained reference models on the GPU (TRAINED
 #                                             REFERENCE), 8K, 16K and 32K, every needle suite, keep 0.05 and 0.1
 #                                             (needs the wheels: carry .carry/pg); every length with the
 #                                             answer probe: scripts/device/check_pflash_retention_gpu.sh
 #   quant                                     TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full
-#                                             prefill
+#                                             prefill; the drafter's attention the engine's default (block-sparse)
 # The build and the synthetic checkpoints are reused on a warm machine. The calls:
 #   PFLASH_STAGES=checks,ttft,sparse,prebuild scripts/device/check_pflash_gpu.sh   (fresh machine, ~5-7 min)
 #   PFLASH_STAGES=big scripts/device/check_pflash_gpu.sh               (next, warm machine: <= 9 min, guarded)
@@ -137,11 +139,11 @@ ttft() {  # NAME KV LENGTHS [more pflash_ttft.py flags]
   echo "ttft $name done at $(elapsed) s"
 }
 LENGTHS=${PFLASH_LENGTHS:-32768,65536,131072}
-want ttft && ttft bf16 bf16 "$LENGTHS" "${LLAMA[@]}"
-# the drafter's block-sparse attention (LB_PFLASH_SPARSE_FROM): TTFT, and how much of the dense run's kept
-# prompt it keeps
-want sparse && LB_PFLASH_SPARSE_FROM=${PFLASH_SPARSE_FROM:-32768} LB_PFLASH_SPARSE_ALPHA=${PFLASH_SPARSE_ALPHA:-85} \
-  ttft bf16-sparse bf16 "$LENGTHS" --no-full-prefill --compare "$O/ttft-bf16/pflash_ttft.json"
+want ttft && ttft bf16 bf16 "$LENGTHS" "${LLAMA[@]}" --pflash-flags="--drafter-sparse-from 0"
+# the drafter's block-sparse attention (--drafter-sparse-*): TTFT, and how much of the dense run's kept prompt
+# it keeps
+want sparse && ttft bf16-sparse bf16 "$LENGTHS" --no-full-prefill --compare "$O/ttft-bf16/pflash_ttft.json" \
+  --pflash-flags="--drafter-sparse-from ${PFLASH_SPARSE_FROM:-32768} --drafter-sparse-alpha ${PFLASH_SPARSE_ALPHA:-0.85}"
 
 if want big; then
   # everything by PFLASH_END_S after the start (the call's hard limit is 540 s)
@@ -149,6 +151,7 @@ if want big; then
   python3 scripts/device/pflash_ttft.py --build "$B" --drafter "$DRAFTER" --target "$GGUF27" --out "$O/ttft-27b" \
     --kv bf16 --lengths "${PFLASH_LENGTHS_27B:-65536,131072}" --warmup-length 32768 --llama-bench \
     --llama-ubatch "${PFLASH_LLAMA_UBATCH:-2048}" --deadline-s "$left" \
+    --pflash-flags="--drafter-sparse-from ${PFLASH_BIG_SPARSE_FROM:-32768}" \
     --label "SYNTHETIC (random weights, random token ids): full-shape Qwen3.5-27B Q4_K_M GGUF target" \
     2>&1 | tee "$O/ttft-27b.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1

@@ -12,6 +12,8 @@
 #   PFR_SUITES    default needle,needle-lucebox,needle-multi,needle-vt,needle-code,needle-code-copy
 #   PFR_ANSWERS   suites whose full-prompt answers are generated at PFR_LENGTHS too (default needle and
 #                 needle-code-copy, the one the trained target can answer)
+#   PFR_SPARSE_FROM  the engine's --drafter-sparse-from (default: the engine's own, block-sparse from 32,768
+#                 drafter tokens, as upstream; 0: dense drafter attention at every length)
 #   PFR_END_S     everything by this many seconds after the start (default 480); a length that would start
 #                 after it is skipped, one in flight is cut there (its finished cases are kept)
 # Calls (a warm machine reuses the build in /tmp/lb-pflash-build, shared with check_pflash_gpu.sh); estimates
@@ -72,7 +74,8 @@ run() {  # NAME LENGTHS ANSWER_SUITES
   echo "== $name: lengths $lengths, suites $SUITES, answers for ${answers:-none} ($left s left)"
   timeout -s INT "$left" python3 scripts/pflash_retention.py --exe "$EXE" --backend "$BACKEND" \
     --target "$R/target" --drafter "$R/drafter" --suites "$SUITES" --lengths "$lengths" --keeps 0.05,0.1 \
-    --answer-suites "$answers" --n-gen 32 --out "$O/retention-$name.json" > "$O/retention-$name.log" 2>&1
+    --answer-suites "$answers" --n-gen 32 ${PFR_SPARSE_FROM:+--drafter-sparse-from "$PFR_SPARSE_FROM"} \
+    --out "$O/retention-$name.json" > "$O/retention-$name.log" 2>&1
   local r=$?
   [ $r = 0 ] || { echo "retention $name: exit $r (124/130: cut at the time limit)"; tail -3 "$O/retention-$name.log"; rc=1; }
   [ -f "$O/retention-$name.json" ] && files+=("$O/retention-$name.json")

@@ -26,7 +26,9 @@ to need (L / 2000 tok/s + 30 s each), a llama-bench run the time left; a run kil
 as a lower bound. Skips are listed in the result's "skipped".
 
 The drafter's attention cost: its forward time t(L) over the lengths fitted by t = a L + c L^2 (least squares);
-c L^2 / t(L) at the longest length is the share of the quadratic (attention) term.
+c L^2 / t(L) at the longest length is the share of the quadratic (attention) term. The drafter's attention is
+the engine's default, block-sparse from 32,768 tokens (alpha 0.85, budget 0.1), unless --pflash-flags says
+otherwise (--pflash-flags="--drafter-sparse-from 0": dense); the ready line's options in the result record it.
 """
 
 from __future__ import annotations
