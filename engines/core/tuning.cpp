@@ -37,8 +37,6 @@ const Knob kKnobs[] = {
     {"LB_GPU_DELTA_OUT", "delta_out", &Tuning::delta_out},
     {"LB_GPU_PREFILL_CHUNK", "prefill_chunk", nullptr, &Tuning::prefill_chunk, nullptr, 0, 1 << 30},
     {"LB_GPU_QUANT", "gpu_quant", &Tuning::gpu_quant},
-    {"LB_GPU_QMV", "qmv", &Tuning::qmv},
-    {"LB_GPU_QMMA", "qmma", &Tuning::qmma},
     {"LB_GPU_FUSED_MLP", "fused_mlp", nullptr, &Tuning::fused_mlp, nullptr, 0, 1},
     {"LB_MK_FUSE", "mk_fuse", &Tuning::mk_fuse},
     {"LB_MK_FUSE_OUT", "mk_fuse_out", &Tuning::mk_fuse_out},
@@ -57,7 +55,7 @@ const char* const kRetired[] = {
     "LB_GPU_OLD_GEMM", "LB_GPU_OLD_CONV", "LB_GPU_OLD_DELTA", "LB_GPU_OLD_ATTN", "LB_GPU_OLD_ATTN_DEC",
     "LB_GPU_DR_CB",    "LB_GPU_DR_WY",    "LB_GPU_ATTN_ANYKV", "LB_GPU_ATTN_TILED", "LB_MLP_EARLY_DOWN",
     "LB_GPU_DECODE",   "LB_GPU_DIAG_SKIP", "LB_MK_RING",     "LB_MK_RING_PAGES", "LB_MK_DIAG",
-    "LB_MK_BARRIER",   "LB_MK_EARLY",     "LB_GPU_QGEMV32",
+    "LB_MK_BARRIER",   "LB_MK_EARLY",     "LB_GPU_QGEMV32", "LB_GPU_QMV",       "LB_GPU_QMMA",
 };
 
 // Read by a tool loaded into the engine, not by the engine: no warning. LB_TIMELINE_OUT: the CUPTI

@@ -32,11 +32,6 @@ struct Tuning {
                                   // run in chunks of this size, so activations stay bounded (0: no chunking)
     bool gpu_quant = true;        // LB_GPU_QUANT: GGUF matrices in q4_K/q5_K/q6_K/q8_0/q4_0 stay in their blocks on
                                   // the GPU (0: dequantised to the weight type at load, as before)
-    bool qmv = true;              // LB_GPU_QMV: q4_K / q6_K matrices at up to 32 rows take qmv_kernel (scales
-                                  // factored out of the dot products, 16-byte loads a step ahead; 0: qgemv /
-                                  // qgemm as before)
-    bool qmma = true;             // LB_GPU_QMMA: q4_K / q6_K matrices at 5..72 rows (a verify's) take qmma_kernel
-                                  // (tensor cores on weights dequantised in registers; 0: qmv / qgemm)
     int fused_mlp = -1;           // LB_GPU_FUSED_MLP: the one-kernel decode MLP (-1: the backend's default,
                                   // on for CUDA, off for HIP, where it has not run on hardware)
     // ---- the megakernel's decode kernel

@@ -193,10 +193,14 @@ static void test_tuning() {
           "json: %s", j.c_str());
     CHECK(j.find("LB_GV_TILE") != std::string::npos, "json set: %s", j.c_str());
     // a retired variant's switch changes nothing and says so
-    const lb::Tuning r = lb::parse_tuning({"LB_GPU_QGEMV32=1"});
-    CHECK(r.set.empty() && r.warnings.size() == 1 && r.warnings[0].find("retired") != std::string::npos &&
-              r.to_json().dump().find("qgemv32") == std::string::npos,
-          "retired: %s", r.warnings.empty() ? "(no warning)" : r.warnings[0].c_str());
+    const std::pair<const char*, const char*> retired[] = {
+        {"LB_GPU_QGEMV32=1", "\"qgemv32\""}, {"LB_GPU_QMV=0", "\"qmv\""}, {"LB_GPU_QMMA=0", "\"qmma\""}};
+    for (const auto& [var, key] : retired) {
+        const lb::Tuning r = lb::parse_tuning({var});
+        CHECK(r.set.empty() && r.warnings.size() == 1 && r.warnings[0].find("retired") != std::string::npos &&
+                  r.to_json().dump().find(key) == std::string::npos,
+              "retired %s: %s", var, r.warnings.empty() ? "(no warning)" : r.warnings[0].c_str());
+    }
 }
 
 // Block-sparse attention's CPU reference (cpu::block_sparse_select / block_sparse_attention, the rule the GPU's

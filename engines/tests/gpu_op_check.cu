@@ -972,9 +972,11 @@ void time_quant() {
         const size_t copies = std::max<size_t>(1, ((size_t(512) << 20) + bytes - 1) / bytes);
         Dev<uint8_t> w(bytes * copies);
         Dev<float> x(size_t(72) * c.in), y(size_t(72) * c.out);
-        // (n, kernel): qmv_kernel (1) and qmma_kernel (2), and before them qgemv_kernel (8) at n <= 4, the
-        // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows
-        // qmv_kernel at one token also with 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
+        // (n, kernel) through matmul_quant's gemv hook: qmv_kernel (1) and qmma_kernel (2), the engines' q4_K /
+        // q6_K kernels, against the generic block kernels that the other types take (and q4_K / q6_K took
+        // before them: docs/engines.md's "tried and superseded" figures): qgemv_kernel (8) at n <= 4, the
+        // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows; qmv_kernel at one token also with
+        // 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
         const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
                                             {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
                                             {33, -1}, {33, 2}, {65, -1}, {65, 2}};

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Quantised GGUF weights on CUDA, on SYNTHETIC weights (see check_quant_gpu.py for what it does): the op check,
-# per-matrix GEMV/GEMM times (qmv_kernel against qgemv/qgemm, before), 0.8B Q4_K_M CUDA-vs-CPU greedy tokens
-# (at a divergence: whether the reference's top-2 margin was a near-tie), 27B Q4_K_M `ar` decode tok/s +
-# roofline % (qmv, and LB_GPU_QMV=0: before), the per-kernel breakdown of a 27B
-# decode step (CUPTI), prefill, verify cost of B + 1 rows (B = 1, 8, 16, 22, 32, 64) against a decode step and
-# against the figures before qmv_kernel, llama.cpp llama-bench on the same GGUF (only if its build is done and
-# 330 s have not gone). About 6-7 minutes on a fresh machine. Output under $OUT/gq/.
+# per-matrix GEMV/GEMM times (qmv_kernel / qmma_kernel against qgemv/qgemm), 0.8B Q4_K_M CUDA-vs-CPU greedy
+# tokens (at a divergence: whether the reference's top-2 margin was a near-tie), 27B Q4_K_M `ar` decode tok/s +
+# roofline %, the per-kernel breakdown of a 27B decode step (CUPTI), prefill, verify cost of B + 1 rows
+# (B = 1, 8, 16, 22, 32, 64) against a decode step and against the figures before qmv_kernel (ed4dc58, H200),
+# llama.cpp llama-bench on the same GGUF (only if its build is done and 330 s have not gone). About 6 minutes on
+# a fresh machine. Output under $OUT/gq/. Two builds before/after on one card: check_dec_gpu.sh.
 # Carry: .cache/llamacpp (the packed pinned llama.cpp source, as for check_llamacpp.sh).
 #   OUT=/tmp/out scripts/device/check_quant_gpu.sh          (ARCH defaults to 90)
 #   STAGE=build ...: only the builds (ours, llama.cpp's) and the synthetic GGUF files, for a warm machine.

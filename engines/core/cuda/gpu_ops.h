@@ -72,8 +72,9 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 // (DType::BF16, or F16 in an LB_GPU_FP16 build) for the f32/f16/bf16 parts of a matrix stored next to them.
 // y[t * ldy + c] (=|+=) x[n, in] @ W[out, in]^T, W rows as the file stores them (dtype_row_bytes(t, in) each):
 // a GEMV for n <= kQuantGemvMax, above it tensor-core GEMMs on weights dequantised to bf16 (gemm_tc.cu for
-// prefill); q4_K and q6_K take qmv_kernel (the qmv knob) up to kQuantGemvMax rows and qmma_kernel (the qmma
-// knob, CUDA: tensor cores on weights dequantised in registers) from there up to kQmmaMaxRows rows.
+// prefill); q4_K and q6_K take qmv_kernel up to kQuantGemvMax rows and qmma_kernel (CUDA bf16 builds: tensor
+// cores on weights dequantised in registers) from there up to kQmmaMaxRows rows; without qmma_kernel (fp16,
+// HIP) qmv_kernel up to kQmvMaxRows.
 constexpr int kQuantGemvMax = 4;
 constexpr int kQmvMaxRows = 32;
 constexpr int kQmmaMaxRows = 72;
@@ -86,10 +87,10 @@ constexpr DType kWtypeDType = DType::F16;  // wtype as a DType (a run of a matri
 constexpr DType kWtypeDType = DType::BF16;
 #endif
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
-// gemv: 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows; 3 / 4: with 2 / 4 rows a warp where
-// that applies, for the op check's timing); 2: qmma_kernel where it applies
-// (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: qgemv_kernel (qgemm_kernel / gemm_tc above kQuantGemvMax);
-// 0: the knobs' choice (qmma above kQuantGemvMax rows, qmv, then qgemv / qgemm).
+// gemv: a test hook (the op check and its --time-quant compare the kernels on one matrix); the engines pass 0,
+// the dispatch above. 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows; 3 / 4: with 2 / 4 rows a
+// warp where that applies); 2: qmma_kernel where it applies (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: neither,
+// the path of the other types (qgemv_kernel, qgemm_kernel / gemm_tc above kQuantGemvMax).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);
 // embed from a table of block rows.

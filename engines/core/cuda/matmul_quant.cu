@@ -3,13 +3,15 @@
 // a table. CPU reference: decode_row (../quant.cpp, ggml's dequantisation) then ../cpu/matmul.cpp.
 //
 // Weights are dequantised in registers exactly as ggml does (fp32: d * scale * q - dmin * min). Kernels:
-//  * qmv_kernel<T, N> (q4_K, q6_K; n <= kQuantGemvMax, or up to kQmvMaxRows in passes of 8 with the qmma knob
-//    off): the decode GEMV, built to stream the weights (see its comment: 16-byte loads a step ahead, scales
-//    factored out of the dot products). Knob qmv.
+//  * qmv_kernel<T, N> (q4_K, q6_K; n <= kQuantGemvMax, and up to kQmvMaxRows in passes of 8 where qmma_kernel
+//    is not built: the fp16 build, HIP): the decode GEMV, built to stream the weights (see its comment:
+//    16-byte loads a step ahead, scales factored out of the dot products).
 //  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
-//    cores, weights dequantised in registers and each block read once for all rows. Knob qmma.
-//  * qgemv_kernel<T, N> (the other types, and q4_K/q6_K with the knobs off; n <= kQuantGemvMax): 8 elements
-//    at a time (dq8), one warp per two output rows, fp32 FMA.
+//    cores, weights dequantised in registers and each block read once for all rows.
+//  * qgemv_kernel<T, N> (the other types, and q4_K / q6_K matrices qmv_kernel does not take: a q4_K matrix
+//    not 16-byte aligned; the fp16 build and HIP above kQmvMaxRows; n <= kQuantGemvMax, or over groups of
+//    that many where no tensor-core kernel is built): 8 elements at a time (dq8), one warp per two output
+//    rows, fp32 FMA.
 //  * qgemm_kernel<T> (n above, below kGemmTcMinRows, or gemm_tc's fallback under graph capture): 64 tokens x
 //    64 rows a block; the K loop dequantises a 64 x 64 weight tile to bf16 in shared memory and multiplies on
 //    the tensor cores (fp32 accumulation; activations rounded to bf16 as the bf16 GEMM does). Each weight
@@ -365,7 +367,7 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 }
 
 #if LB_QUANT_MMA
-// qmma_kernel<T, NT> (Tuning::qmma; q4_K and q6_K, 5..72 rows: a verify's, DDTree budget 64 included): the tensor cores on weights
+// qmma_kernel<T, NT> (q4_K and q6_K, 5..72 rows: a verify's, DDTree budget 64 included): the tensor cores on weights
 // dequantised in registers, each block read once for all rows. A warp owns 16 output rows and runs
 // mma.m16n8k16 (bf16 in, fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free
 // (a dot product), so each lane's A fragment (rows g, g + 8; k 2q, 2q + 1, 2q + 8, 2q + 9 of 16) takes 4
@@ -792,12 +794,14 @@ void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float
 }
 #endif
 
-// gemv 2: qmma_kernel (up to kQmmaMaxRows rows), else the knob's choice above kQuantGemvMax rows
+// Which kernel takes a q4_K / q6_K matrix (the other types: launch<T>): qmma_kernel above kQuantGemvMax rows
+// (CUDA bf16 builds), qmv_kernel up to kQmvMaxRows, then launch<T>. `gemv` (gpu_ops.h) is the op check's and
+// --time-quant's hook for naming one kernel; the engines pass 0.
 static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 #if LB_QUANT_MMA
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmmaMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;
-    return gemv == 2 || (gemv == 0 && n > kQuantGemvMax && tuning().qmma);
+    return gemv == 2 || (gemv == 0 && n > kQuantGemvMax);
 #else
     (void)t; (void)n; (void)in; (void)W; (void)gemv;
     return false;
@@ -807,7 +811,7 @@ static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmvMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;  // 16-byte loads of whole blocks
-    return gemv == 1 || gemv == 3 || gemv == 4 || (gemv == 0 && tuning().qmv);
+    return gemv == 0 || gemv == 1 || gemv == 3 || gemv == 4;
 }
 
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
