@@ -28,7 +28,7 @@ test: $(VENV)/.installed
 	$(BIN)/pytest -q
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check lucebench tests
+	$(BIN)/ruff check lucebench tests scripts
 
 # Regenerates the committed JSON Schema of lucebench.result/v1 from the pydantic models.
 schema: $(VENV)/.installed

@@ -252,7 +252,7 @@ def main() -> None:
             name, kv = item.split(":", 1)
             variants.append((name, dict(x.split("=", 1) for x in kv.split(",") if x)))
     results["variants"] = {}
-    for i, (name, env) in enumerate(variants):
+    for name, env in variants:
         try:
             r = time_variant(exe, ckpt, env, p520, prompts)
         except Exception as e:  # noqa: BLE001

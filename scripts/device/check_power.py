@@ -187,7 +187,9 @@ def main() -> int:
     print(f"load: {report['load']['tflops']:.0f} TFLOP/s; state under load: {state_under_load}")
     head = f"{'window':<16}{'s':>6}{'counter J':>11}{'integ(inst) J':>15}{'diff':>8}{'integ(avg) J':>14}{'diff':>8}{'avg W':>8}"
     print(head)
-    fmt = (lambda v, spec: "-" if v is None else format(v, spec))
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
     for r in rows:
         print(f"{r['window']:<16}{r['window_s']:>6.2f}{fmt(r['counter_j'], '11.1f')}"
               f"{fmt(r['integrated_instant_j'], '15.1f')}{fmt(r['rel_diff_instant'], '+8.2%')}"

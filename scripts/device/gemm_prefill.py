@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from engine_client import Engine
+
 from lucebench.errors import EngineError
 
 
