@@ -130,11 +130,17 @@ CHILD = textwrap.dedent("""
 """)
 
 
+def interactive_sigint() -> None:
+    """The child takes SIGINT as a terminal user's Ctrl-C, also when pytest itself was started in the background
+    by a shell without job control (which starts it with SIGINT ignored, a disposition children inherit)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_child(tmp_path, mode):
     state, journal = tmp_path / "nvml.json", tmp_path / "journal"
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(state), str(journal), mode], cwd=REPO,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=interactive_sigint)
     assert proc.stdout.readline().strip() == "applied", proc.stderr.read()
     assert json.loads(state.read_text())["limits_mw"] == [250_000]
     return proc, state, journal

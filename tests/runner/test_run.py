@@ -152,8 +152,11 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path, tiny_model):
     out = tmp_path / "out"
     # 3.5 s a request: the cell (a warm-up and two repetitions) cannot end before the signal, however fast start-up is
     cfg = _config(tmp_path, tiny_model, engines={"slow": ["--decode-s-per-token", "0.5"]}, suites="[tg8]")
+    # SIGINT as a terminal's Ctrl-C, also when pytest runs in the background of a shell without job control
+    # (which starts it, and so this child, with SIGINT ignored)
     proc = subprocess.Popen([sys.executable, "-m", "lucebench", "run", str(cfg), "--out", str(out), "--no-report"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)  # start-up and part of the cell
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
