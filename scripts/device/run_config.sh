@@ -17,7 +17,8 @@
 # later call can continue the same run with --resume. Results and the report are copied to $OUT.
 set -uo pipefail
 config=${1:?usage: run_config.sh CONFIG RUN_DIR [flags]}; run_dir=${2:?run dir}; shift 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+. scripts/device/wheels.sh
+install_wheels .whl || { echo "wheel install failed (carry .whl)"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
 # Builds, GGUFs and synthetic models: a folder that a warm machine keeps between calls.
 export LUCEBENCH_CACHE=${LUCEBENCH_CACHE:-$PWD/.devcache}
