@@ -29,7 +29,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -225,14 +224,7 @@ def main() -> int:
     errors: list[str] = []
 
     def guarded(fn, *a):
-        def go():
-            try:
-                fn(*a)
-            except Exception as exc:  # reported below; the main thread decides
-                errors.append(f"{fn.__name__}: {exc!r}")
-        th = threading.Thread(target=go)
-        th.start()
-        return th
+        return cq.start_guarded(errors, fn, *a)
 
     try:
         src = before_source()

@@ -432,6 +432,18 @@ def verify_table() -> None:
     log("27B Q4_K_M verify cost (this run) against before:\n" + "\n".join(out))
 
 
+def start_guarded(errors: list[str], fn, *a) -> threading.Thread:
+    """fn(*a) on a thread of its own; an exception becomes a line in `errors` (the main thread decides)."""
+    def go():
+        try:
+            fn(*a)
+        except Exception as exc:
+            errors.append(f"{fn.__name__}: {exc!r}")
+    th = threading.Thread(target=go)
+    th.start()
+    return th
+
+
 def main() -> int:
     gguf_path()
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -443,14 +455,7 @@ def main() -> int:
     errors: list[str] = []
 
     def guarded(fn, *a):
-        def go():
-            try:
-                fn(*a)
-            except Exception as exc:  # reported below; the main thread decides
-                errors.append(f"{fn.__name__}: {exc!r}")
-        th = threading.Thread(target=go)
-        th.start()
-        return th
+        return start_guarded(errors, fn, *a)
 
     paths: dict[str, Path] = {}
 
