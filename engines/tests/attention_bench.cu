@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/cuda/gpu_ops.h"
+#include "gpu_check_util.h"
 
 using namespace lb;
 
@@ -129,9 +130,6 @@ int main(int argc, char** argv) {
     if (!budgets.empty())
         for (const auto& b : split(budgets)) runs.push_back({"flash", float(std::atof(b.c_str()))});
 
-    gpuEvent_t e0, e1;
-    GPU_CHECK(gpuEventCreate(&e0));
-    GPU_CHECK(gpuEventCreate(&e1));
     for (const auto& ls : split(Ls)) {
         const int L = std::atoi(ls.c_str());
         if (L < 16) continue;
@@ -164,18 +162,8 @@ int main(int argc, char** argv) {
             GPU_CHECK(gpuMemcpyAsync(st, stats, sizeof st, gpuMemcpyDeviceToHost, s));
             GPU_CHECK(gpuStreamSynchronize(s));
             GPU_CHECK(gpuGetLastError());
-            std::vector<float> ms;
-            for (int r = 0; r < reps; ++r) {
-                GPU_CHECK(gpuEventRecord(e0, s));
-                one();
-                GPU_CHECK(gpuEventRecord(e1, s));
-                GPU_CHECK(gpuEventSynchronize(e1));
-                float t = 0;
-                GPU_CHECK(gpuEventElapsedTime(&t, e0, e1));
-                ms.push_back(t);
-            }
+            const std::vector<float> ms = sorted_event_ms(s, 0, reps, [&](int) { one(); });
             GPU_CHECK(gpuGetLastError());
-            std::sort(ms.begin(), ms.end());
             const float med = ms[ms.size() / 2];
             const double kept = sparse && st[1] ? double(st[0]) / double(st[1]) : 1.0;
             char line[512];

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/cuda/gpu_ops.h"
+#include "gpu_check_util.h"
 #include "core/quant.h"
 
 using namespace lb;
@@ -77,9 +78,6 @@ int main(int argc, char** argv) {
     fill_random(W, wmax);
     fill_random(x, sizeof(float) * size_t(nmax) * inmax);
     GPU_CHECK(gpuMemset(y, 0, sizeof(float) * size_t(nmax) * outmax));
-    gpuEvent_t e0, e1;
-    GPU_CHECK(gpuEventCreate(&e0));
-    GPU_CHECK(gpuEventCreate(&e1));
     printf("lucebench-gemm-bench on %s (%d SMs)\n\n| model | matrix | W | out x in | n | call | ms | TFLOP/s |\n"
            "|---|---|---|---|---|---|---|---|\n", prop.name, prop.multiProcessorCount);
     for (const Case& c : cases) {
@@ -93,18 +91,10 @@ int main(int argc, char** argv) {
             // GEMM path matmul_quant takes for the other block types
             for (int gemv : {0, 8}) {
                 if (gemv == 8 && (c.t == BF || n > 256)) continue;
-                std::vector<float> ts;
-                for (int r = 0; r < 18; ++r) {
-                    GPU_CHECK(gpuEventRecord(e0, s));
+                const std::vector<float> ts = sorted_event_ms(s, 3, 15, [&](int) {
                     if (c.t == BF) gpu::matmul(x, n, c.in, (const gpu::wtype*)W, c.out, y, false, s);
                     else gpu::matmul_quant(x, n, c.in, W, c.t, c.out, y, c.out, false, s, gemv);
-                    GPU_CHECK(gpuEventRecord(e1, s));
-                    GPU_CHECK(gpuEventSynchronize(e1));
-                    float ms = 0;
-                    GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
-                    if (r >= 3) ts.push_back(ms);
-                }
-                std::sort(ts.begin(), ts.end());
+                });
                 const double ms = ts[ts.size() / 2];
                 printf("| %s | %s | %s | %d x %d | %d | %s | %.4f | %.1f |\n", c.model, c.matrix, dtype_name(c.t), c.out,
                        c.in, n, gemv ? "gemv=8" : "default", ms, 2.0 * n * c.out * double(c.in) / (ms * 1e9));

@@ -1,6 +1,7 @@
-// What the GPU check binaries (dflash_gpu_check.cu, verify_kernels_check.cu, gpu_op_check.cu) share: the count
-// of checks run and failed, random inputs, host <-> device copies, and the relative error of a GPU result
-// against its CPU reference with the line that reports it. Each binary is one translation unit, so the
+// What the GPU check binaries (dflash_gpu_check.cu, verify_kernels_check.cu, gpu_op_check.cu, and the
+// benchmarks gemm_bench.cu / attention_bench.cu) share: the count of checks run and failed, random inputs,
+// host <-> device copies, the relative error of a GPU result against its CPU reference with the line that
+// reports it, and the median time of a timed call. Each binary is one translation unit, so the
 // definitions here are inline.
 #pragma once
 #include <algorithm>
@@ -64,4 +65,27 @@ inline bool report(const std::string& what, double rel, double tol) {
 inline bool compare(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
                     double tol) {
     return report(what, rel_diff(got, want), tol);
+}
+
+// The times of `reps` timed calls fn(r), r = warmups .. warmups + reps - 1, after `warmups` calls fn(0 ..
+// warmups - 1) whose times are dropped: milliseconds between events recorded on stream s around each call,
+// sorted (the median is the middle one).
+template <class F> std::vector<float> sorted_event_ms(gpuStream_t s, int warmups, int reps, F&& fn) {
+    gpuEvent_t e0, e1;
+    GPU_CHECK(gpuEventCreate(&e0));
+    GPU_CHECK(gpuEventCreate(&e1));
+    std::vector<float> ts;
+    for (int r = 0; r < warmups + reps; ++r) {
+        GPU_CHECK(gpuEventRecord(e0, s));
+        fn(r);
+        GPU_CHECK(gpuEventRecord(e1, s));
+        GPU_CHECK(gpuEventSynchronize(e1));
+        float ms = 0;
+        GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
+        if (r >= warmups) ts.push_back(ms);
+    }
+    GPU_CHECK(gpuEventDestroy(e0));
+    GPU_CHECK(gpuEventDestroy(e1));
+    std::sort(ts.begin(), ts.end());
+    return ts;
 }

@@ -960,9 +960,6 @@ void time_quant() {
     const Case cases[] = {{"ffn gate_up q4_K", DType::Q4_K, 2 * 17408, 5120}, {"ffn down q6_K", DType::Q6_K, 5120, 17408},
                           {"ffn down q4_K", DType::Q4_K, 5120, 17408}, {"lin_in q4_K", DType::Q4_K, 16480, 5120},
                           {"ssm_out q4_K", DType::Q4_K, 5120, 6144}, {"lm_head q6_K", DType::Q6_K, 248320, 5120}};
-    gpuEvent_t e0, e1;
-    GPU_CHECK(gpuEventCreate(&e0));
-    GPU_CHECK(gpuEventCreate(&e1));
     printf("| matrix | out x in | n | ms | weight GB/s |\n|---|---|---|---|---|\n");
     for (const Case& c : cases) {
         const size_t bytes = dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out);
@@ -982,18 +979,11 @@ void time_quant() {
                                             {33, -1}, {33, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {
             if (gemv == 4 && c.t != DType::Q4_K) continue;
-            std::vector<float> ts;
-            for (int r = 0; r < 23; ++r) {
-                GPU_CHECK(gpuEventRecord(e0, g_s));
-                gpu::matmul_quant(x.p, n, c.in, w.p + bytes * (size_t(r) % copies), c.t, c.out, y.p, c.out, false, g_s,
-                                  gemv < 0 ? 8 : gemv);
-                GPU_CHECK(gpuEventRecord(e1, g_s));
-                GPU_CHECK(gpuEventSynchronize(e1));
-                float ms = 0;
-                GPU_CHECK(gpuEventElapsedTime(&ms, e0, e1));
-                if (r >= 3) ts.push_back(ms);
-            }
-            std::sort(ts.begin(), ts.end());
+            const int rows = n, kernel = gemv < 0 ? 8 : gemv;  // a lambda captures no structured bindings (C++17)
+            const std::vector<float> ts = sorted_event_ms(g_s, 3, 20, [&](int r) {
+                gpu::matmul_quant(x.p, rows, c.in, w.p + bytes * (size_t(r) % copies), c.t, c.out, y.p, c.out, false,
+                                  g_s, kernel);
+            });
             const double ms = ts[ts.size() / 2];
             printf("| %s | %d x %d | %d %s | %.4f | %.0f |\n", c.name, c.out, c.in, n,
                    gemv == 1 ? "(qmv)" : gemv == 3 ? "(qmv, 2 rows a warp)" : gemv == 4 ? "(qmv, 4 rows a warp)"
