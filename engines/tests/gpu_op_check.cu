@@ -223,6 +223,35 @@ void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int c
            rel_err(dy.down(), ref), tol);
 }
 
+// The decode step's RMSNorm folded into the GEMV after it (matmul_quant_rmsnorm, n = 1): against the CPU
+// rmsnorm then matmul, and against the GPU's rmsnorm_kernel then matmul_quant, which it must equal bitwise
+// (the fold computes the same normalised x and the same sums; greedy decoding then cannot change).
+void check_matmul_quant_rmsnorm(Rng& r, DType t, int in, int out, bool acc, const char* variant) {
+    std::vector<float> Wf;
+    std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
+    auto x = r.vec(size_t(in), 3.f), g = r.vec(size_t(in)), y0 = r.vec(size_t(out));
+    Dev<uint8_t> dw(raw);
+    Dev<float> dx(x), dg(g), dy(y0), dy2(y0), dh{size_t(in)};
+    if (!gpu::matmul_quant_rmsnorm(dx.p, dg.p, 1e-6f, in, dw.p, t, out, dy.p, out, acc, g_s)) {
+        report("matmul_quant_rmsnorm", std::string(dtype_name(t)) + ", " + variant + ": refused", "", 1, 0);
+        return;
+    }
+    gpu::rmsnorm(dx.p, dg.p, dh.p, 1, in, 1e-6f, g_s);
+    gpu::matmul_quant(dh.p, 1, in, dw.p, t, out, dy2.p, out, acc, g_s);
+    std::vector<float> h(static_cast<size_t>(in)), ref(static_cast<size_t>(out));
+    cpu::rmsnorm(x.data(), g.data(), h.data(), 1, in, 1e-6f);
+    cpu::matmul(h.data(), 1, in, Wf.data(), out, ref.data());
+    if (acc)
+        for (int c = 0; c < out; ++c) ref[size_t(c)] += y0[size_t(c)];
+    const std::vector<float> got = dy.down(), unfused = dy2.down();
+    double diff = 0;
+    for (int c = 0; c < out; ++c) diff = std::max(diff, double(std::fabs(got[size_t(c)] - unfused[size_t(c)])));
+    const std::string sh = shape({{"in", in}, {"out", out}});
+    const std::string v = std::string(dtype_name(t)) + ", " + variant + (acc ? " +=" : "");
+    report("matmul_quant_rmsnorm", v, sh, rel_err(got, ref), 1e-5);
+    report("matmul_quant_rmsnorm", v + ": = unfused (max |diff|)", sh, diff, 0);
+}
+
 void check_embed_quant(Rng& r, DType t) {
     const int H = 768, V = 300, n = 5;
     std::vector<float> Ef;
@@ -990,6 +1019,16 @@ void time_quant() {
                    : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : n < gpu::kGemmTcMinRows ? "(qgemm)"
                    : "(gemm_tc)", ms, bytes / ms / 1e6);
         }
+        // one token with the RMSNorm before it folded in (the decode step's qkv / in-proj / gate_up / LM head)
+        Dev<float> gain{size_t(c.in)};
+        if (gpu::matmul_quant_rmsnorm(x.p, gain.p, 1e-6f, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s)) {
+            const std::vector<float> ts = sorted_event_ms(g_s, 3, 20, [&](int r) {
+                gpu::matmul_quant_rmsnorm(x.p, gain.p, 1e-6f, c.in, w.p + bytes * (size_t(r) % copies), c.t, c.out,
+                                          y.p, c.out, false, g_s);
+            });
+            const double ms = ts[ts.size() / 2];
+            printf("| %s | %d x %d | 1 (qmv + rmsnorm) | %.4f | %.0f |\n", c.name, c.out, c.in, ms, bytes / ms / 1e6);
+        }
     }
     GPU_CHECK(gpuGetLastError());
 }
@@ -1064,6 +1103,24 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 17, 256, 40000, false, 0, 40000, "qmma_kernel<3>, one super-block", 2e-2, 2);
 #endif
     }
+    // qmv_kernel's grid is one round of resident blocks, each warp taking groups of rows in turn: matrices of
+    // many groups a warp (the 27B's gate_up and a q6_K LM head's shape, cut to 60,000 rows), the last group part
+    // past the end, super-block counts not a multiple of 4 (a warp's last step partly empty), several tokens
+    check_matmul_quant(r, DType::Q4_K, 1, 5120, 34816, false, 0, 34816, "qmv_kernel<1, 4 rows>, 27B gate_up", 1e-5, 1);
+    check_matmul_quant(r, DType::Q6_K, 1, 5120, 60001, false, 0, 60001, "qmv_kernel<1>, many groups a warp", 1e-5, 1);
+    check_matmul_quant(r, DType::Q4_K, 1, 1536, 40003, true, 0, 40003, "qmv_kernel<1, 4 rows>, 6 super-blocks", 1e-5, 1);
+    check_matmul_quant(r, DType::Q4_K, 3, 1280, 30001, false, 0, 30001, "qmv_kernel<3>, many groups a warp", 1e-5, 1);
+    check_matmul_quant(r, DType::Q6_K, 5, 2304, 20003, true, 0, 20003, "qmv_kernel<5>, many groups a warp", 1e-5, 1);
+    check_matmul_quant(r, DType::Q4_K, 1, 17408, 5120, true, 0, 5120, "qmv_kernel<1>, 27B ffn down", 1e-5, 1);
+    // the RMSNorm folded into qmv_kernel (the decode step's norms): 27B shapes (gate_up, DeltaNet in-proj, LM
+    // head rows cut), small and odd ones, q4_K with 2 and 4 rows a warp
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 5120, 34816, false, "qmv_kernel<1, 4 rows, norm>, 27B gate_up");
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 5120, 16480, false, "qmv_kernel<1, 4 rows, norm>, 27B in-proj");
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 5120, 6144, false, "qmv_kernel<1, norm>");
+    check_matmul_quant_rmsnorm(r, DType::Q6_K, 5120, 30001, false, "qmv_kernel<1, norm>, LM head rows");
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 1280, 77, true, "qmv_kernel<1, norm>, 5 super-blocks");
+    check_matmul_quant_rmsnorm(r, DType::Q6_K, 256, 131, true, "qmv_kernel<1, norm>, 1 super-block");
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 9216, 20000, false, "qmv_kernel<1, 4 rows, norm>, dim > 8192");
     // q4_K, 1-2 tokens, >= kQmvWideRows rows: 4 rows a warp (the last warp's rows partly past the end)
     check_matmul_quant(r, DType::Q4_K, 1, 1280, 16387, false, 0, 16387, "qmv_kernel<1, 4 rows a warp>", 1e-5, 1);
     check_matmul_quant(r, DType::Q4_K, 2, 2304, 16390, true, 0, 16390, "qmv_kernel<2, 4 rows a warp>", 1e-5, 1);

@@ -34,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "device"))
-OUT = Path(os.environ.get("OUT", "/tmp/out")) / "dec"
+NAME = os.environ.get("DEC_NAME", "dec")  # the output folder under $OUT and the carried before tree's
+OUT = Path(os.environ.get("OUT", "/tmp/out")) / NAME
 OUT.mkdir(parents=True, exist_ok=True)
 import check_quant_gpu as cq  # noqa: E402  (its synth, timeline and CUPTI helpers; it sets OUT to .../gq)
 
@@ -63,7 +64,7 @@ def left() -> float:
 
 
 def before_source() -> Path:
-    carried = ROOT / ".carry" / "dec" / "before" / "engines"
+    carried = ROOT / ".carry" / NAME / "before" / "engines"
     if (carried / "CMakeLists.txt").is_file():
         return carried
     dst = Path("/tmp/dec-before-src")
@@ -215,6 +216,32 @@ def timeline(path: Path, build_dir: Path, key: str) -> None:
     save()
 
 
+def table(a: dict, b: dict, ta: dict, tb: dict) -> None:
+    """The before / after figures as one compact markdown table on stdout (and table.md)."""
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+    def cls(t, k):
+        return (t or {}).get("classes_us", {}).get(k, None) if isinstance(t, dict) else None
+
+    rows = [("27B ar decode, median of 5 (tok/s)", f(b.get("median"), ".1f"), f(a.get("median"), ".1f")),
+            ("roofline (% of copy bandwidth)", f(b.get("roofline_pct"), ".1f"), f(a.get("roofline_pct"), ".1f")),
+            ("step on the GPU clock (ms, CUPTI)", f((tb or {}).get("step_us_median", 0) / 1e3 if tb else None, ".2f"),
+             f((ta or {}).get("step_us_median", 0) / 1e3 if ta else None, ".2f")),
+            ("kernels a step", f((tb or {}).get("kernels_per_step"), "d"), f((ta or {}).get("kernels_per_step"), "d")),
+            ("qmv_kernel (ms a step)", f((cls(tb, "quantised GEMV (qmv)") or 0) / 1e3 if tb else None, ".2f"),
+             f((cls(ta, "quantised GEMV (qmv)") or 0) / 1e3 if ta else None, ".2f")),
+            ("norms, silu, embed (ms a step)", f((cls(tb, "norms, silu, embed") or 0) / 1e3 if tb else None, ".2f"),
+             f((cls(ta, "norms, silu, embed") or 0) / 1e3 if ta else None, ".2f"))]
+    txt = (f"| {R.get('card', '?').split(',')[0]}, SYNTHETIC 27B Q4_K_M | before ({BEFORE_COMMIT}) | after |\n"
+           "|---|---|---|\n" + "\n".join(f"| {k} | {x} | {y} |" for k, x, y in rows) +
+           f"\n\n27B greedy tokens identical: {R.get('tokens_27b_identical')}; 0.8B: "
+           f"{[r['identical'] for r in R.get('tokens_08b', {}).get('rows', [])]}; op check rc "
+           f"{R.get('op_check', {}).get('rc')}; verify B = 22 / step and DFlash: the verify_time_27b and dflash rows above\n")
+    (OUT / "table.md").write_text(txt)
+    print(txt, flush=True)
+
+
 def main() -> int:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True)
@@ -312,6 +339,7 @@ def main() -> int:
             b.get("median", 0), b.get("roofline_pct") or 0, R.get("tokens_27b_identical"),
             [r["identical"] for r in R.get("tokens_08b", {}).get("rows", [])], tl(ta), tl(tb),
             R["verify_gpu_check"]["rc"], errors, time.time() - T0))
+    table(a, b, ta, tb)
     return 1 if errors or R["op_check"]["rc"] or R["verify_gpu_check"]["rc"] else 0
 
 

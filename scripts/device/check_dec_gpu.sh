@@ -12,6 +12,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 ARCH="${A
 # the device image lacks (scripts/device/run_config.sh says how they are made)
 . scripts/device/wheels.sh
 install_wheels .whl || true
-mkdir -p "${OUT:-/tmp/out}/dec"
-python3 scripts/device/check_dec_gpu.py 2>&1 | tee "${OUT:-/tmp/out}/dec/check_dec_gpu.log"
+# DEC_NAME: the output folder under $OUT (check_qmv_gpu.sh: qmv)
+mkdir -p "${OUT:-/tmp/out}/${DEC_NAME:-dec}"
+python3 scripts/device/check_dec_gpu.py 2>&1 | tee "${OUT:-/tmp/out}/${DEC_NAME:-dec}/check_dec_gpu.log"
 exit "${PIPESTATUS[0]}"

@@ -93,6 +93,11 @@ bool quant_type_ok(DType t);  // a block type matmul_quant reads
 // the path of the other types (qgemv_kernel, qgemm_kernel / gemm_tc above kQuantGemvMax).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);
+// One token: y (=|+=) rmsnorm(x, gain, eps) W^T, the norm computed in the GEMV (qmv_kernel; bitwise the
+// output of rmsnorm then matmul_quant). false (nothing launched) where qmv_kernel does not take W (q4_K / q6_K,
+// in % 256 == 0, in <= 12,288).
+bool matmul_quant_rmsnorm(const float* x, const float* gain, float eps, int in, const void* W, DType t, int out,
+                          float* y, int ldy, bool accumulate, gpuStream_t s);
 // embed from a table of block rows.
 void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, float* x, gpuStream_t s);
 // y[n, nv * per_head] = x with its value heads reordered grouped -> tiled (llama.cpp's order; see model.h).

@@ -287,80 +287,178 @@ __device__ __forceinline__ void qmv_step(const QmvRaw<T> (&w)[R], const float* _
     }
 }
 
-template <DType T, int N, int R>
+// The inverse RMS of the row x[0, dim) exactly as rmsnorm_kernel (norms.cu) computes it with its 256 threads:
+// thread v's sum of squares over elements v, v + 256, ... in that order, each warp's sums by warp_sum, the 8
+// warp sums added in order, rsqrtf(sum / dim + eps); computed here by a block of kQmvWarps warps, each lane
+// taking the 256-thread kernel's threads of its lane in the warps w, w + kQmvWarps, ... (the same values in
+// the same operations), so that the fused GEMV's normalised x is bitwise the one rmsnorm_kernel writes.
+constexpr int kNormRef = 256;  // norms.cu's kNormThreads
+static_assert(kNormRef % (kQmvWarps * 32) == 0, "the 256-thread partition over the block's warps");
+__device__ float qmv_rms_inv(const float* __restrict__ x, int dim, float eps) {
+    constexpr int M = kNormRef / (kQmvWarps * 32);
+    __shared__ float part[kNormRef / 32];
+    __shared__ float total;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        const int v = 32 * (warp + kQmvWarps * m) + lane;  // the reference kernel's thread
+        float ss = 0;
+        for (int i = v; i < dim; i += kNormRef) ss += x[i] * x[i];
+        ss = warp_sum(ss);
+        if (lane == 0) part[warp + kQmvWarps * m] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0;
+        for (int i = 0; i < kNormRef / 32; ++i) t += part[i];
+        total = t;
+    }
+    __syncthreads();
+    return rsqrtf(total / dim + eps);
+}
+
+// Grid: at most one round of resident blocks (launch_qmv); warp w of W takes the groups of R output rows
+// w, w + W, ... and runs their steps (4 super-blocks of each row) as one sequence, the next step's bytes
+// loaded before this step's arithmetic across the groups' seams too, so that a warp's loads stay in flight
+// from its first step to its last (a block a group of rows drained the pipeline at each block's end, and a
+// 5,120-column row is only 5 steps) and no block waits to be scheduled. Each row's sums are the same
+// operations in the same order as with one warp a group. NORM (n = 1): x is first replaced, in shared memory
+// (in floats), by rmsnorm(x) * gain as rmsnorm_kernel computes it (qmv_rms_inv): the decode step's RMSNorm
+// folded into the GEMV after it.
+template <DType T, int N, int R, bool NORM>
 __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __restrict__ x, int in,
                                                               const uint8_t* __restrict__ W, int out,
-                                                              float* __restrict__ y, int ldy, bool accumulate) {
+                                                              float* __restrict__ y, int ldy, bool accumulate,
+                                                              const float* __restrict__ gain, float eps) {
     constexpr int BB = T == DType::Q4_K ? 144 : 210;
-    const int lane = threadIdx.x % 32, t = lane % 8;
-    const int row0 = (blockIdx.x * kQmvWarps + threadIdx.x / 32) * R;
-    if (row0 >= out) return;
-    const int nblk = in / 256;
-    const uint8_t* rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rows[r] = W + size_t(min(row0 + r, out - 1)) * size_t(nblk) * BB;
+    extern __shared__ float qmv_xs[];  // NORM: the normalised x
+    const int lane = threadIdx.x % 32, t = lane % 8, sub = lane / 8;
+    const int nblk = in / 256, steps = (nblk + 3) / 4, groups = (out + R - 1) / R;
+    const int stride = gridDim.x * kQmvWarps;
+    const size_t rb = size_t(nblk) * BB;
     float acc[N][R];
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-    QmvRaw<T> wa[R], wb[R];  // steps blk (wa) and blk + 4 (wb), in turn
-    int blk = lane / 8;
-    if (blk < nblk)
+    // step s of group g into w (nothing past the last group; a lane past the row's super-blocks loads nothing)
+    auto load = [&](QmvRaw<T>(&w)[R], int g, int s) {
+        const int blk = 4 * s + sub;
+        if (g < groups && blk < nblk)
 #pragma unroll
-        for (int r = 0; r < R; ++r) wa[r].load(rows[r] + size_t(blk) * BB, t);
+            for (int r = 0; r < R; ++r) w[r].load(W + size_t(min(g * R + r, out - 1)) * rb + size_t(blk) * BB, t);
+    };
+    auto next = [&](int& g, int& s) {
+        if (++s == steps) {
+            s = 0;
+            g += stride;
+        }
+    };
+    // the step's arithmetic; after a group's last step its R sums (warp_sum) are written and reset
+    auto run = [&](const QmvRaw<T>(&w)[R], int g, int s, const float* xv) {
+        const int blk = 4 * s + sub;
+        if (blk < nblk) qmv_step<T, N, R>(w, xv, in, blk, t, acc);
+        if (s == steps - 1) {
+#pragma unroll
+            for (int i = 0; i < N; ++i)
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float v = warp_sum(acc[i][r]);
+                    acc[i][r] = 0.f;
+                    const int row = g * R + r;
+                    if (lane == 0 && row < out) {
+                        float* dst = y + size_t(i) * ldy + row;
+                        *dst = accumulate ? *dst + v : v;
+                    }
+                }
+        }
+    };
+    QmvRaw<T> wa[R], wb[R];  // the steps in turn
+    int g = blockIdx.x * kQmvWarps + threadIdx.x / 32, s = 0;
+    load(wa, g, s);
     // launched with programmatic dependent launch (launch_k): the first weight bytes are requested while the
     // kernel before still runs; x and y (its outputs) are read only after the wait
     griddep_launch();
     griddep_wait();
-    for (; blk < nblk; blk += 8) {
-        if (blk + 4 < nblk)
-#pragma unroll
-            for (int r = 0; r < R; ++r) wb[r].load(rows[r] + size_t(blk + 4) * BB, t);
-        qmv_step<T, N, R>(wa, x, in, blk, t, acc);
-        if (blk + 4 >= nblk) break;
-        if (blk + 8 < nblk)
-#pragma unroll
-            for (int r = 0; r < R; ++r) wa[r].load(rows[r] + size_t(blk + 8) * BB, t);
-        qmv_step<T, N, R>(wb, x, in, blk + 4, t, acc);
+    const float* xv = x;
+    if constexpr (NORM) {
+        const float inv = qmv_rms_inv(x, in, eps);
+        for (int i = threadIdx.x; i < in; i += kQmvWarps * 32) qmv_xs[i] = x[i] * inv * gain[i];
+        __syncthreads();
+        xv = qmv_xs;
     }
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float v = warp_sum(acc[i][r]);
-            if (lane == 0 && row0 + r < out) {
-                float* dst = y + size_t(i) * ldy + row0 + r;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
+    while (g < groups) {
+        int g1 = g, s1 = s;
+        next(g1, s1);
+        load(wb, g1, s1);
+        run(wa, g, s, xv);
+        if (g1 >= groups) break;
+        int g2 = g1, s2 = s1;
+        next(g2, s2);
+        load(wa, g2, s2);
+        run(wb, g1, s1, xv);
+        g = g2;
+        s = s2;
+    }
+}
+
+// Resident blocks of a qmv_kernel instantiation per multiprocessor (its registers; NORM: and its shared x).
+template <DType T, int N, int R, bool NORM>
+int qmv_grid(int groups, size_t smem) {
+    const int want = (groups + kQmvWarps - 1) / kQmvWarps;
+#if defined(LB_CUDA)
+    static const int per_sm = [] {
+        int b = 0;
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmv_kernel<T, N, R, NORM>, kQmvWarps * 32, 0));
+        return std::max(b, 1);
+    }();
+    int fit = per_sm;
+    if (smem > 0) fit = std::max(1, std::min(fit, int(context().dec.smem_sm / (smem + 1024))));
+    return std::max(1, std::min(want, fit * context().sms));
+#else
+    (void)smem;
+    return want;  // HIP: one group a warp, as many blocks as that takes
+#endif
+}
+
+template <DType T, int N, int R, bool NORM>
+void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
+                   gpuStream_t s, const float* gain, float eps) {
+    const size_t smem = NORM ? sizeof(float) * size_t(in) : 0;
+    const int blocks = qmv_grid<T, N, R, NORM>((out + R - 1) / R, smem);
+    launch_k(qmv_kernel<T, N, R, NORM>, dim3(blocks), dim3(kQmvWarps * 32), smem, s, x, in, W, out, y, ldy,
+             accumulate, gain, eps);
 }
 
 // rows: the rows a warp, 0: by the matrix (4 for q4_K at 1-2 tokens and >= kQmvWideRows rows, else 2); 2 or 4:
-// that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only).
+// that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only). gain != nullptr: n = 1,
+// x normalised first (NORM; in * 4 bytes of shared memory, at most kQmvNormMaxIn elements).
+constexpr int kQmvNormMaxIn = 12288;  // 48 KB of shared x: no opt-in above the default limit
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                gpuStream_t s, int rows) {
+                gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f) {
     // R = 4: q4_K at up to 2 tokens (more would spill registers; q6_K's 32 unpacked floats a row would too)
+    const bool r4 = T == DType::Q4_K && n <= 2 && (rows == 4 || (rows == 0 && out >= kQmvWideRows));
+    if (gain) {
+        if (r4) return launch_qmv_nr<T, 1, T == DType::Q4_K ? 4 : 2, true>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
+        return launch_qmv_nr<T, 1, 2, true>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
+    }
     if constexpr (T == DType::Q4_K) {
-        if (n <= 2 && (rows == 4 || (rows == 0 && out >= kQmvWideRows))) {
-            const unsigned blocks = unsigned((out + kQmvWarps * 4 - 1) / (kQmvWarps * 4));
-            if (n == 1) return launch_k(qmv_kernel<T, 1, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
-            return launch_k(qmv_kernel<T, 2, 4>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, x, in, W, out, y, ldy, accumulate);
+        if (r4) {
+            if (n == 1) return launch_qmv_nr<T, 1, 4, false>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
+            return launch_qmv_nr<T, 2, 4, false>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
         }
     }
-    constexpr int R = 2;
-    const unsigned blocks = unsigned((out + kQmvWarps * R - 1) / (kQmvWarps * R));
     for (int t0 = 0; t0 < n; t0 += kQmvTokens) {
         const int m = std::min(kQmvTokens, n - t0);
         const float* xt = x + size_t(t0) * in;
         float* yt = y + size_t(t0) * ldy;
         switch (m) {
 #define LB_QMV_CASE(M) \
-    case M: launch_k(qmv_kernel<T, M, R>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
+    case M: launch_qmv_nr<T, M, 2, false>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
             LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
             LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7)
-            default: launch_k(qmv_kernel<T, 8, R>, dim3(blocks), dim3(kQmvWarps * 32), 0, s, xt, in, W, out, yt, ldy, accumulate); break;
+            default: launch_qmv_nr<T, 8, 2, false>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
 #undef LB_QMV_CASE
         }
     }
@@ -842,6 +940,14 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
             if (t == kWT) return launch<kWT>(x, n, in, w, out, y, ldy, accumulate, s);
             fail("unsupported", std::string("matmul_quant: element type ") + dtype_name(t));
     }
+}
+
+bool matmul_quant_rmsnorm(const float* x, const float* gain, float eps, int in, const void* W, DType t, int out,
+                          float* y, int ldy, bool accumulate, gpuStream_t s) {
+    if (!qmv_takes(t, 1, in, W, 0) || in > kQmvNormMaxIn) return false;
+    if (t == DType::Q4_K) launch_qmv<DType::Q4_K>(x, 1, in, (const uint8_t*)W, out, y, ldy, accumulate, s, 0, gain, eps);
+    else launch_qmv<DType::Q6_K>(x, 1, in, (const uint8_t*)W, out, y, ldy, accumulate, s, 0, gain, eps);
+    return true;
 }
 
 void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, float* x, gpuStream_t s) {

@@ -33,6 +33,26 @@ void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float
     matmul(o, n, W, y, true, s);
 }
 
+namespace {
+// y = rmsnorm(x, gain) W^T for n rows of H. One token of a matrix in q4_K / q6_K runs (a decode step of a GGUF
+// model): the norm is computed in the GEMV (matmul_quant_rmsnorm, bitwise the same output), one launch fewer
+// a norm; else rmsnorm into h, then matmul.
+void normed_matmul(const float* x, const float* gain, float eps, int n, int H, const Mat& W, float* h, float* y,
+                   gpuStream_t s) {
+    const Mat* parts = W.parts.empty() ? &W : W.parts.data();
+    const size_t np = W.parts.empty() ? 1 : W.parts.size();
+    bool fold = n == 1;
+    int64_t row0 = 0;
+    // a part it refuses ends the fold; the unfused path below then rewrites every row
+    for (size_t i = 0; fold && i < np; row0 += parts[i].rows, ++i)
+        fold = matmul_quant_rmsnorm(x, gain, eps, H, parts[i].ptr, parts[i].dtype, int(parts[i].rows), y + row0,
+                                    int(W.rows), false, s);
+    if (fold) return;
+    rmsnorm(x, gain, h, n, H, eps, s);
+    matmul(h, n, W, y, false, s);
+}
+}  // namespace
+
 bool ForwardWorkspace::ensure(const Qwen35Config& cfg, int n, const std::function<void*(size_t)>& alloc) {
     if (n <= cap) return false;
     const size_t H = size_t(cfg.hidden);
@@ -60,11 +80,10 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
     for (int l = 0; l < cfg.n_layers; ++l) {
         const Qwen35Layer& L = w.layers[size_t(l)];
         const size_t li = size_t(l);
-        rmsnorm(ws.x, F(L.input_norm), ws.h, n, H, cfg.eps, s);
         if (L.full) {
             const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows(l);
             const bool gated = cfg.gated(l);
-            matmul(ws.h, n, L.attn_qkv, ws.big, false, s);
+            normed_matmul(ws.x, F(L.input_norm), cfg.eps, n, H, L.attn_qkv, ws.h, ws.big, s);
             attn_prep(ws.big, rows, n, nh, nkv, hd, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm), cfg.eps,
                       c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s, gated);
             if (c.score) c.score(l, ws.big, rows, n);
@@ -76,7 +95,7 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
             const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
-            matmul(ws.h, n, L.lin_in, ws.big, false, s);
+            normed_matmul(ws.x, F(L.input_norm), cfg.eps, n, H, L.lin_in, ws.h, ws.big, s);
             conv1d_silu(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.conv, s);
             if (n == 1 && tuning().fused_delta && delta_decode_ok(dk, dv)) {
                 // one token (a decode step of a model with GGUF blocks): the fused decode graph's one-kernel step;
@@ -90,13 +109,11 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
             gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
             out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by the delta rule, free now
         }
-        rmsnorm(ws.x, F(L.post_norm), ws.h, n, H, cfg.eps, s);
-        matmul(ws.h, n, L.gate_up, ws.big, false, s);
+        normed_matmul(ws.x, F(L.post_norm), cfg.eps, n, H, L.gate_up, ws.h, ws.big, s);
         silu_mul(ws.big, n, I, ws.act, s);
         matmul(ws.act, n, L.down, ws.x, true, s);
     }
-    rmsnorm(ws.x + size_t(n - 1) * H, F(w.final_norm), ws.h, 1, H, cfg.eps, s);
-    matmul(ws.h, 1, w.lm_head, ws.logits, false, s);
+    normed_matmul(ws.x + size_t(n - 1) * H, F(w.final_norm), cfg.eps, 1, H, w.lm_head, ws.h, ws.logits, s);
     argmax(ws.logits, cfg.vocab, d_next, s);
     add_pos(c.d_pos, n, s, d_next, c.host_ring, c.ring_mask);
 }
