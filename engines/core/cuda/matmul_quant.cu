@@ -349,7 +349,7 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
             for (int r = 0; r < R; ++r) w[r].load(W + size_t(min(g * R + r, out - 1)) * rb + size_t(blk) * BB, t);
     };
     auto next = [&](int& g, int& s) {
-        if (++s == steps) {
+        if (++s >= steps) {
             s = 0;
             g += stride;
         }
@@ -476,7 +476,8 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // read at the same elements; the next super-block's fp32 activations land in shared memory by cp.async while
 // the warps multiply the current one (their L2 latency was exposed once a super-block). Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
 // qgemm_kernel). Split-K over super-blocks (partials summed in split order) when the row blocks leave
-// multiprocessors idle. The next super-block's weight bytes are loaded before this one's arithmetic.
+// multiprocessors idle. The next super-block's weight bytes are requested at the top of this one's iteration,
+// before its activation staging and two barriers (after them, a warp's weight latency was mostly exposed).
 constexpr int kQmmaWarps = 8, kQmmaRows = 16 * kQmmaWarps;
 // Staged activations: 4 bf16 of padding after each 64 elements and rows of 272, so that a warp's 8-byte
 // fragment reads (rows g, q-th 64-element runs) fall in distinct banks for q4_K.
@@ -624,6 +625,11 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 2) void qmma_kernel(const float* _
         fetch(sb0);
     }
     for (int sb = sb0; sb < sb1; ++sb) {
+        // the next super-block's weights first: their latency runs under this one's staging and barriers
+        if (sb + 1 < sb1) {
+            na.load(wa + size_t(sb + 1) * BB, q);
+            nb.load(wb + size_t(sb + 1) * BB, q);
+        }
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();  // x(sb) in xf for every thread; every warp done reading xs (sb - 1)
         // stage x(sb) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
@@ -634,11 +640,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 2) void qmma_kernel(const float* _
             *(uint2*)&xs[t][qmma_col(k4)] = *(const uint2*)p;
         }
         __syncthreads();  // xs ready; xf free for the next super-block's x
-        if (sb + 1 < sb1) {
-            fetch(sb + 1);
-            na.load(wa + size_t(sb + 1) * BB, q);
-            nb.load(wb + size_t(sb + 1) * BB, q);
-        }
+        if (sb + 1 < sb1) fetch(sb + 1);
         float sa[4], ma[4], sbv[4], mbv[4];
         qmma_scales<T>(ca, q, sa, ma);
         qmma_scales<T>(cb, q, sbv, mbv);
