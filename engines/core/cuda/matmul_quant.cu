@@ -287,6 +287,19 @@ __device__ __forceinline__ void qmv_step(const QmvRaw<T> (&w)[R], const float* _
     }
 }
 
+// Asks L2 for the 16-byte-aligned run inside [p, p + bytes) (sm_90 CUDA: cp.async.bulk.prefetch.L2, which
+// takes no registers and is not waited for; elsewhere nothing): weights a warp reads a step later, so that
+// more of the stream is in flight than the registers' one step ahead, and before the dependency wait.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+#if defined(LB_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uintptr_t a = (uintptr_t(p) + 15) & ~uintptr_t(15), e = (uintptr_t(p) + bytes) & ~uintptr_t(15);
+    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(uint32_t(e - a)));
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 // The inverse RMS of the row x[0, dim) exactly as rmsnorm_kernel (norms.cu) computes it with its 256 threads:
 // thread v's sum of squares over elements v, v + 256, ... in that order, each warp's sums by warp_sum, the 8
 // warp sums added in order, rsqrtf(sum / dim + eps); computed here by a block of kQmvWarps warps, each lane
@@ -341,18 +354,23 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-    // step s of group g into w (nothing past the last group; a lane past the row's super-blocks loads nothing)
-    auto load = [&](QmvRaw<T>(&w)[R], int g, int s) {
-        const int blk = 4 * s + sub;
-        if (g < groups && blk < nblk)
-#pragma unroll
-            for (int r = 0; r < R; ++r) w[r].load(W + size_t(min(g * R + r, out - 1)) * rb + size_t(blk) * BB, t);
-    };
     auto next = [&](int& g, int& s) {
         if (++s >= steps) {
             s = 0;
             g += stride;
         }
+    };
+    // step s of group g into w (nothing past the last group; a lane past the row's super-blocks loads nothing),
+    // and the step after it asked of L2 (lane r: row r's 4 super-blocks), two steps ahead of the arithmetic
+    auto load = [&](QmvRaw<T>(&w)[R], int g, int s) {
+        const int blk = 4 * s + sub;
+        if (g < groups && blk < nblk)
+#pragma unroll
+            for (int r = 0; r < R; ++r) w[r].load(W + size_t(min(g * R + r, out - 1)) * rb + size_t(blk) * BB, t);
+        next(g, s);
+        const int row = g * R + lane;
+        if (lane < R && g < groups && row < out)
+            prefetch_l2(W + size_t(row) * rb + size_t(4 * s) * BB, size_t(min(4, nblk - 4 * s)) * BB);
     };
     // the step's arithmetic; after a group's last step its R sums (warp_sum) are written and reset
     auto run = [&](const QmvRaw<T>(&w)[R], int g, int s, const float* xv) {
@@ -625,11 +643,14 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 2) void qmma_kernel(const float* _
         fetch(sb0);
     }
     for (int sb = sb0; sb < sb1; ++sb) {
-        // the next super-block's weights first: their latency runs under this one's staging and barriers
+        // the next super-block's weights first: their latency runs under this one's staging and barriers; the
+        // one after it asked of L2 (thread i: the block's row i)
         if (sb + 1 < sb1) {
             na.load(wa + size_t(sb + 1) * BB, q);
             nb.load(wb + size_t(sb + 1) * BB, q);
         }
+        if (sb + 2 < sb1 && threadIdx.x < kQmmaRows && blockIdx.x * kQmmaRows + threadIdx.x < out)
+            prefetch_l2(W + size_t(blockIdx.x * kQmmaRows + threadIdx.x) * rb + size_t(sb + 2) * BB, BB);
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads();  // x(sb) in xf for every thread; every warp done reading xs (sb - 1)
         // stage x(sb) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
