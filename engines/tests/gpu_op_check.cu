@@ -225,29 +225,38 @@ void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int c
 
 // The decode step's RMSNorm folded into the GEMV after it (matmul_quant_rmsnorm, n = 1): against the CPU
 // rmsnorm then matmul, and against the GPU's rmsnorm_kernel then matmul_quant, which it must equal bitwise
-// (the fold computes the same normalised x and the same sums; greedy decoding then cannot change).
-void check_matmul_quant_rmsnorm(Rng& r, DType t, int in, int out, bool acc, const char* variant) {
+// (the fold computes the same normalised x and the same sums; greedy decoding then cannot change). swiglu:
+// the MLP's gate_up with silu_mul folded in too (out / 2 outputs; the unfused path ends with silu_mul_kernel).
+void check_matmul_quant_rmsnorm(Rng& r, DType t, int in, int out, bool acc, const char* variant, bool swiglu = false) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
-    auto x = r.vec(size_t(in), 3.f), g = r.vec(size_t(in)), y0 = r.vec(size_t(out));
+    const int ny = swiglu ? out / 2 : out;
+    auto x = r.vec(size_t(in), 3.f), g = r.vec(size_t(in)), y0 = r.vec(size_t(ny));
     Dev<uint8_t> dw(raw);
-    Dev<float> dx(x), dg(g), dy(y0), dy2(y0), dh{size_t(in)};
-    if (!gpu::matmul_quant_rmsnorm(dx.p, dg.p, 1e-6f, in, dw.p, t, out, dy.p, out, acc, g_s)) {
-        report("matmul_quant_rmsnorm", std::string(dtype_name(t)) + ", " + variant + ": refused", "", 1, 0);
+    Dev<float> dx(x), dg(g), dy(y0), dy2(y0), dh{size_t(in)}, dgu{size_t(out)};
+    const std::string v = std::string(dtype_name(t)) + ", " + variant + (acc ? " +=" : "");
+    const std::string sh = shape({{"in", in}, {"out", out}});
+    if (!gpu::matmul_quant_rmsnorm(dx.p, dg.p, 1e-6f, in, dw.p, t, out, dy.p, out, acc, g_s, swiglu)) {
+        report("matmul_quant_rmsnorm", v + ": refused", sh, 1, 0);
         return;
     }
     gpu::rmsnorm(dx.p, dg.p, dh.p, 1, in, 1e-6f, g_s);
-    gpu::matmul_quant(dh.p, 1, in, dw.p, t, out, dy2.p, out, acc, g_s);
-    std::vector<float> h(static_cast<size_t>(in)), ref(static_cast<size_t>(out));
+    if (swiglu) {
+        gpu::matmul_quant(dh.p, 1, in, dw.p, t, out, dgu.p, out, false, g_s);
+        gpu::silu_mul(dgu.p, 1, ny, dy2.p, g_s);
+    } else {
+        gpu::matmul_quant(dh.p, 1, in, dw.p, t, out, dy2.p, out, acc, g_s);
+    }
+    std::vector<float> h(static_cast<size_t>(in)), prod(static_cast<size_t>(out)), ref = y0;
     cpu::rmsnorm(x.data(), g.data(), h.data(), 1, in, 1e-6f);
-    cpu::matmul(h.data(), 1, in, Wf.data(), out, ref.data());
-    if (acc)
-        for (int c = 0; c < out; ++c) ref[size_t(c)] += y0[size_t(c)];
+    cpu::matmul(h.data(), 1, in, Wf.data(), out, prod.data());
+    for (int c = 0; c < ny; ++c) {
+        const float p = swiglu ? cpu::silu(prod[size_t(c)]) * prod[size_t(ny + c)] : prod[size_t(c)];
+        ref[size_t(c)] = (acc ? ref[size_t(c)] : 0.f) + p;
+    }
     const std::vector<float> got = dy.down(), unfused = dy2.down();
     double diff = 0;
-    for (int c = 0; c < out; ++c) diff = std::max(diff, double(std::fabs(got[size_t(c)] - unfused[size_t(c)])));
-    const std::string sh = shape({{"in", in}, {"out", out}});
-    const std::string v = std::string(dtype_name(t)) + ", " + variant + (acc ? " +=" : "");
+    for (int c = 0; c < ny; ++c) diff = std::max(diff, double(std::fabs(got[size_t(c)] - unfused[size_t(c)])));
     report("matmul_quant_rmsnorm", v, sh, rel_err(got, ref), 1e-5);
     report("matmul_quant_rmsnorm", v + ": = unfused (max |diff|)", sh, diff, 0);
 }
@@ -1121,6 +1130,10 @@ int main(int argc, char** argv) {
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 1280, 77, true, "qmv_kernel<1, norm>, 5 super-blocks");
     check_matmul_quant_rmsnorm(r, DType::Q6_K, 256, 131, true, "qmv_kernel<1, norm>, 1 super-block");
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 9216, 20000, false, "qmv_kernel<1, 4 rows, norm>, dim > 8192");
+    // and the MLP's SwiGLU (gate rows, then up rows): the 27B's gate_up, 2 and 4 rows a warp, q6_K
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 5120, 34816, false, "qmv_kernel<1, 4 rows, swiglu>, 27B gate_up", true);
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 1280, 1004, false, "qmv_kernel<1, 2 rows, swiglu>", true);
+    check_matmul_quant_rmsnorm(r, DType::Q6_K, 2560, 20004, false, "qmv_kernel<1, swiglu>", true);
     // q4_K, 1-2 tokens, >= kQmvWideRows rows: 4 rows a warp (the last warp's rows partly past the end)
     check_matmul_quant(r, DType::Q4_K, 1, 1280, 16387, false, 0, 16387, "qmv_kernel<1, 4 rows a warp>", 1e-5, 1);
     check_matmul_quant(r, DType::Q4_K, 2, 2304, 16390, true, 0, 16390, "qmv_kernel<2, 4 rows a warp>", 1e-5, 1);

@@ -330,25 +330,35 @@ __device__ float qmv_rms_inv(const float* __restrict__ x, int dim, float eps) {
     return rsqrtf(total / dim + eps);
 }
 
+// What qmv_kernel does around its products: kQmvPlain, y (=|+=) x W^T; kQmvNorm (n = 1): x is first replaced,
+// in shared memory (in floats), by rmsnorm(x) * gain as rmsnorm_kernel computes it (qmv_rms_inv), the decode
+// step's RMSNorm folded into the GEMV after it; kQmvSwiglu: that, and W's rows are an MLP's gate [0, out / 2)
+// and up [out / 2, out): a group takes R / 2 rows of each and writes y[i] = silu(gate_i) * up_i as
+// silu_mul_kernel computes it (mlp.cu), y of out / 2 floats; the MLP's silu_mul folded in too.
+constexpr int kQmvPlain = 0, kQmvNorm = 1, kQmvSwiglu = 2;
+
 // Grid: at most one round of resident blocks (launch_qmv); warp w of W takes the groups of R output rows
 // w, w + W, ... and runs their steps (4 super-blocks of each row) as one sequence, the next step's bytes
 // loaded before this step's arithmetic across the groups' seams too, so that a warp's loads stay in flight
 // from its first step to its last (a block a group of rows drained the pipeline at each block's end, and a
 // 5,120-column row is only 5 steps) and no block waits to be scheduled. Each row's sums are the same
-// operations in the same order as with one warp a group. NORM (n = 1): x is first replaced, in shared memory
-// (in floats), by rmsnorm(x) * gain as rmsnorm_kernel computes it (qmv_rms_inv): the decode step's RMSNorm
-// folded into the GEMV after it.
-template <DType T, int N, int R, bool NORM>
+// operations in the same order as with one warp a group. MODE: kQmvPlain, kQmvNorm or kQmvSwiglu (above).
+template <DType T, int N, int R, int MODE>
 __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __restrict__ x, int in,
                                                               const uint8_t* __restrict__ W, int out,
                                                               float* __restrict__ y, int ldy, bool accumulate,
                                                               const float* __restrict__ gain, float eps) {
-    constexpr int BB = T == DType::Q4_K ? 144 : 210;
-    extern __shared__ float qmv_xs[];  // NORM: the normalised x
+    constexpr int BB = T == DType::Q4_K ? 144 : 210, H2 = R / 2;
+    constexpr bool kSwiglu = MODE == kQmvSwiglu;
+    static_assert(!kSwiglu || (N == 1 && R % 2 == 0), "SwiGLU: one token, gate and up rows in pairs");
+    extern __shared__ float qmv_xs[];  // kQmvNorm, kQmvSwiglu: the normalised x
     const int lane = threadIdx.x % 32, t = lane % 8, sub = lane / 8;
-    const int nblk = in / 256, steps = (nblk + 3) / 4, groups = (out + R - 1) / R;
+    const int nblk = in / 256, steps = (nblk + 3) / 4, half = out / 2;
+    const int groups = kSwiglu ? half / H2 : (out + R - 1) / R;  // kSwiglu: half % H2 == 0 (launch_qmv)
     const int stride = gridDim.x * kQmvWarps;
     const size_t rb = size_t(nblk) * BB;
+    // row r of group g
+    auto row_of = [&](int g, int r) { return kSwiglu ? (r < H2 ? g * H2 + r : half + g * H2 + r - H2) : g * R + r; };
     float acc[N][R];
 #pragma unroll
     for (int i = 0; i < N; ++i)
@@ -366,9 +376,9 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
         const int blk = 4 * s + sub;
         if (g < groups && blk < nblk)
 #pragma unroll
-            for (int r = 0; r < R; ++r) w[r].load(W + size_t(min(g * R + r, out - 1)) * rb + size_t(blk) * BB, t);
+            for (int r = 0; r < R; ++r) w[r].load(W + size_t(min(row_of(g, r), out - 1)) * rb + size_t(blk) * BB, t);
         next(g, s);
-        const int row = g * R + lane;
+        const int row = row_of(g, lane);
         if (lane < R && g < groups && row < out)
             prefetch_l2(W + size_t(row) * rb + size_t(4 * s) * BB, size_t(min(4, nblk - 4 * s)) * BB);
     };
@@ -376,7 +386,18 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     auto run = [&](const QmvRaw<T>(&w)[R], int g, int s, const float* xv) {
         const int blk = 4 * s + sub;
         if (blk < nblk) qmv_step<T, N, R>(w, xv, in, blk, t, acc);
-        if (s == steps - 1) {
+        if (s != steps - 1) return;
+        if constexpr (kSwiglu) {
+            float v[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                v[r] = warp_sum(acc[0][r]);
+                acc[0][r] = 0.f;
+            }
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < H2; ++r) y[g * H2 + r] = silu(v[r]) * v[r + H2];
+        } else {
 #pragma unroll
             for (int i = 0; i < N; ++i)
 #pragma unroll
@@ -399,7 +420,7 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     griddep_launch();
     griddep_wait();
     const float* xv = x;
-    if constexpr (NORM) {
+    if constexpr (MODE != kQmvPlain) {
         const float inv = qmv_rms_inv(x, in, eps);
         for (int i = threadIdx.x; i < in; i += kQmvWarps * 32) qmv_xs[i] = x[i] * inv * gain[i];
         __syncthreads();
@@ -420,14 +441,14 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     }
 }
 
-// Resident blocks of a qmv_kernel instantiation per multiprocessor (its registers; NORM: and its shared x).
-template <DType T, int N, int R, bool NORM>
+// Blocks of a qmv_kernel launch: at most the resident ones (its registers; a shared x: smem bytes).
+template <DType T, int N, int R, int MODE>
 int qmv_grid(int groups, size_t smem) {
     const int want = (groups + kQmvWarps - 1) / kQmvWarps;
 #if defined(LB_CUDA)
     static const int per_sm = [] {
         int b = 0;
-        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmv_kernel<T, N, R, NORM>, kQmvWarps * 32, 0));
+        GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmv_kernel<T, N, R, MODE>, kQmvWarps * 32, 0));
         return std::max(b, 1);
     }();
     int fit = per_sm;
@@ -439,32 +460,39 @@ int qmv_grid(int groups, size_t smem) {
 #endif
 }
 
-template <DType T, int N, int R, bool NORM>
+template <DType T, int N, int R, int MODE>
 void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
                    gpuStream_t s, const float* gain, float eps) {
-    const size_t smem = NORM ? sizeof(float) * size_t(in) : 0;
-    const int blocks = qmv_grid<T, N, R, NORM>((out + R - 1) / R, smem);
-    launch_k(qmv_kernel<T, N, R, NORM>, dim3(blocks), dim3(kQmvWarps * 32), smem, s, x, in, W, out, y, ldy,
+    const size_t smem = MODE != kQmvPlain ? sizeof(float) * size_t(in) : 0;
+    const int groups = MODE == kQmvSwiglu ? out / R : (out + R - 1) / R;
+    const int blocks = qmv_grid<T, N, R, MODE>(groups, smem);
+    launch_k(qmv_kernel<T, N, R, MODE>, dim3(blocks), dim3(kQmvWarps * 32), smem, s, x, in, W, out, y, ldy,
              accumulate, gain, eps);
 }
 
 // rows: the rows a warp, 0: by the matrix (4 for q4_K at 1-2 tokens and >= kQmvWideRows rows, else 2); 2 or 4:
 // that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only). gain != nullptr: n = 1,
-// x normalised first (NORM; in * 4 bytes of shared memory, at most kQmvNormMaxIn elements).
+// x normalised first (kQmvNorm; in * 4 bytes of shared memory, at most kQmvNormMaxIn elements); swiglu: and
+// the SwiGLU of the two halves of the rows written (kQmvSwiglu; out % 4 == 0).
 constexpr int kQmvNormMaxIn = 12288;  // 48 KB of shared x: no opt-in above the default limit
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f) {
+                gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f, bool swiglu = false) {
     // R = 4: q4_K at up to 2 tokens (more would spill registers; q6_K's 32 unpacked floats a row would too)
     const bool r4 = T == DType::Q4_K && n <= 2 && (rows == 4 || (rows == 0 && out >= kQmvWideRows));
+    constexpr int R4 = T == DType::Q4_K ? 4 : 2;
+    if (gain && swiglu) {
+        if (r4) return launch_qmv_nr<T, 1, R4, kQmvSwiglu>(x, in, W, out, y, ldy, false, s, gain, eps);
+        return launch_qmv_nr<T, 1, 2, kQmvSwiglu>(x, in, W, out, y, ldy, false, s, gain, eps);
+    }
     if (gain) {
-        if (r4) return launch_qmv_nr<T, 1, T == DType::Q4_K ? 4 : 2, true>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
-        return launch_qmv_nr<T, 1, 2, true>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
+        if (r4) return launch_qmv_nr<T, 1, R4, kQmvNorm>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
+        return launch_qmv_nr<T, 1, 2, kQmvNorm>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
     }
     if constexpr (T == DType::Q4_K) {
         if (r4) {
-            if (n == 1) return launch_qmv_nr<T, 1, 4, false>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
-            return launch_qmv_nr<T, 2, 4, false>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
+            if (n == 1) return launch_qmv_nr<T, 1, 4, kQmvPlain>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
+            return launch_qmv_nr<T, 2, 4, kQmvPlain>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
         }
     }
     for (int t0 = 0; t0 < n; t0 += kQmvTokens) {
@@ -473,10 +501,10 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
         float* yt = y + size_t(t0) * ldy;
         switch (m) {
 #define LB_QMV_CASE(M) \
-    case M: launch_qmv_nr<T, M, 2, false>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
+    case M: launch_qmv_nr<T, M, 2, kQmvPlain>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
             LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
             LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7)
-            default: launch_qmv_nr<T, 8, 2, false>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
+            default: launch_qmv_nr<T, 8, 2, kQmvPlain>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
 #undef LB_QMV_CASE
         }
     }
@@ -966,10 +994,11 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
 }
 
 bool matmul_quant_rmsnorm(const float* x, const float* gain, float eps, int in, const void* W, DType t, int out,
-                          float* y, int ldy, bool accumulate, gpuStream_t s) {
-    if (!qmv_takes(t, 1, in, W, 0) || in > kQmvNormMaxIn) return false;
-    if (t == DType::Q4_K) launch_qmv<DType::Q4_K>(x, 1, in, (const uint8_t*)W, out, y, ldy, accumulate, s, 0, gain, eps);
-    else launch_qmv<DType::Q6_K>(x, 1, in, (const uint8_t*)W, out, y, ldy, accumulate, s, 0, gain, eps);
+                          float* y, int ldy, bool accumulate, gpuStream_t s, bool swiglu) {
+    if (!qmv_takes(t, 1, in, W, 0) || in > kQmvNormMaxIn || (swiglu && (out % 4 != 0 || accumulate))) return false;
+    const uint8_t* w = (const uint8_t*)W;
+    if (t == DType::Q4_K) launch_qmv<DType::Q4_K>(x, 1, in, w, out, y, ldy, accumulate, s, 0, gain, eps, swiglu);
+    else launch_qmv<DType::Q6_K>(x, 1, in, w, out, y, ldy, accumulate, s, 0, gain, eps, swiglu);
     return true;
 }
 

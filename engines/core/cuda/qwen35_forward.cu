@@ -36,7 +36,8 @@ void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float
 namespace {
 // y = rmsnorm(x, gain) W^T for n rows of H. One token of a matrix in q4_K / q6_K runs (a decode step of a GGUF
 // model): the norm is computed in the GEMV (matmul_quant_rmsnorm, bitwise the same output), one launch fewer
-// a norm; else rmsnorm into h, then matmul.
+// a norm (a decode step's 129 norms: its critical path is a chain of ~700 launches); else rmsnorm into h, then
+// matmul.
 void normed_matmul(const float* x, const float* gain, float eps, int n, int H, const Mat& W, float* h, float* y,
                    gpuStream_t s) {
     const Mat* parts = W.parts.empty() ? &W : W.parts.data();
@@ -50,6 +51,18 @@ void normed_matmul(const float* x, const float* gain, float eps, int n, int H, c
     if (fold) return;
     rmsnorm(x, gain, h, n, H, eps, s);
     matmul(h, n, W, y, false, s);
+}
+
+// act = silu(gate) * up of rmsnorm(x, gain) W^T (W: the MLP's gate rows, then its up rows, I each). One token
+// of a gate_up of one q4_K / q6_K run: one launch (matmul_quant_rmsnorm with swiglu, bitwise the unfused
+// output); else normed_matmul into big, then silu_mul.
+void normed_swiglu(const float* x, const float* gain, float eps, int n, int H, int I, const Mat& W, float* h,
+                   float* big, float* act, gpuStream_t s) {
+    if (n == 1 && W.parts.empty() && W.rows == 2 * int64_t(I) &&
+        matmul_quant_rmsnorm(x, gain, eps, H, W.ptr, W.dtype, int(W.rows), act, I, false, s, true))
+        return;
+    normed_matmul(x, gain, eps, n, H, W, h, big, s);
+    silu_mul(big, n, I, act, s);
 }
 }  // namespace
 
@@ -109,8 +122,7 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
             gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
             out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by the delta rule, free now
         }
-        normed_matmul(ws.x, F(L.post_norm), cfg.eps, n, H, L.gate_up, ws.h, ws.big, s);
-        silu_mul(ws.big, n, I, ws.act, s);
+        normed_swiglu(ws.x, F(L.post_norm), cfg.eps, n, H, I, L.gate_up, ws.h, ws.big, ws.act, s);
         matmul(ws.act, n, L.down, ws.x, true, s);
     }
     normed_matmul(ws.x + size_t(n - 1) * H, F(w.final_norm), cfg.eps, 1, H, w.lm_head, ws.h, ws.logits, s);
