@@ -5,7 +5,9 @@
 // Weights are dequantised in registers exactly as ggml does (fp32: d * scale * q - dmin * min). Kernels:
 //  * qmv_kernel<T, N> (q4_K, q6_K; n <= kQuantGemvMax, and up to kQmvMaxRows in passes of 8 where qmma_kernel
 //    is not built: the fp16 build, HIP): the decode GEMV, built to stream the weights (see its comment:
-//    16-byte loads a step ahead, scales factored out of the dot products).
+//    16-byte loads a step ahead, scales factored out of the dot products; one round of resident blocks whose
+//    warps run their groups of rows as one sequence). For one token it also takes the RMSNorm before it and
+//    an MLP's SwiGLU after it (matmul_quant_rmsnorm: the decode step's folds).
 //  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
 //    cores, weights dequantised in registers and each block read once for all rows.
 //  * qgemv_kernel<T, N> (the other types, and q4_K / q6_K matrices qmv_kernel does not take: a q4_K matrix
