@@ -307,20 +307,36 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
 // warp sums added in order, rsqrtf(sum / dim + eps); computed here by a block of kQmvWarps warps, each lane
 // taking the 256-thread kernel's threads of its lane in the warps w, w + kQmvWarps, ... (the same values in
 // the same operations), so that the fused GEMV's normalised x is bitwise the one rmsnorm_kernel writes.
+// Elements are loaded 8 a reference thread at a time before their sums (zeros past dim add nothing), so
+// that a row costs a few memory round trips, not one an element.
 constexpr int kNormRef = 256;  // norms.cu's kNormThreads
 static_assert(kNormRef % (kQmvWarps * 32) == 0, "the 256-thread partition over the block's warps");
 __device__ float qmv_rms_inv(const float* __restrict__ x, int dim, float eps) {
-    constexpr int M = kNormRef / (kQmvWarps * 32);
+    constexpr int M = kNormRef / (kQmvWarps * 32), U = 8;
     __shared__ float part[kNormRef / 32];
     __shared__ float total;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) ss[m] = 0.f;
+    for (int k0 = 0; k0 < dim; k0 += kNormRef * U) {
+        float v[M][U];
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int i = k0 + kNormRef * u + 32 * (warp + kQmvWarps * m) + lane;  // reference thread's
+                v[m][u] = i < dim ? x[i] : 0.f;
+            }
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int u = 0; u < U; ++u) ss[m] += v[m][u] * v[m][u];
+    }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-        const int v = 32 * (warp + kQmvWarps * m) + lane;  // the reference kernel's thread
-        float ss = 0;
-        for (int i = v; i < dim; i += kNormRef) ss += x[i] * x[i];
-        ss = warp_sum(ss);
-        if (lane == 0) part[warp + kQmvWarps * m] = ss;
+        const float w = warp_sum(ss[m]);
+        if (lane == 0) part[warp + kQmvWarps * m] = w;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -417,6 +433,10 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     QmvRaw<T> wa[R], wb[R];  // the steps in turn
     int g = blockIdx.x * kQmvWarps + threadIdx.x / 32, s = 0;
     load(wa, g, s);
+    constexpr int kT = kQmvWarps * 32;
+    // the norm's gain (a weight) into shared memory before the wait too; thread j later reads its own elements
+    if constexpr (MODE != kQmvPlain)
+        for (int i = threadIdx.x; i < in; i += kT) qmv_xs[i] = gain[i];
     // launched with programmatic dependent launch (launch_k): the first weight bytes are requested while the
     // kernel before still runs; x and y (its outputs) are read only after the wait
     griddep_launch();
@@ -424,7 +444,14 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     const float* xv = x;
     if constexpr (MODE != kQmvPlain) {
         const float inv = qmv_rms_inv(x, in, eps);
-        for (int i = threadIdx.x; i < in; i += kQmvWarps * 32) qmv_xs[i] = x[i] * inv * gain[i];
+        for (int i0 = threadIdx.x; i0 < in; i0 += 8 * kT) {  // 8 loads, then 8 stores
+            float a[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) a[u] = i0 + kT * u < in ? x[i0 + kT * u] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                if (i0 + kT * u < in) qmv_xs[i0 + kT * u] = a[u] * inv * qmv_xs[i0 + kT * u];
+        }
         __syncthreads();
         xv = qmv_xs;
     }
@@ -476,7 +503,7 @@ void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, 
 // that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only). gain != nullptr: n = 1,
 // x normalised first (kQmvNorm; in * 4 bytes of shared memory, at most kQmvNormMaxIn elements); swiglu: and
 // the SwiGLU of the two halves of the rows written (kQmvSwiglu; out % 4 == 0).
-constexpr int kQmvNormMaxIn = 12288;  // 48 KB of shared x: no opt-in above the default limit
+constexpr int kQmvNormMaxIn = 12032;  // <= 47 KB of shared x (and the norm's 36 static bytes): no opt-in
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
                 gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f, bool swiglu = false) {
