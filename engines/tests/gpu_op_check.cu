@@ -1028,15 +1028,21 @@ void time_quant() {
                    : gemv == 2 ? "(qmma)" : n <= gpu::kQuantGemvMax ? "(qgemv)" : n < gpu::kGemmTcMinRows ? "(qgemm)"
                    : "(gemm_tc)", ms, bytes / ms / 1e6);
         }
-        // one token with the RMSNorm before it folded in (the decode step's qkv / in-proj / gate_up / LM head)
+        // one token with the RMSNorm before it folded in (the decode step's qkv / in-proj / gate_up / LM head),
+        // and for gate_up the SwiGLU after it too (the decode step's gate_up launch)
         Dev<float> gain{size_t(c.in)};
-        if (gpu::matmul_quant_rmsnorm(x.p, gain.p, 1e-6f, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s)) {
+        const bool gate_up = std::string(c.name).rfind("ffn gate_up", 0) == 0;
+        for (const bool sw : {false, true}) {
+            if (sw && !gate_up) continue;
+            if (!gpu::matmul_quant_rmsnorm(x.p, gain.p, 1e-6f, c.in, w.p, c.t, c.out, y.p, c.out, false, g_s, sw))
+                continue;
             const std::vector<float> ts = sorted_event_ms(g_s, 3, 20, [&](int r) {
                 gpu::matmul_quant_rmsnorm(x.p, gain.p, 1e-6f, c.in, w.p + bytes * (size_t(r) % copies), c.t, c.out,
-                                          y.p, c.out, false, g_s);
+                                          y.p, c.out, false, g_s, sw);
             });
             const double ms = ts[ts.size() / 2];
-            printf("| %s | %d x %d | 1 (qmv + rmsnorm) | %.4f | %.0f |\n", c.name, c.out, c.in, ms, bytes / ms / 1e6);
+            printf("| %s | %d x %d | 1 (qmv + rmsnorm%s) | %.4f | %.0f |\n", c.name, c.out, c.in,
+                   sw ? " + swiglu" : "", ms, bytes / ms / 1e6);
         }
     }
     GPU_CHECK(gpuGetLastError());

@@ -216,6 +216,40 @@ def timeline(path: Path, build_dir: Path, key: str) -> None:
     save()
 
 
+def time_quant_before(after: str) -> None:
+    """--time-quant of the before build (time_quant_before.md), and the rows both builds time as one table of
+    GB/s before / after (time_quant_cmp.md, printed)."""
+    exe = BEFORE_BUILD / "lucebench-gpu-op-check"
+    if not exe.is_file():
+        log("no before op check: time_quant before skipped")
+        return
+    try:
+        tq = subprocess.run([str(exe), "--time-quant"], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        log("time_quant before: timed out")
+        return
+    (OUT / "time_quant_before.md").write_text(tq.stdout + tq.stderr)
+
+    def rows(txt: str) -> dict:
+        out = {}
+        for ln in txt.splitlines():
+            c = [x.strip() for x in ln.strip().strip("|").split("|")]
+            if len(c) == 5 and c[0] not in ("matrix", "---") and not c[0].startswith("-"):
+                out[(c[0], c[1], c[2])] = (c[3], c[4])
+        return out
+
+    b, a = rows(tq.stdout), rows(after)
+    keys = [k for k in a if k in b and ("(qmv" in k[2] or "(qmma)" in k[2])]
+    txt = ("| matrix | out x in | n (kernel) | before ms | after ms | before GB/s | after GB/s |\n|---|---|---|---|---|---|---|\n"
+           + "\n".join(f"| {k[0]} | {k[1]} | {k[2]} | {b[k][0]} | {a[k][0]} | {b[k][1]} | {a[k][1]} |" for k in keys)
+           + "\n" + "\n".join(f"| {k[0]} | {k[1]} | {k[2]} | - | {a[k][0]} | - | {a[k][1]} |" for k in a
+                                 if k not in b and "rmsnorm" in k[2]) + "\n")
+    (OUT / "time_quant_cmp.md").write_text(txt)
+    R["time_quant_cmp"] = txt
+    print(txt, flush=True)
+    save()
+
+
 def table(a: dict, b: dict, ta: dict, tb: dict) -> None:
     """The before / after figures as one compact markdown table on stdout (and table.md)."""
     def f(v, fmt):
@@ -264,7 +298,8 @@ def main() -> int:
     threads = [guarded(build, ROOT / "engines", AFTER_BUILD, "dflash",
                        ["lucebench-ar", "lucebench-dflash", "lucebench-gpu-op-check", "lucebench-verify-gpu-check"],
                        max(2, nproc * 5 // 8), "after"),
-               guarded(build, src, BEFORE_BUILD, "before", ["lucebench-ar", "lucebench-verify-gpu-check"],
+               guarded(build, src, BEFORE_BUILD, "before",
+                       ["lucebench-ar", "lucebench-verify-gpu-check", "lucebench-gpu-op-check"],
                        max(2, nproc * 3 // 8), "before"),
                guarded(synth_all, paths), guarded(cq.build_timeline_lib), guarded(synth_08b)]
     for th in threads:
@@ -287,6 +322,7 @@ def main() -> int:
     (OUT / "time_quant.md").write_text(tq.stdout + tq.stderr)
     print("\n".join(ln for ln in tq.stdout.splitlines() if "(qmv" in ln or "(qmma)" in ln or ln.startswith("| matrix")), flush=True)
     save()
+    time_quant_before(tq.stdout)
 
     from lucebench.measure.bandwidth import measure_copy_bandwidth
 
