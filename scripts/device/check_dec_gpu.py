@@ -7,7 +7,8 @@ carried, else from `git archive`; "after" is this tree. In parallel at the start
 synthetic GGUF files (qwen3.5-0.8b, qwen3.5-27b, Q4_K_M as llama.cpp's recipe types them), the random
 z-lab-shaped draft for the 27B, and the CUPTI injection library. Then, after against before where both apply:
   1. lucebench-gpu-op-check (after): every op against its CPU reference; its quantised / norm rows printed;
-     then --time-quant (matmul_quant alone on the 27B shapes: ms and weight GB/s per n and kernel);
+     then --time-quant (matmul_quant alone on the 27B shapes: ms and weight GB/s per n and kernel), of both
+     builds, joined in time_quant_cmp.md;
   2. 0.8B Q4_K_M `ar` greedy tokens, before = after (2 prompts x 32 tokens; bitwise-equal sums give equal
      tokens, so any difference is reported with the before build's top-2 margin there);
   3. 27B Q4_K_M `ar` decode (prompt 32, 128 tokens, 1 warm-up, 5 reps: median tok/s, roofline % against the
@@ -17,8 +18,9 @@ z-lab-shaped draft for the 27B, and the CUPTI injection library. Then, after aga
   6. as time allows (DEADLINE_S): a decode step's kernels on the GPU clock (CUPTI, after;
      check_quant_gpu.timeline_27b), then the verify cost and the CUPTI step of the before build.
 (lucebench-verify-gpu-check, GPU verify + commit == AR, runs before step 2.)
-Writes $OUT/dec/: check_dec_gpu.json, op_check.md, time_quant.md, verify_time_27b{,_before}.txt,
-timeline_27b{,_before}.md/csv, dg/ (the DFlash part), build logs. About 7 minutes on an H100/H200.
+Writes $OUT/$DEC_NAME/ (default dec): check_dec_gpu.json, op_check.md, time_quant{,_before,_cmp}.md,
+verify_time_27b{,_before}.txt, timeline_27b{,_before}.md/csv, dg/ (the DFlash part), table.md (before /
+after, also printed last), build logs. About 7 minutes on an H100/H200.
 """
 
 from __future__ import annotations
