@@ -1136,6 +1136,8 @@ int main(int argc, char** argv) {
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 1280, 77, true, "qmv_kernel<1, norm>, 5 super-blocks");
     check_matmul_quant_rmsnorm(r, DType::Q6_K, 256, 131, true, "qmv_kernel<1, norm>, 1 super-block");
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 9216, 20000, false, "qmv_kernel<1, 4 rows, norm>, dim > 8192");
+    check_matmul_quant_rmsnorm(r, DType::Q6_K, 11264, 3001, true, "qmv_kernel<1, norm>, the fold's widest row");
+    check_matmul_quant_rmsnorm(r, DType::Q4_K, 11264, 777, false, "qmv_kernel<1, norm>, the fold's widest row");
     // and the MLP's SwiGLU (gate rows, then up rows): the 27B's gate_up, 2 and 4 rows a warp, q6_K
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 5120, 34816, false, "qmv_kernel<1, 4 rows, swiglu>, 27B gate_up", true);
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 1280, 1004, false, "qmv_kernel<1, 2 rows, swiglu>", true);

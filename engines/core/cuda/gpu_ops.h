@@ -96,7 +96,7 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
 // One token: y (=|+=) rmsnorm(x, gain, eps) W^T, the norm computed in the GEMV (qmv_kernel; bitwise the
 // output of rmsnorm then matmul_quant). swiglu: W is an MLP's gate rows then up rows (out / 2 each) and y gets
 // silu(gate) * up (out / 2 floats; bitwise rmsnorm, matmul_quant, silu_mul). false (nothing launched) where
-// qmv_kernel does not take W (q4_K / q6_K, in % 256 == 0, in <= 12,032; swiglu: out % 4 == 0, not accumulate).
+// qmv_kernel does not take W (q4_K / q6_K, in % 256 == 0, in <= 11,264; swiglu: out % 4 == 0, not accumulate).
 bool matmul_quant_rmsnorm(const float* x, const float* gain, float eps, int in, const void* W, DType t, int out,
                           float* y, int ldy, bool accumulate, gpuStream_t s, bool swiglu = false);
 // embed from a table of block rows.

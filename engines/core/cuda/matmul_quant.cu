@@ -199,9 +199,12 @@ constexpr float kQmvUp = 1.f, kQmvBack = 1.f;
 #endif
 
 // One step of qmv_kernel: super-block blk of each of the R rows (the lane's 32 elements of it), N tokens.
-template <DType T, int N, int R>
+// PRE (q4_K, one token): x is already scaled by kQmvUp and xsum holds the sums of its runs of 16 (unscaled,
+// the same operations as below), both computed once in qmv_kernel's prologue instead of every step.
+template <DType T, int N, int R, bool PRE = false>
 __device__ __forceinline__ void qmv_step(const QmvRaw<T> (&w)[R], const float* __restrict__ x, int in, int blk,
-                                         int t, float (&acc)[N][R]) {
+                                         int t, float (&acc)[N][R], const float* __restrict__ xsum = nullptr) {
+    static_assert(!PRE || (T == DType::Q4_K && N == 1), "pre-scaled activations: q4_K, one token");
     if constexpr (T == DType::Q4_K) {
         const int g = t >> 1, h = t & 1;
         const int k0 = blk * 256 + 64 * g + 16 * h;  // the low nibbles' run; the high nibbles' at k0 + 32
@@ -221,17 +224,27 @@ __device__ __forceinline__ void qmv_step(const QmvRaw<T> (&w)[R], const float* _
             const float* xt = x + size_t(i) * in + k0;
             float4 a[4], b[4];
             float sl = 0.f, sh = 0.f;
+            if constexpr (PRE) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                a[c] = *(const float4*)(xt + 4 * c);
-                b[c] = *(const float4*)(xt + 32 + 4 * c);
-                sl += (a[c].x + a[c].y) + (a[c].z + a[c].w);
-                sh += (b[c].x + b[c].y) + (b[c].z + b[c].w);
-            }
+                for (int c = 0; c < 4; ++c) {
+                    a[c] = *(const float4*)(xt + 4 * c);
+                    b[c] = *(const float4*)(xt + 32 + 4 * c);
+                }
+                sl = xsum[k0 >> 4];
+                sh = xsum[(k0 >> 4) + 2];
+            } else {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                a[c] = make_float4(a[c].x * kQmvUp, a[c].y * kQmvUp, a[c].z * kQmvUp, a[c].w * kQmvUp);
-                b[c] = make_float4(b[c].x * kQmvUp, b[c].y * kQmvUp, b[c].z * kQmvUp, b[c].w * kQmvUp);
+                for (int c = 0; c < 4; ++c) {
+                    a[c] = *(const float4*)(xt + 4 * c);
+                    b[c] = *(const float4*)(xt + 32 + 4 * c);
+                    sl += (a[c].x + a[c].y) + (a[c].z + a[c].w);
+                    sh += (b[c].x + b[c].y) + (b[c].z + b[c].w);
+                }
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    a[c] = make_float4(a[c].x * kQmvUp, a[c].y * kQmvUp, a[c].z * kQmvUp, a[c].w * kQmvUp);
+                    b[c] = make_float4(b[c].x * kQmvUp, b[c].y * kQmvUp, b[c].z * kQmvUp, b[c].w * kQmvUp);
+                }
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -368,8 +381,10 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
                                                               const float* __restrict__ gain, float eps) {
     constexpr int BB = T == DType::Q4_K ? 144 : 210, H2 = R / 2;
     constexpr bool kSwiglu = MODE == kQmvSwiglu;
+    // q4_K with a shared x: x scaled by kQmvUp and its runs' sums after it (qmv_smem), made once a block
+    constexpr bool kPre = MODE != kQmvPlain && T == DType::Q4_K;
     static_assert(!kSwiglu || (N == 1 && R % 2 == 0), "SwiGLU: one token, gate and up rows in pairs");
-    extern __shared__ float qmv_xs[];  // kQmvNorm, kQmvSwiglu: the normalised x
+    extern __shared__ float qmv_xs[];  // kQmvNorm, kQmvSwiglu: the normalised x (qmv_smem)
     const int lane = threadIdx.x % 32, t = lane % 8, sub = lane / 8;
     const int nblk = in / 256, steps = (nblk + 3) / 4, half = out / 2;
     const int groups = kSwiglu ? half / H2 : (out + R - 1) / R;  // kSwiglu: half % H2 == 0 (launch_qmv)
@@ -403,7 +418,7 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
     // the step's arithmetic; after a group's last step its R sums (warp_sum) are written and reset
     auto run = [&](const QmvRaw<T>(&w)[R], int g, int s, const float* xv) {
         const int blk = 4 * s + sub;
-        if (blk < nblk) qmv_step<T, N, R>(w, xv, in, blk, t, acc);
+        if (blk < nblk) qmv_step<T, N, R, kPre>(w, xv, in, blk, t, acc, xv + in);
         if (s != steps - 1) return;
         if constexpr (kSwiglu) {
             float v[R];
@@ -453,6 +468,23 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
                 if (i0 + kT * u < in) qmv_xs[i0 + kT * u] = a[u] * inv * qmv_xs[i0 + kT * u];
         }
         __syncthreads();
+        if constexpr (kPre) {  // a thread a run of 16: its sum as qmv_step takes it, then the run scaled
+            for (int j = threadIdx.x; j < in / 16; j += kT) {
+                float4 v[4];
+                float sum = 0.f;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    v[c] = *(const float4*)(qmv_xs + 16 * j + 4 * c);
+                    sum += (v[c].x + v[c].y) + (v[c].z + v[c].w);
+                }
+                qmv_xs[in + j] = sum;
+#pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    *(float4*)(qmv_xs + 16 * j + 4 * c) =
+                        make_float4(v[c].x * kQmvUp, v[c].y * kQmvUp, v[c].z * kQmvUp, v[c].w * kQmvUp);
+            }
+            __syncthreads();
+        }
         xv = qmv_xs;
     }
     while (g < groups) {
@@ -494,10 +526,17 @@ int qmv_grid(int groups, size_t smem) {
 #endif
 }
 
+// qmv_kernel's dynamic shared memory: none for kQmvPlain; else the normalised x (in floats), for q4_K scaled
+// by kQmvUp and followed by the sums of its runs of 16 (in / 16 floats)
+template <DType T, int MODE>
+constexpr size_t qmv_smem(int in) {
+    return MODE == kQmvPlain ? 0 : sizeof(float) * (size_t(in) + (T == DType::Q4_K ? size_t(in) / 16 : 0));
+}
+
 template <DType T, int N, int R, int MODE>
 void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
                    gpuStream_t s, const float* gain, float eps) {
-    const size_t smem = MODE != kQmvPlain ? sizeof(float) * size_t(in) : 0;
+    const size_t smem = qmv_smem<T, MODE>(in);
     const int groups = MODE == kQmvSwiglu ? out / R : (out + R - 1) / R;
     const int blocks = qmv_grid<T, N, R, MODE>(groups, smem);
     launch_k(qmv_kernel<T, N, R, MODE>, dim3(blocks), dim3(kQmvWarps * 32), smem, s, x, in, W, out, y, ldy,
@@ -506,9 +545,9 @@ void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, 
 
 // rows: the rows a warp, 0: by the matrix (4 for q4_K at 1-2 tokens and >= kQmvWideRows rows, else 2); 2 or 4:
 // that (the op check's timing compares them; 4 applies to q4_K at 1-2 tokens only). gain != nullptr: n = 1,
-// x normalised first (kQmvNorm; in * 4 bytes of shared memory, at most kQmvNormMaxIn elements); swiglu: and
+// x normalised first (kQmvNorm; qmv_smem bytes of shared memory, at most kQmvNormMaxIn elements); swiglu: and
 // the SwiGLU of the two halves of the rows written (kQmvSwiglu; out % 4 == 0).
-constexpr int kQmvNormMaxIn = 12032;  // <= 47 KB of shared x (and the norm's 36 static bytes): no opt-in
+constexpr int kQmvNormMaxIn = 11264;  // qmv_smem <= 46.75 KB (and the norm's 36 static bytes): no opt-in
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
                 gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f, bool swiglu = false) {
