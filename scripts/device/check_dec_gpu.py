@@ -67,7 +67,10 @@ def left() -> float:
 
 def before_source() -> Path:
     carried = ROOT / ".carry" / NAME / "before" / "engines"
-    if (carried / "CMakeLists.txt").is_file():
+    mark = carried.parent / "COMMIT"  # the commit the carried tree is of, where written: it must be BEFORE_COMMIT's
+    made = mark.read_text().strip() if mark.is_file() else ""
+    if (carried / "CMakeLists.txt").is_file() and (not made or made.startswith(BEFORE_COMMIT)
+                                                    or BEFORE_COMMIT.startswith(made)):
         return carried
     dst = Path("/tmp/dec-before-src")
     shutil.rmtree(dst, ignore_errors=True)
