@@ -517,7 +517,7 @@ int qmv_grid(int groups, size_t smem) {
     int fit = per_sm;
     if (smem > 0) fit = std::max(1, std::min(fit, int(context().dec.smem_sm / (smem + 1024))));
     const long warps = long(fit) * context().sms * kQmvWarps;
-    const long k = (groups + warps - 1) / warps;  // rounds of groups a warp
+    const long k = std::max(1L, (groups + warps - 1) / warps);  // rounds of groups a warp
     return int(std::max(1L, (groups + kQmvWarps * k - 1) / (kQmvWarps * k)));
 #else
     const int want = (groups + kQmvWarps - 1) / kQmvWarps;
