@@ -921,6 +921,81 @@ void check_attention_decode(Rng& r, int nh, int nkv, int hd, DType t, int pos) {
            shape({{"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos", pos}, {"blocks", blocks}}), same ? rel_err(first, ref) : 1.0, 5e-4);
 }
 
+// Split attention at a long context. The rows' q heads against the CPU attention over the pos0 + n cached keys
+// (random rows, all of them in the cache: the rows' own keys too), causal, or under a random verify tree
+// (tree: row t sees keys < pos0 and the rows on its path to the root, cpu::tree_attention). splits > 0: through
+// attention_split with that many key ranges (as verify_layers calls it, or a count auto would not pick);
+// 0: through attention() with a workspace's scratch at the host's pos0, as forward_layers calls it, which picks
+// attention_decode for one row and attention_splits' count (the single pass where that is 1) for more. Run
+// twice: the results must be bit-identical (the ranges merge in a fixed order, the decode counters end zero).
+void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int pos0, int splits, bool gated,
+                           bool tree = false) {
+    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, ctx = pos0 + n, qs = gated ? 2 : 1;
+    auto qkv = r.vec(size_t(n) * ld, 0.5f);
+    Cache c(r, t, ctx, nkv, hd, ctx);
+    gpu::AttnScratch sc;
+    sc.floats = std::max(gpu::attention_scratch_floats(nh, nkv, hd), gpu::attention_split_scratch(n, nh, hd, splits));
+    sc.decode_blocks = gpu::attention_decode_blocks(nkv, ctx);
+    Dev<float> dq(qkv), dout(size_t(n) * nh * hd), part(sc.floats);
+    Dev<int> counters{size_t(nkv)}, dpos(std::vector<int>{pos0});
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    sc.part = part.p;
+    sc.counters = counters.p;
+    std::vector<unsigned char> vis;
+    if (tree) {  // random parents (earlier rows or the committed sequence), ancestor-or-self mask
+        std::vector<int> parent(static_cast<size_t>(n));
+        vis.assign(size_t(n) * n, 0);
+        for (int i = 0; i < n; ++i) {
+            parent[size_t(i)] = i == 0 ? -1 : int((r.uni() + 1.f) * 0.5f * float(i + 1)) - 1;
+            parent[size_t(i)] = std::min(parent[size_t(i)], i - 1);
+            for (int j = i; j >= 0; j = parent[size_t(j)]) vis[size_t(i) * n + j] = 1;
+        }
+    }
+    Dev<unsigned char> dvis(tree ? vis : std::vector<unsigned char>(1));
+    std::string path;
+    auto run = [&]() {
+        if (splits > 0) {
+            gpu::attention_split(dq.p, ld, n, nh, nkv, hd, tree ? nullptr : dpos.p, pos0, dkc.p, t, dvc.p, t,
+                                 tree ? dvis.p : nullptr, splits, sc, dout.p, g_s, gated);
+            path = "attention_split, " + std::to_string(splits) + " ranges" + (tree ? ", tree" : "");
+        } else {
+            gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated, nullptr, &sc, pos0);
+            const int auto_splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
+            path = n == 1 && gpu::attention_decode_ok(nh, nkv, hd) ? "attention(): attention_decode"
+                   : auto_splits > 1 ? "attention(): split, " + std::to_string(auto_splits) + " ranges"
+                                     : std::string("attention(): ") +
+                                           attention_kernel_name(gpu::attention_kernel_for(n, nh, nkv, hd, ld));
+        }
+        return dout.down();
+    };
+    const auto first = run();
+    const bool same = run() == first;
+    std::vector<float> ref;
+    if (tree) {
+        std::vector<float> q(size_t(n) * nh * hd);
+        for (int i = 0; i < n; ++i)
+            for (int h = 0; h < nh; ++h)
+                std::copy_n(&qkv[size_t(i) * ld + size_t(h) * qs * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+        ref.assign(q.size(), 0.f);
+        cpu::tree_attention(q.data(), n, nh, nkv, hd, pos0, c.k.data(), t, c.v.data(), t, vis.data(), ref.data());
+        if (gated)
+            for (int i = 0; i < n; ++i)
+                for (int h = 0; h < nh; ++h)
+                    for (int e = 0; e < hd; ++e)
+                        ref[(size_t(i) * nh + h) * hd + e] *= cpu::sigmoid(qkv[size_t(i) * ld + size_t(h) * 2 * hd + hd + e]);
+    } else {
+        ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t, gated);
+    }
+    // one row: the fp32 flash-decoding kernel (5e-4, as attention_decode's own check); more rows: bf16 tensor
+    // cores in the ranges (2e-2, as the prefill kernel's)
+    const bool fp32_path = path.find("attention_decode") != std::string::npos ||
+                           path.find("attention_kernel") != std::string::npos ||
+                           path.find("tiled") != std::string::npos;
+    report("attention_split", path + (gated ? " (" : ", no gate (") + dtype_name(t) + ")" + (same ? "" : " NOT REPEATABLE"),
+           shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), same ? rel_err(first, ref) : 1.0,
+           fp32_path ? 5e-4 : 2e-2);
+}
+
 void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
     const int hd = 256, rot = 64, ld = (2 * nh + 2 * nkv) * hd;
     const float theta = 1e7f;
@@ -1191,6 +1266,28 @@ int main(int argc, char** argv) {
     check_attention_decode(r, 16, 2, 128, DType::Q8_0, 1500);
     check_attn_decode_short(r, 8, 2, 100);
     check_attn_decode_short(r, 8, 2, 250);
+    // one row through attention() with a workspace's scratch (the unfused GGUF decode): flash-decoding; the
+    // 27B's heads (24 / 4, hd 256, gated, G 6) and G 2 (hd 128, gated and not), every KV type, 3K and 40K keys
+    check_attention_split(r, 1, 24, 4, 256, DType::BF16, 40013, 0, true);
+    check_attention_split(r, 1, 24, 4, 256, DType::Q8_0, 3000, 0, true);
+    check_attention_split(r, 1, 24, 4, 256, DType::Q4_0, 40013, 0, true);
+    check_attention_split(r, 1, 8, 4, 128, DType::BF16, 3000, 0, true);
+    check_attention_split(r, 1, 16, 8, 128, DType::Q8_0, 40013, 0, false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    // a few rows (a DFlash verify's 23, a short chunk's 2): attention() picks the single pass at 3K and key
+    // ranges at 40K; explicit range counts at 3K; a verify tree at 40K; no cached keys at all (every range empty)
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 3000, 0, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 0, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::Q8_0, 40013, 0, true);
+    check_attention_split(r, 2, 24, 4, 256, DType::BF16, 40013, 0, true);
+    check_attention_split(r, 23, 16, 8, 128, DType::BF16, 40013, 0, false);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 3000, 5, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::Q4_0, 3000, 7, true);
+    check_attention_split(r, 23, 8, 4, 128, DType::Q8_0, 3000, 3, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 16, true, true);
+    check_attention_split(r, 41, 24, 4, 256, DType::Q8_0, 40013, 8, true, true);
+    check_attention_split(r, 9, 8, 2, 256, DType::BF16, 0, 3, true);
+#endif
     printf("\n%d checks, %d failed\n", g_checks, g_failed);
     return g_failed ? 1 : 0;
 }
