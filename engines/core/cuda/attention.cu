@@ -973,7 +973,7 @@ namespace {
 //                                    context in chunks over one wave of blocks, merged in order;
 //   flash_attention_kernel, split    a few rows at a long context (attention_splits > 1: the single pass's
 //     + attention_split_merge_kernel query tiles x nkv fill at most half the SMs and the keys before the rows
-//                                    are >= 4096): key ranges over one wave, then the rows' own keys (causal,
+//                                    span >= 64 key tiles): key ranges over one wave, then the rows' own keys (causal,
 //                                    or the verify tree's mask) and the ranges merged in order.
 AttentionKernel attention_choice(int n, int nh, int nkv, int hd, int ld) {
 #if defined(LB_CUDA)

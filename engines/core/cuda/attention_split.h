@@ -6,8 +6,9 @@
 
 namespace lb::gpu {
 
-// Key tiles (64 keys each) a range takes at least: below 2 x 32 tiles (a context under 4096 keys) the
-// single pass stays, whose blocks are few but short there, and the merge step would cost more than it saves.
+// Key tiles (64 keys each) a range takes at least: below 2 x 32 tiles (4032 keys or fewer) the single pass
+// stays, so short contexts run the kernels they ran before (the threshold is not yet tuned on a GPU:
+// scripts/device/check_longctx_gpu.sh measures 1K and 64K).
 constexpr int kSplitMinTiles = 32;
 
 // blocks: the single pass's blocks (query tiles x KV heads); key_tiles: the key tiles before the rows;
