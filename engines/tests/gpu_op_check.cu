@@ -922,14 +922,18 @@ void check_attention_decode(Rng& r, int nh, int nkv, int hd, DType t, int pos) {
 }
 
 // Split attention at a long context. The rows' q heads against the CPU attention over the pos0 + n cached keys
-// (random rows, all of them in the cache: the rows' own keys too), causal, or under a random verify tree
-// (tree: row t sees keys < pos0 and the rows on its path to the root, cpu::tree_attention). splits > 0: through
-// attention_split with that many key ranges (as verify_layers calls it, or a count auto would not pick);
-// 0: through attention() with a workspace's scratch at the host's pos0, as forward_layers calls it, which picks
-// attention_decode for one row and attention_splits' count (the single pass where that is 1) for more. Run
-// twice: the results must be bit-identical (the ranges merge in a fixed order, the decode counters end zero).
+// (random rows, all of them in the cache: the rows' own keys too) under the rows' mask: kCausal, kTree (row t
+// sees keys < pos0 and the rows on its path to the root of a random verify tree, cpu::tree_attention), or kAll
+// (every row sees every row: the DFlash draft's non-causal block). splits > 0: through attention_split with
+// that many key ranges (a count auto would not pick); 0, causal: through attention() with a workspace's scratch
+// at the host's pos0, as forward_layers calls it, which picks attention_decode for one row and
+// attention_splits' count (the single pass where that is 1) for more; 0 otherwise: through attention_split with
+// attention_splits' count, as verify_layers and the draft call it. Run twice: the results must be bit-identical
+// (the ranges merge in a fixed order, the decode counters end zero).
+enum RowMask { kCausal, kTree, kAll };
 void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int pos0, int splits, bool gated,
-                           bool tree = false) {
+                           RowMask mask = kCausal) {
+    const bool masked = mask != kCausal;  // a visible mask for attention_split
     const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, ctx = pos0 + n, qs = gated ? 2 : 1;
     auto qkv = r.vec(size_t(n) * ld, 0.5f);
     Cache c(r, t, ctx, nkv, hd, ctx);
@@ -942,7 +946,8 @@ void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int 
     sc.part = part.p;
     sc.counters = counters.p;
     std::vector<unsigned char> vis;
-    if (tree) {  // random parents (earlier rows or the committed sequence), ancestor-or-self mask
+    if (mask == kAll) vis.assign(size_t(n) * n, 1);
+    if (mask == kTree) {  // random parents (earlier rows or the committed sequence), ancestor-or-self mask
         std::vector<int> parent(static_cast<size_t>(n));
         vis.assign(size_t(n) * n, 0);
         for (int i = 0; i < n; ++i) {
@@ -951,13 +956,15 @@ void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int 
             for (int j = i; j >= 0; j = parent[size_t(j)]) vis[size_t(i) * n + j] = 1;
         }
     }
-    Dev<unsigned char> dvis(tree ? vis : std::vector<unsigned char>(1));
+    Dev<unsigned char> dvis(masked ? vis : std::vector<unsigned char>(1));
+    if (masked && splits == 0) splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
     std::string path;
     auto run = [&]() {
         if (splits > 0) {
-            gpu::attention_split(dq.p, ld, n, nh, nkv, hd, tree ? nullptr : dpos.p, pos0, dkc.p, t, dvc.p, t,
-                                 tree ? dvis.p : nullptr, splits, sc, dout.p, g_s, gated);
-            path = "attention_split, " + std::to_string(splits) + " ranges" + (tree ? ", tree" : "");
+            gpu::attention_split(dq.p, ld, n, nh, nkv, hd, masked ? nullptr : dpos.p, pos0, dkc.p, t, dvc.p, t,
+                                 masked ? dvis.p : nullptr, splits, sc, dout.p, g_s, gated);
+            path = "attention_split, " + std::to_string(splits) + " ranges" +
+                   (mask == kTree ? ", tree" : mask == kAll ? ", all rows" : "");
         } else {
             gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated, nullptr, &sc, pos0);
             const int auto_splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
@@ -971,7 +978,7 @@ void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int 
     const auto first = run();
     const bool same = run() == first;
     std::vector<float> ref;
-    if (tree) {
+    if (masked) {
         std::vector<float> q(size_t(n) * nh * hd);
         for (int i = 0; i < n; ++i)
             for (int h = 0; h < nh; ++h)
@@ -1285,9 +1292,12 @@ int main(int argc, char** argv) {
     check_attention_split(r, 23, 24, 4, 256, DType::BF16, 3000, 5, true);
     check_attention_split(r, 23, 24, 4, 256, DType::Q4_0, 3000, 7, true);
     check_attention_split(r, 23, 8, 4, 128, DType::Q8_0, 3000, 3, true);
-    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 16, true, true);
-    check_attention_split(r, 41, 24, 4, 256, DType::Q8_0, 40013, 8, true, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 0, true, kTree);
+    check_attention_split(r, 41, 24, 4, 256, DType::Q8_0, 40013, 8, true, kTree);
     check_attention_split(r, 9, 8, 2, 256, DType::BF16, 0, 3, true);
+    // the DFlash draft's block (z-lab 27B draft: 32 / 8 heads of 128, 16 rows, non-causal, f32 or bf16 cache)
+    check_attention_split(r, 16, 32, 8, 128, DType::F32, 40013, 0, false, kAll);
+    check_attention_split(r, 16, 32, 8, 128, DType::BF16, 40013, 0, false, kAll);
 #else
     printf("| %-17s | %-38s | %-30s | not selectable in this build (CUDA bf16 builds only) |\n", "attention_split",
            "flash_attention_kernel, split", "");
