@@ -20,7 +20,9 @@
 
 #include "core/cpu/ops.h"
 #include "core/cuda/fixed_point.cuh"
+#include "core/cuda/draft_ops.h"
 #include "core/cuda/gpu_ops.h"
+#include "core/cuda/verify_ops.h"
 #include "core/half.h"
 #include "core/quant.h"
 #include "gpu_check_util.h"
@@ -1076,6 +1078,95 @@ void time_quant() {
     GPU_CHECK(gpuGetLastError());
 }
 
+// `--time-attention` (CUDA bf16 builds): the long-context attention shapes, the kernel each ran before the split
+// forms against the path it takes now, at 1K .. 128K cached keys before the rows: median of 10 launches after 2
+// (CUDA events), caches of zero bytes (the times do not depend on the values), timing only. The 27B's unfused
+// decode step (attention_kernel -> attention_decode), its verify of 23 rows under a chain mask
+// (tree_attention_kernel -> attention_split) with bf16 and q8_0 KV, the z-lab 27B draft's 16-row block over an
+// f32 context cache (draft_attention_kernel -> attention_split, all rows visible), a 23-row causal chunk
+// (flash_attention_kernel's single pass -> its split form). One layer: the 27B has 16 such layers, the draft 1
+// to 5 (its layers without a sliding window).
+void time_attention() {
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
+    enum Kind { kDecode, kVerify, kDraft, kChunk };
+    struct Case { const char* name; int n, nh, nkv, hd; bool gated; DType t; Kind kind; };
+    const Case cases[] = {{"27B decode step", 1, 24, 4, 256, true, DType::BF16, kDecode},
+                          {"27B verify B = 22", 23, 24, 4, 256, true, DType::BF16, kVerify},
+                          {"27B verify B = 22", 23, 24, 4, 256, true, DType::Q8_0, kVerify},
+                          {"z-lab 27B draft block", 16, 32, 8, 128, false, DType::F32, kDraft},
+                          {"27B 23-row chunk", 23, 24, 4, 256, true, DType::BF16, kChunk}};
+    const int ctxs[] = {1024, 4096, 16384, 65536, 131072};
+    printf("| shape | KV | keys | before: kernel | us | after: path | us | before / after |\n"
+           "|---|---|---|---|---|---|---|---|\n");
+    for (const Case& c : cases) {
+        const int max_ctx = ctxs[4] + c.n, ld = ((c.gated ? 2 : 1) * c.nh + 2 * c.nkv) * c.hd;
+        const size_t kv_bytes = size_t(max_ctx) * c.nkv * dtype_row_bytes(c.t, size_t(c.hd));
+        Dev<uint8_t> kc(kv_bytes), vc(kv_bytes);
+        Rng r(7);
+        Dev<float> q(r.vec(size_t(c.n) * ld, 0.5f)), out(size_t(c.n) * c.nh * c.hd);
+        gpu::AttnScratch sc;
+        sc.floats = gpu::attention_scratch_floats(c.nh, c.nkv, c.hd);
+        sc.decode_blocks = gpu::attention_decode_blocks(c.nkv, max_ctx);
+        Dev<float> part(sc.floats);
+        Dev<int> counters{size_t(c.nkv)};
+        sc.part = part.p;
+        sc.counters = counters.p;
+        std::vector<unsigned char> mask(size_t(c.n) * c.n, 0);  // verify: a chain (row t sees rows 0..t); draft: all
+        for (int t = 0; t < c.n; ++t)
+            for (int j = 0; j < c.n; ++j) mask[size_t(t) * c.n + j] = c.kind == kDraft || j <= t;
+        Dev<unsigned char> vis(mask);
+        for (int ctx : ctxs) {
+            Dev<int> dpos(std::vector<int>{ctx});
+            auto us = [&](auto&& fn) {
+                const std::vector<float> ts = sorted_event_ms(g_s, 2, 10, [&](int) { fn(); });
+                return 1e3 * ts[ts.size() / 2];
+            };
+            const int splits = gpu::attention_splits(c.n, c.nh, c.nkv, c.hd, ld, ctx);
+            std::string bk, ak = splits > 1 ? "split, " + std::to_string(splits) + " ranges" : "single pass";
+            double tb = 0, ta = 0;
+            auto split_or = [&](auto&& single) {
+                if (splits > 1)
+                    gpu::attention_split(q.p, ld, c.n, c.nh, c.nkv, c.hd, nullptr, ctx, kc.p, c.t, vc.p, c.t, vis.p,
+                                         splits, sc, out.p, g_s, c.gated);
+                else
+                    single();
+            };
+            if (c.kind == kDecode) {
+                bk = "attention_kernel";
+                ak = "attention_decode";
+                tb = us([&] { gpu::attention_with(gpu::AttentionKernel::Rows, q.p, ld, 1, c.nh, c.nkv, c.hd, dpos.p, kc.p,
+                                                  c.t, vc.p, c.t, out.p, g_s, c.gated); });
+                ta = us([&] { gpu::attention(q.p, ld, 1, c.nh, c.nkv, c.hd, dpos.p, kc.p, c.t, vc.p, c.t, out.p, g_s,
+                                             c.gated, nullptr, &sc, ctx); });
+            } else if (c.kind == kVerify || c.kind == kDraft) {
+                auto single = [&] {
+                    if (c.kind == kVerify)
+                        gpu::tree_attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, c.gated, ctx, kc.p, c.t, vc.p, c.t, vis.p,
+                                            out.p, g_s);
+                    else
+                        gpu::draft_attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, ctx, kc.p, vc.p, c.t, false, 0, out.p, g_s);
+                };
+                bk = c.kind == kVerify ? "tree_attention_kernel" : "draft_attention_kernel";
+                tb = us(single);
+                ta = us([&] { split_or(single); });
+            } else {
+                bk = "flash_attention_kernel";
+                tb = us([&] { gpu::attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, dpos.p, kc.p, c.t, vc.p, c.t, out.p, g_s,
+                                             c.gated); });
+                ta = us([&] { gpu::attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, dpos.p, kc.p, c.t, vc.p, c.t, out.p, g_s,
+                                             c.gated, nullptr, &sc, ctx); });
+            }
+            printf("| %s (%d rows, %d / %d heads of %d) | %s | %d | %s | %.1f | %s | %.1f | %.1fx |\n", c.name, c.n,
+                   c.nh, c.nkv, c.hd, dtype_name(c.t), ctx, bk.c_str(), tb, ak.c_str(), ta, tb / ta);
+            fflush(stdout);
+        }
+    }
+    GPU_CHECK(gpuGetLastError());
+#else
+    printf("--time-attention: the split forms are CUDA bf16 builds' only\n");
+#endif
+}
+
 int main(int argc, char** argv) {
     gpuDeviceProp prop;
     GPU_CHECK(gpuSetDevice(0));
@@ -1093,6 +1184,10 @@ int main(int argc, char** argv) {
     );
     if (argc > 1 && std::string(argv[1]) == "--time-quant") {
         time_quant();
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "--time-attention") {
+        time_attention();
         return 0;
     }
     printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");

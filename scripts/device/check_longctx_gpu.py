@@ -8,7 +8,9 @@ when carried, else `git archive`; "after" is this tree. In parallel at the start
 synthetic Qwen3.5-27B Q4_K_M GGUF. Then:
   1. lucebench-gpu-op-check (after): every op against its CPU reference; the attention_split and
      attention_decode rows printed (one row and 23 rows at 3K and 40K keys, hd 128 / 256, G 6 / 2, bf16 /
-     q8_0 / q4_0 KV, a verify tree);
+     q8_0 / q4_0 KV, a verify tree, the DFlash draft's block); then --time-attention: one attention layer of
+     each long-context shape (27B decode step, 27B verify B = 22, the z-lab 27B draft's block, a 23-row
+     chunk) at 1K .. 128K keys, the kernel it ran before against the path it takes now (~10 s);
   2. 27B `ar` decode after a random prompt of 1K, 16K, 64K and 128K tokens (32 tokens a run; the median of
      3 / 2 / 1 / 1 runs: each run prefills again), after;
   3. the 27B verify forward of a DDTree-like tree at B = 22 (23 rows) at contexts 1K and 64K, and the decode
@@ -19,8 +21,9 @@ synthetic Qwen3.5-27B Q4_K_M GGUF. Then:
      DEADLINE_S, and not with LONGCTX_BEFORE_128K=0), each context's tokens compared with after's (first
      divergence over the shorter run; for prompts up to 16K the before build's relative top-2 margin there,
      so that a divergence at a near-tie reads as one).
-Prints a table; writes $OUT/longctx/: check_longctx_gpu.json, table.md, op_check.md, verify_split{1,0}.txt,
-build logs, engine-logs/. About 6-7 minutes on a fresh H100 (cold builds ~65 s, each 27B engine load ~19 s).
+Prints a table; writes $OUT/longctx/: check_longctx_gpu.json, table.md, op_check.md, attention_time.md,
+verify_split{1,0}.txt, build logs, engine-logs/. About 6-7 minutes on a fresh H100 (cold builds ~65 s, each
+27B engine load ~19 s).
 DEADLINE_S (default 470) only gates the before 128K run.
 """
 
@@ -116,6 +119,14 @@ def op_check() -> None:
     print("\n".join(rows), flush=True)
     R["op_check"] = {"rc": rc.returncode, "summary": rc.stdout.strip().splitlines()[-1:], "rows": rows}
     log(f"op check (after): rc {rc.returncode}, {R['op_check']['summary']}")
+    save()
+    ta = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check"), "--time-attention"], capture_output=True,
+                        text=True, timeout=180)
+    (OUT / "attention_time.md").write_text(ta.stdout + ta.stderr)
+    rows = [ln for ln in ta.stdout.splitlines() if ln.startswith("|")]
+    print("\n".join(rows), flush=True)
+    R["attention_time"] = {"rc": ta.returncode, "rows": rows}
+    log(f"attention layer times (after build, before's kernel against the path now): rc {ta.returncode}")
     save()
 
 
