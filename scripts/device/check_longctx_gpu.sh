@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Long-context attention on one CUDA card, before (BEFORE_COMMIT, default 9098bc0: .carry/longctx/before/engines
-# when carried, else git archive) against after (this tree): the op check's split attention rows, 27B Q4_K_M
+# when carried, else git archive) against after (this tree): the op check's split attention rows, one attention
+# layer of each long-context shape timed (gpu-op-check --time-attention: before's kernel vs now), 27B Q4_K_M
 # `ar` decode tok/s after prompts of 1K / 16K / 64K / 128K tokens and the tokens of both builds, the 27B verify
 # at B = 22 at 1K and 64K with the split on and off (SYNTHETIC weights). See check_longctx_gpu.py.
 # About 7 minutes on a fresh H100. Output under $OUT/longctx/.
