@@ -2,7 +2,9 @@
 // (draft_model.cpp) step for step, with the core's GPU ops. Per layer the block runs one fused q/k/v
 // projection ([q_proj; k_proj; v_proj]); the context rows run its k/v rows only. The block's K/V go to the
 // cache rows after the context (attn_prep_tree writes them there), where draft_attention reads context and
-// block rows as one range; they are overwritten by the next block or by new context rows, never kept.
+// block rows as one range; they are overwritten by the next block or by new context rows, never kept. A layer
+// without a sliding window at a long context takes the split form instead (gpu::attention_split: key ranges
+// of the context over the GPU, then the block's own rows under the layer's mask), as the target's verify does.
 #include "dflash/draft_model_gpu.h"
 
 #include <algorithm>
@@ -40,6 +42,8 @@ struct DraftModelGpu::Impl {
           *block_embed = nullptr, *hidden = nullptr, *logits = nullptr, *top_lp = nullptr;
     int* host_ids = nullptr;  // pinned
     float* host_lp = nullptr;
+    gpu::AttnScratch attn;                // the split form's partials
+    unsigned char* block_all = nullptr;   // [block_size, block_size] ones: a non-causal layer's block mask
 
     explicit Impl(const DeviceHead& hd) : head(hd), s(gpuStream_t(hd.stream)), ctx(hd.device) {
         gpu::ContextScope bind(ctx);
@@ -178,6 +182,11 @@ void DraftModelGpu::allocate(int max_ctx, int max_add_rows, int vocab, DType cac
     P.top_lp = (float*)P.alloc(sizeof(float) * B * gpu::kDraftTopKMax, &n);
     GPU_CHECK(gpuMallocHost((void**)&P.host_ids, sizeof(int) * B * gpu::kDraftTopKMax));
     GPU_CHECK(gpuMallocHost((void**)&P.host_lp, sizeof(float) * B * gpu::kDraftTopKMax));
+    P.attn = gpu::AttnScratch{};
+    P.attn.floats = gpu::attention_scratch_floats(c.n_heads, c.n_kv_heads, c.head_dim);
+    P.attn.part = (float*)P.alloc(sizeof(float) * P.attn.floats, &n);
+    P.block_all = (unsigned char*)P.alloc(B * B, &n);
+    GPU_CHECK(gpuMemset(P.block_all, 1, B * B));
     P.n_ctx = 0;
 }
 
@@ -232,8 +241,14 @@ void DraftModelGpu::forward_block(const float* d_block_embed, float* d_hidden_ou
                             P.positions + start, start, P.kc[size_t(l)], P.cache_type, P.vc[size_t(l)], P.cache_type,
                             P.s);
         const int window = c.sliding[size_t(l)] ? c.sliding_window : 0;
-        gpu::draft_attention(P.qkv, ld, n, nh, nkv, hd, start, P.kc[size_t(l)], P.vc[size_t(l)], P.cache_type,
-                             c.causal[size_t(l)], window, P.att, P.s);
+        const int splits = window == 0 ? gpu::attention_splits(n, nh, nkv, hd, ld, start) : 1;
+        if (splits > 1)
+            gpu::attention_split(P.qkv, ld, n, nh, nkv, hd, nullptr, start, P.kc[size_t(l)], P.cache_type,
+                                 P.vc[size_t(l)], P.cache_type, c.causal[size_t(l)] ? nullptr : P.block_all, splits,
+                                 P.attn, P.att, P.s, false);
+        else
+            gpu::draft_attention(P.qkv, ld, n, nh, nkv, hd, start, P.kc[size_t(l)], P.vc[size_t(l)], P.cache_type,
+                                 c.causal[size_t(l)], window, P.att, P.s);
         gpu::matmul(P.att, n, qd, L.wo, H, P.x, true, P.s);
         gpu::rmsnorm(P.x, L.post_norm, P.h, n, H, c.eps, P.s);
         gpu::matmul(P.h, n, H, L.gate_up, 2 * I, P.gu, false, P.s);

@@ -20,7 +20,9 @@
 
 #include "core/cpu/ops.h"
 #include "core/cuda/fixed_point.cuh"
+#include "core/cuda/draft_ops.h"
 #include "core/cuda/gpu_ops.h"
+#include "core/cuda/verify_ops.h"
 #include "core/half.h"
 #include "core/quant.h"
 #include "gpu_check_util.h"
@@ -959,6 +961,88 @@ void check_attention_decode(Rng& r, int nh, int nkv, int hd, DType t, int pos) {
            shape({{"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos", pos}, {"blocks", blocks}}), same ? rel_err(first, ref) : 1.0, 5e-4);
 }
 
+// Split attention at a long context. The rows' q heads against the CPU attention over the pos0 + n cached keys
+// (random rows, all of them in the cache: the rows' own keys too) under the rows' mask: kCausal, kTree (row t
+// sees keys < pos0 and the rows on its path to the root of a random verify tree, cpu::tree_attention), or kAll
+// (every row sees every row: the DFlash draft's non-causal block). splits > 0: through attention_split with
+// that many key ranges (a count auto would not pick); 0, causal: through attention() with a workspace's scratch
+// at the host's pos0, as forward_layers calls it, which picks attention_decode for one row and
+// attention_splits' count (the single pass where that is 1) for more; 0 otherwise: through attention_split with
+// attention_splits' count, as verify_layers and the draft call it. Run twice: the results must be bit-identical
+// (the ranges merge in a fixed order, the decode counters end zero).
+enum RowMask { kCausal, kTree, kAll };
+void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int pos0, int splits, bool gated,
+                           RowMask mask = kCausal) {
+    const bool masked = mask != kCausal;  // a visible mask for attention_split
+    const int ld = ((gated ? 2 : 1) * nh + 2 * nkv) * hd, ctx = pos0 + n, qs = gated ? 2 : 1;
+    auto qkv = r.vec(size_t(n) * ld, 0.5f);
+    Cache c(r, t, ctx, nkv, hd, ctx);
+    gpu::AttnScratch sc;
+    sc.floats = std::max(gpu::attention_scratch_floats(nh, nkv, hd), gpu::attention_split_scratch(n, nh, hd, splits));
+    sc.decode_blocks = gpu::attention_decode_blocks(nkv, ctx);
+    Dev<float> dq(qkv), dout(size_t(n) * nh * hd), part(sc.floats);
+    Dev<int> counters{size_t(nkv)}, dpos(std::vector<int>{pos0});
+    Dev<uint8_t> dkc(c.k), dvc(c.v);
+    sc.part = part.p;
+    sc.counters = counters.p;
+    std::vector<unsigned char> vis;
+    if (mask == kAll) vis.assign(size_t(n) * n, 1);
+    if (mask == kTree) {  // random parents (earlier rows or the committed sequence), ancestor-or-self mask
+        std::vector<int> parent(static_cast<size_t>(n));
+        vis.assign(size_t(n) * n, 0);
+        for (int i = 0; i < n; ++i) {
+            parent[size_t(i)] = i == 0 ? -1 : int((r.uni() + 1.f) * 0.5f * float(i + 1)) - 1;
+            parent[size_t(i)] = std::min(parent[size_t(i)], i - 1);
+            for (int j = i; j >= 0; j = parent[size_t(j)]) vis[size_t(i) * n + j] = 1;
+        }
+    }
+    Dev<unsigned char> dvis(masked ? vis : std::vector<unsigned char>(1));
+    if (masked && splits == 0) splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
+    std::string path;
+    auto run = [&]() {
+        if (splits > 0) {
+            gpu::attention_split(dq.p, ld, n, nh, nkv, hd, masked ? nullptr : dpos.p, pos0, dkc.p, t, dvc.p, t,
+                                 masked ? dvis.p : nullptr, splits, sc, dout.p, g_s, gated);
+            path = "attention_split, " + std::to_string(splits) + " ranges" +
+                   (mask == kTree ? ", tree" : mask == kAll ? ", all rows" : "");
+        } else {
+            gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated, nullptr, &sc, pos0);
+            const int auto_splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
+            path = n == 1 && gpu::attention_decode_ok(nh, nkv, hd) ? "attention(): attention_decode"
+                   : auto_splits > 1 ? "attention(): split, " + std::to_string(auto_splits) + " ranges"
+                                     : std::string("attention(): ") +
+                                           attention_kernel_name(gpu::attention_kernel_for(n, nh, nkv, hd, ld));
+        }
+        return dout.down();
+    };
+    const auto first = run();
+    const bool same = run() == first;
+    std::vector<float> ref;
+    if (masked) {
+        std::vector<float> q(size_t(n) * nh * hd);
+        for (int i = 0; i < n; ++i)
+            for (int h = 0; h < nh; ++h)
+                std::copy_n(&qkv[size_t(i) * ld + size_t(h) * qs * hd], hd, &q[(size_t(i) * nh + h) * hd]);
+        ref.assign(q.size(), 0.f);
+        cpu::tree_attention(q.data(), n, nh, nkv, hd, pos0, c.k.data(), t, c.v.data(), t, vis.data(), ref.data());
+        if (gated)
+            for (int i = 0; i < n; ++i)
+                for (int h = 0; h < nh; ++h)
+                    for (int e = 0; e < hd; ++e)
+                        ref[(size_t(i) * nh + h) * hd + e] *= cpu::sigmoid(qkv[size_t(i) * ld + size_t(h) * 2 * hd + hd + e]);
+    } else {
+        ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t, gated);
+    }
+    // one row: the fp32 flash-decoding kernel (5e-4, as attention_decode's own check); more rows: bf16 tensor
+    // cores in the ranges (2e-2, as the prefill kernel's)
+    const bool fp32_path = path.find("attention_decode") != std::string::npos ||
+                           path.find("attention_kernel") != std::string::npos ||
+                           path.find("tiled") != std::string::npos;
+    report("attention_split", path + (gated ? " (" : ", no gate (") + dtype_name(t) + ")" + (same ? "" : " NOT REPEATABLE"),
+           shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), same ? rel_err(first, ref) : 1.0,
+           fp32_path ? 5e-4 : 2e-2);
+}
+
 void check_attn_decode_short(Rng& r, int nh, int nkv, int pos) {
     const int hd = 256, rot = 64, ld = (2 * nh + 2 * nkv) * hd;
     const float theta = 1e7f;
@@ -1048,6 +1132,95 @@ void time_quant() {
     GPU_CHECK(gpuGetLastError());
 }
 
+// `--time-attention` (CUDA bf16 builds): the long-context attention shapes, the kernel each ran before the split
+// forms against the path it takes now, at 1K .. 128K cached keys before the rows: median of 10 launches after 2
+// (CUDA events), caches of zero bytes (the times do not depend on the values), timing only. The 27B's unfused
+// decode step (attention_kernel -> attention_decode), its verify of 23 rows under a chain mask
+// (tree_attention_kernel -> attention_split) with bf16 and q8_0 KV, the z-lab 27B draft's 16-row block over an
+// f32 context cache (draft_attention_kernel -> attention_split, all rows visible), a 23-row causal chunk
+// (flash_attention_kernel's single pass -> its split form). One layer: the 27B has 16 such layers, the draft 1
+// to 5 (its layers without a sliding window).
+void time_attention() {
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
+    enum Kind { kDecode, kVerify, kDraft, kChunk };
+    struct Case { const char* name; int n, nh, nkv, hd; bool gated; DType t; Kind kind; };
+    const Case cases[] = {{"27B decode step", 1, 24, 4, 256, true, DType::BF16, kDecode},
+                          {"27B verify B = 22", 23, 24, 4, 256, true, DType::BF16, kVerify},
+                          {"27B verify B = 22", 23, 24, 4, 256, true, DType::Q8_0, kVerify},
+                          {"z-lab 27B draft block", 16, 32, 8, 128, false, DType::F32, kDraft},
+                          {"27B 23-row chunk", 23, 24, 4, 256, true, DType::BF16, kChunk}};
+    const int ctxs[] = {1024, 4096, 16384, 65536, 131072};
+    printf("| shape | KV | keys | before: kernel | us | after: path | us | before / after |\n"
+           "|---|---|---|---|---|---|---|---|\n");
+    for (const Case& c : cases) {
+        const int max_ctx = ctxs[4] + c.n, ld = ((c.gated ? 2 : 1) * c.nh + 2 * c.nkv) * c.hd;
+        const size_t kv_bytes = size_t(max_ctx) * c.nkv * dtype_row_bytes(c.t, size_t(c.hd));
+        Dev<uint8_t> kc(kv_bytes), vc(kv_bytes);
+        Rng r(7);
+        Dev<float> q(r.vec(size_t(c.n) * ld, 0.5f)), out(size_t(c.n) * c.nh * c.hd);
+        gpu::AttnScratch sc;
+        sc.floats = gpu::attention_scratch_floats(c.nh, c.nkv, c.hd);
+        sc.decode_blocks = gpu::attention_decode_blocks(c.nkv, max_ctx);
+        Dev<float> part(sc.floats);
+        Dev<int> counters{size_t(c.nkv)};
+        sc.part = part.p;
+        sc.counters = counters.p;
+        std::vector<unsigned char> mask(size_t(c.n) * c.n, 0);  // verify: a chain (row t sees rows 0..t); draft: all
+        for (int t = 0; t < c.n; ++t)
+            for (int j = 0; j < c.n; ++j) mask[size_t(t) * c.n + j] = c.kind == kDraft || j <= t;
+        Dev<unsigned char> vis(mask);
+        for (int ctx : ctxs) {
+            Dev<int> dpos(std::vector<int>{ctx});
+            auto us = [&](auto&& fn) {
+                const std::vector<float> ts = sorted_event_ms(g_s, 2, 10, [&](int) { fn(); });
+                return 1e3 * ts[ts.size() / 2];
+            };
+            const int splits = gpu::attention_splits(c.n, c.nh, c.nkv, c.hd, ld, ctx);
+            std::string bk, ak = splits > 1 ? "split, " + std::to_string(splits) + " ranges" : "single pass";
+            double tb = 0, ta = 0;
+            auto split_or = [&](auto&& single) {
+                if (splits > 1)
+                    gpu::attention_split(q.p, ld, c.n, c.nh, c.nkv, c.hd, nullptr, ctx, kc.p, c.t, vc.p, c.t, vis.p,
+                                         splits, sc, out.p, g_s, c.gated);
+                else
+                    single();
+            };
+            if (c.kind == kDecode) {
+                bk = "attention_kernel";
+                ak = "attention_decode";
+                tb = us([&] { gpu::attention_with(gpu::AttentionKernel::Rows, q.p, ld, 1, c.nh, c.nkv, c.hd, dpos.p, kc.p,
+                                                  c.t, vc.p, c.t, out.p, g_s, c.gated); });
+                ta = us([&] { gpu::attention(q.p, ld, 1, c.nh, c.nkv, c.hd, dpos.p, kc.p, c.t, vc.p, c.t, out.p, g_s,
+                                             c.gated, nullptr, &sc, ctx); });
+            } else if (c.kind == kVerify || c.kind == kDraft) {
+                auto single = [&] {
+                    if (c.kind == kVerify)
+                        gpu::tree_attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, c.gated, ctx, kc.p, c.t, vc.p, c.t, vis.p,
+                                            out.p, g_s);
+                    else
+                        gpu::draft_attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, ctx, kc.p, vc.p, c.t, false, 0, out.p, g_s);
+                };
+                bk = c.kind == kVerify ? "tree_attention_kernel" : "draft_attention_kernel";
+                tb = us(single);
+                ta = us([&] { split_or(single); });
+            } else {
+                bk = "flash_attention_kernel";
+                tb = us([&] { gpu::attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, dpos.p, kc.p, c.t, vc.p, c.t, out.p, g_s,
+                                             c.gated); });
+                ta = us([&] { gpu::attention(q.p, ld, c.n, c.nh, c.nkv, c.hd, dpos.p, kc.p, c.t, vc.p, c.t, out.p, g_s,
+                                             c.gated, nullptr, &sc, ctx); });
+            }
+            printf("| %s (%d rows, %d / %d heads of %d) | %s | %d | %s | %.1f | %s | %.1f | %.1fx |\n", c.name, c.n,
+                   c.nh, c.nkv, c.hd, dtype_name(c.t), ctx, bk.c_str(), tb, ak.c_str(), ta, tb / ta);
+            fflush(stdout);
+        }
+    }
+    GPU_CHECK(gpuGetLastError());
+#else
+    printf("--time-attention: the split forms are CUDA bf16 builds' only\n");
+#endif
+}
+
 int main(int argc, char** argv) {
     gpuDeviceProp prop;
     GPU_CHECK(gpuSetDevice(0));
@@ -1065,6 +1238,10 @@ int main(int argc, char** argv) {
     );
     if (argc > 1 && std::string(argv[1]) == "--time-quant") {
         time_quant();
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "--time-attention") {
+        time_attention();
         return 0;
     }
     printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");
@@ -1269,6 +1446,36 @@ int main(int argc, char** argv) {
     check_attention_decode(r, 16, 2, 128, DType::Q8_0, 1500);
     check_attn_decode_short(r, 8, 2, 100);
     check_attn_decode_short(r, 8, 2, 250);
+    // one row through attention() with a workspace's scratch (the unfused GGUF decode): flash-decoding; the
+    // 27B's heads (24 / 4, hd 256, gated, G 6) and G 2 (hd 128, gated and not), every KV type, 3K and 40K keys
+    check_attention_split(r, 1, 24, 4, 256, DType::BF16, 40013, 0, true);
+    check_attention_split(r, 1, 24, 4, 256, DType::Q8_0, 3000, 0, true);
+    check_attention_split(r, 1, 24, 4, 256, DType::Q4_0, 40013, 0, true);
+    check_attention_split(r, 1, 8, 4, 128, DType::BF16, 3000, 0, true);
+    check_attention_split(r, 1, 16, 8, 128, DType::Q8_0, 40013, 0, false);
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP)
+    // a few rows (a DFlash verify's 23, a short chunk's 2): attention() picks the single pass at 3K and key
+    // ranges at 40K; explicit range counts at 3K; a verify tree at 40K; no cached keys at all (every range empty)
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 3000, 0, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 0, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::Q8_0, 40013, 0, true);
+    check_attention_split(r, 2, 24, 4, 256, DType::BF16, 40013, 0, true);
+    check_attention_split(r, 23, 16, 8, 128, DType::BF16, 40013, 0, false);
+#if !defined(LB_GPU_FP16)  // the split form runs the bf16 flash kernel
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 3000, 5, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::Q4_0, 3000, 7, true);
+    check_attention_split(r, 23, 8, 4, 128, DType::Q8_0, 3000, 3, true);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 0, true, kTree);
+    check_attention_split(r, 41, 24, 4, 256, DType::Q8_0, 40013, 8, true, kTree);
+    check_attention_split(r, 9, 8, 2, 256, DType::BF16, 0, 3, true);
+    // the DFlash draft's block (z-lab 27B draft: 32 / 8 heads of 128, 16 rows, non-causal, f32 or bf16 cache)
+    check_attention_split(r, 16, 32, 8, 128, DType::F32, 40013, 0, false, kAll);
+    check_attention_split(r, 16, 32, 8, 128, DType::BF16, 40013, 0, false, kAll);
+#else
+    printf("| %-17s | %-38s | %-30s | not selectable in this build (CUDA bf16 builds only) |\n", "attention_split",
+           "flash_attention_kernel, split", "");
+#endif
+#endif
     printf("\n%d checks, %d failed\n", g_checks, g_failed);
     return g_failed ? 1 : 0;
 }

@@ -17,11 +17,13 @@
 //     top-1 chain to depth 15, further nodes as siblings) through Backend::verify, against one decode step of
 //     the same backend (its fused decode graph) and beside it the append forward of as many tokens, on
 //     full-shape synthetic Qwen3.5-0.8B weights at a 512-token context; then one DeltaNet layer's delta_tree
-//     alone; medians (CUDA events).
+//     alone; medians (CUDA events). `--time-verify PATH CTX[,CTX...] [B]`: the verify forward of B + 1 rows and
+//     the decode step at long contexts (time_verify).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/tuning.h"
 #include "core/cuda/gpu_ops.h"
 #include "core/cuda/verify_ops.h"
 #include "mem_checkpoint.h"
@@ -369,6 +372,47 @@ void timing(const TensorSource& src, const char* what) {
     printf("\n");
 }
 
+// `--time-verify PATH CTX[,CTX...] [B]`: at each context (a random prompt of CTX tokens, prefilled once),
+// one verify forward of a DDTree-like tree of B + 1 rows (default B = 22) through Backend::verify (median of
+// 8 after 2 warm-ups), then 16 decode steps of the backend's decode path (mean step); one table row a
+// context, with the verify's first argmax ids (to compare two runs, e.g. LB_GPU_ATTN_SPLIT=0 and 1, whose
+// attention differs only in the order of the sums).
+void time_verify(const TensorSource& src, const std::vector<int>& ctxs, int B) {
+    const ModelConfig cfg = config_from_source(src);
+    const int max_ctx = *std::max_element(ctxs.begin(), ctxs.end()) + B + 64;
+    auto be = gpu_backend(src, cfg, max_ctx);
+    printf("weights on the GPU: %s; attn_split %d\n", be->weight_dtype().c_str(), int(tuning().attn_split));
+    printf("| context | B | rows | prefill s | verify ms | decode step ms | verify argmax (first 8 rows) |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (int ctx : ctxs) {
+        const std::vector<int> prompt = random_prompt(ctx, cfg.vocab, 3);
+        be->reset();
+        be->synchronize();
+        auto t0 = std::chrono::steady_clock::now();
+        std::vector<int> out{be->forward(prompt.data(), ctx, nullptr)};
+        be->synchronize();
+        const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const VerifyRequest req = ddtree_like(B, ctx, cfg.vocab);
+        std::vector<double> ts;
+        VerifyResult res;
+        for (int r = 0; r < 10; ++r) {
+            be->timer_start();
+            be->verify(req, &res);
+            const double ms = be->timer_stop_ms();
+            if (r >= 2) ts.push_back(ms);
+        }
+        be->synchronize();
+        be->timer_start();
+        be->decode(16, [](int) { return false; }, &out);
+        const double step_ms = be->timer_stop_ms() / 16;
+        std::string ids;
+        for (size_t i = 0; i < res.argmax.size() && i < 8; ++i) ids += (i ? " " : "") + std::to_string(res.argmax[i]);
+        printf("| %d | %d | %d | %.2f | %.3f | %.3f | %s |\n", ctx, B, int(req.tokens.size()), prefill_s, median(ts),
+               step_ms, ids.c_str());
+        fflush(stdout);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,6 +427,21 @@ int main(int argc, char** argv) {
             if (failures()) { printf("%d check(s) failed\n", failures()); return 1; }
             printf("GPU Qwen3 checks passed\n");
             return 0;
+        }
+        if (argc > 3 && std::string(argv[1]) == "--time-verify") {
+            auto src = open_checkpoint(argv[2]);
+            std::vector<int> ctxs;
+            for (const char* c = argv[3]; *c;) {
+                ctxs.push_back(std::atoi(c));
+                while (*c && *c != ',') ++c;
+                if (*c == ',') ++c;
+            }
+            if (ctxs.empty() || *std::min_element(ctxs.begin(), ctxs.end()) < 1) {
+                printf("usage: --time-verify PATH CTX[,CTX...] [B]\n");
+                return 2;
+            }
+            time_verify(*src, ctxs, argc > 4 ? std::max(1, std::atoi(argv[4])) : 22);
+            return failures() ? 1 : 0;
         }
         // --time-model PATH: only the cost table, on that checkpoint (e.g. a synthetic 27B Q4_K_M GGUF)
         if (argc > 2 && std::string(argv[1]) == "--time-model") {

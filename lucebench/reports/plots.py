@@ -35,12 +35,34 @@ class Plot:
     caption: str
 
 
-def _save(fig: Figure, out_dir: Path, name: str) -> str:
+def weights_note(views: Sequence[CellView]) -> str:
+    """Which weights produced a figure, for its footer: the models (and drafts) of its cells, the synthetic ones
+    said to be so (random weights measure speed only)."""
+    synthetic: dict[str, bool] = {}
+    for v in views:
+        for m in (v.cell.model, v.cell.draft_model):
+            if m is not None:
+                synthetic[m.name] = synthetic.get(m.name, False) or m.synthetic
+    if not synthetic:
+        return ""
+    names = list(synthetic)
+    shown = ", ".join(names[:3]) + (f" +{len(names) - 3} more" if len(names) > 3 else "")
+    if all(synthetic.values()):
+        return f"SYNTHETIC weights (random: speed only): {shown}"
+    if any(synthetic.values()):
+        return f"weights: {shown} (some SYNTHETIC: speed only)"
+    return f"weights: {shown}"
+
+
+def _save(fig: Figure, out_dir: Path, name: str, views: Sequence[CellView] = ()) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
+    note = weights_note(views)
     with warnings.catch_warnings():
         # a crowded figure keeps matplotlib's default margins; its warning would only clutter the run's output
         warnings.simplefilter("ignore", UserWarning)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.04, 1, 1) if note else (0, 0, 1, 1))
+    if note:
+        fig.text(0.995, 0.005, note, ha="right", va="bottom", fontsize=7, color="#555555")
     fig.savefig(out_dir / name, dpi=110)
     plt.close(fig)
     return name
@@ -123,7 +145,7 @@ def throughput_bars(views: Sequence[CellView], out_dir: Path) -> Plot | None:
         ax.set_title(f"{title}, {workload}" if labels else f"{title} (not measured)")
         if labels:
             shown.append(f"{title.lower()}: {workload}")
-    return Plot(_save(fig, out_dir, "throughput.png"), "Throughput per engine",
+    return Plot(_save(fig, out_dir, "throughput.png", views), "Throughput per engine",
                 f"median tok/s with stddev error bars; one workload per panel ({'; '.join(shown)})")
 
 
@@ -157,7 +179,7 @@ def power_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     ax2.set(xlabel="power limit (W)", ylabel="decode tok/J", title="Energy efficiency vs power limit")
     ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
-    return Plot(_save(fig, out_dir, "power_sweep.png"), "Throughput and tok/J vs power limit",
+    return Plot(_save(fig, out_dir, "power_sweep.png", views), "Throughput and tok/J vs power limit",
                 "the star marks the most energy-efficient power limit")
 
 
@@ -187,7 +209,7 @@ def speedup_by_dataset(views: Sequence[CellView], out_dir: Path) -> Plot | None:
         ax.text(i, b[1], f"{b[1]:.2f}x", ha="center", va="bottom")
     ax.set(ylabel="decode speedup over AR", title="Speculative decoding speedup by dataset"
            + (f" (budget {hb})" if hb is not None else ""))
-    return Plot(_save(fig, out_dir, "speedup_by_dataset.png"), "Speedup by dataset", "decode tok/s over AR tok/s")
+    return Plot(_save(fig, out_dir, "speedup_by_dataset.png", views), "Speedup by dataset", "decode tok/s over AR tok/s")
 
 
 def budget_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
@@ -212,7 +234,7 @@ def budget_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     ax1.set(xlabel="DDTree budget", ylabel="acceptance length (tok/step)", title="AL vs budget")
     ax2.set(xlabel="DDTree budget", ylabel="decode tok/s", title="Decode throughput vs budget")
     ax1.legend(fontsize=8)
-    return Plot(_save(fig, out_dir, "budget_sweep.png"), "DDTree budget sweep", "AL and tok/s per budget")
+    return Plot(_save(fig, out_dir, "budget_sweep.png", views), "DDTree budget sweep", "AL and tok/s per budget")
 
 
 def context_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
@@ -234,7 +256,7 @@ def context_sweep(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     ax.set_xscale("log", base=2)
     ax.set(xlabel="context length (tokens)", ylabel="decode tok/s", title="Decode throughput vs context")
     ax.legend(fontsize=8)
-    return Plot(_save(fig, out_dir, "context_sweep.png"), "Decode vs context length", "one line per KV type")
+    return Plot(_save(fig, out_dir, "context_sweep.png", views), "Decode vs context length", "one line per KV type")
 
 
 def ttft_vs_length(views: Sequence[CellView], out_dir: Path) -> Plot | None:
@@ -274,7 +296,7 @@ def ttft_vs_length(views: Sequence[CellView], out_dir: Path) -> Plot | None:
             for engine, per in sorted(ratios.items()):
                 r = sorted((ctx, med(xs)) for ctx, xs in per.items())
                 ax2.plot([x[0] for x in r], [x[1] for x in r], marker="o",
-                         label=label + (f" vs {engine}" if len(ratios) > 1 else ""))
+                         label=f"{label} vs {engine}")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
     ax1.set_yscale("log")
@@ -286,7 +308,7 @@ def ttft_vs_length(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     if ax2.lines[1:]:
         ax2.legend(fontsize=7)
     over = f"; each point the median over the suites {', '.join(suites)}" if len(suites) > 1 else ""
-    return Plot(_save(fig, out_dir, "ttft_vs_length.png"), "Time to first token vs prompt length",
+    return Plot(_save(fig, out_dir, "ttft_vs_length.png", views), "Time to first token vs prompt length",
                 "solid: compressed prefill (scoring, selection, bridge and the target's prefill of the kept prompt); "
                 "dashed: full prefill; speed-up against each full prefill of the same KV type" + over)
 
@@ -315,7 +337,7 @@ def acceptance_by_depth(views: Sequence[CellView], out_dir: Path) -> Plot | None
             title="Acceptance per depth" + (f" (budget {hb})" if hb is not None else ""))
     ax2.set(xlabel="tokens committed in a round (bonus included)", ylabel="share of rounds", title="AL histogram")
     ax1.legend(fontsize=7)
-    return Plot(_save(fig, out_dir, "acceptance.png"), "Acceptance per draft depth and AL histogram",
+    return Plot(_save(fig, out_dir, "acceptance.png", views), "Acceptance per draft depth and AL histogram",
                 "pooled over each cell's requests (docs/metrics.md)")
 
 
@@ -339,7 +361,7 @@ def roofline(views: Sequence[CellView], out_dir: Path) -> Plot | None:
     ax.axhspan(70, 80, color="green", alpha=0.1, label="good decode kernels (70-80%)")
     ax.set(ylabel="% of memory-bandwidth roofline", ylim=(0, 110), title="Decode vs bandwidth roofline")
     ax.legend(fontsize=8)
-    return Plot(_save(fig, out_dir, "roofline.png"), "% of memory-bandwidth roofline",
+    return Plot(_save(fig, out_dir, "roofline.png", views), "% of memory-bandwidth roofline",
                 "bytes moved per token x tok/s over peak bandwidth; best cell per engine")
 
 
@@ -364,7 +386,7 @@ def power_timelines(views: Sequence[CellView], out_dir: Path, limit: int = MAX_T
         title = timeline_title(v)
         ax.set(xlabel="seconds since cell start", ylabel="W")
         ax.set_title(title, fontsize=10)
-        plots.append(Plot(_save(fig, out_dir, f"power_{C.slug(v.cell.id)}.png"), f"Power timeline: {title}",
+        plots.append(Plot(_save(fig, out_dir, f"power_{C.slug(v.cell.id)}.png", [v]), f"Power timeline: {title}",
                           "decimated NVML power samples"))
     return plots
 

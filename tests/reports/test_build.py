@@ -104,3 +104,16 @@ def test_ttft_plot_takes_one_point_per_length_over_several_suites(fab, tmp_path)
     plot = ttft_vs_length(C.collect([result]), tmp_path / "b")
     assert plot is not None and "the median over the suites niah, niah-code" in plot.caption
     assert (tmp_path / "b" / "ttft_vs_length.png").stat().st_size > 0
+
+
+def test_every_figure_names_the_weights_that_produced_it(fab):
+    from lucebench.reports.plots import weights_note
+
+    views = C.collect([fab.gpu_result()])
+    synthetic = [v for v in views if v.cell.model is not None and v.cell.model.synthetic]
+    trained = [v for v in views if v.cell.model is not None and not v.cell.model.synthetic]
+    assert synthetic and trained
+    assert weights_note(synthetic).startswith("SYNTHETIC weights (random: speed only): ")
+    assert weights_note(trained).startswith("weights: ") and "SYNTHETIC" not in weights_note(trained)
+    assert "some SYNTHETIC" in weights_note(synthetic[:1] + trained[:1])
+    assert weights_note([]) == ""

@@ -240,3 +240,31 @@ def test_speculative_and_compressed_prefill_counts_are_checked(fab):
     paths = _paths(validate_result(r))
     assert f"$.cells[{dflash}].samples[0].spec" in paths
     assert f"$.cells[{pflash}].samples[0].prefill.prompt_tokens" in paths
+
+
+def _slow_decode(fab, factor):
+    """A tg128 cell whose first sample's decode energy is `factor` x what the card's maximum power over its
+    decode time allows (factor < 1: physically possible), with more than 100 J a token."""
+    r = fab.gpu_result()
+    i = _idx(r, "hf", "tg128")
+    s = r.cells[i].samples[0]
+    e = s.energy["decode"]
+    tokens = s.n_gen - 1
+    secs = 2.0 * tokens  # 2 s a token: a 27B decoding after a long prompt on a slow kernel
+    s.decode_s = secs
+    s.t_decode_end_ns = s.t_decode_start_ns + int(secs * 1e9)
+    s.e2e_s = s.prefill_s + secs + 0.01
+    gross = factor * secs * 400.0  # the fabricated card's maximum power limit: 400 W
+    s.energy["decode"] = e.model_copy(update={"energy_j": gross, "window_s": secs, "avg_power_w": gross / secs})
+    return r, i
+
+
+def test_more_than_100_j_a_token_is_a_warning_when_the_phase_time_explains_it(fab):
+    r, i = _slow_decode(fab, 0.5)
+    problems = [p for p in validate_result(r) if p.path == f"$.cells[{i}].samples[0].energy.decode"]
+    assert [p.severity for p in problems] == ["warning"] and "slow phase" in problems[0].message
+
+
+def test_energy_no_card_can_spend_in_the_phase_time_is_an_error(fab):
+    r, i = _slow_decode(fab, 3.0)
+    assert f"$.cells[{i}].samples[0].energy.decode" in _paths(validate_result(r))

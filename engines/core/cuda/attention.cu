@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 
+#include "attention_split.h"
 #include "common.cuh"
 
 namespace lb::gpu {
@@ -534,7 +535,7 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
                                                                         const int* d_pos, const void* kcache, DType kt,
                                                                         const void* vcache, DType vt, float* out, int qs,
                                                                         const int* sp_tiles, const int* sp_counts,
-                                                                        int sp_max) {
+                                                                        int sp_max, float* part, int p0_host) {
     static_assert(HD % 16 == 0 && FA_BN % 16 == 0, "whole mma k-steps");
     constexpr int LD = HD + 8;                  // shared row stride (bf16)
     constexpr int KSTEPS = HD / 16, NT = FA_BN / 8, DT = HD / 8;
@@ -547,11 +548,18 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
     const int tile = gridDim.x - 1 - blockIdx.x;  // the longest (latest) tiles start first
     const int kvh = blockIdx.y, t0 = tile * rows;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int p0 = *d_pos;
-    const int s_end = p0 + min(t0 + rows, n) - 1;  // the last key any valid row of this block sees
+    const int p0 = d_pos ? *d_pos : p0_host;
     const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
     const int* my_tiles = sp_tiles ? sp_tiles + (size_t(tile) * nkv + kvh) * sp_max : nullptr;
-    const int n_it = my_tiles ? sp_counts[size_t(tile) * nkv + kvh] : s_end / FA_BN + 1;
+    // the last key any valid row of this block sees, and the key tiles it1 .. it1 + n_it - 1 it walks
+    int s_end = p0 + min(t0 + rows, n) - 1, it1 = 0;
+    int n_it = my_tiles ? sp_counts[size_t(tile) * nkv + kvh] : s_end / FA_BN + 1;
+    if (part) {  // split form: the keys before the rows' own (seen by every row), range blockIdx.z of gridDim.z
+        s_end = p0 - 1;
+        const int tiles = (p0 + FA_BN - 1) / FA_BN, per = (tiles + gridDim.z - 1) / gridDim.z;
+        it1 = min(tiles, int(blockIdx.z) * per);
+        n_it = min(tiles, it1 + per) - it1;
+    }
 
     for (int e = tid; e < FA_BM * (HD / 4); e += FA_THREADS) {
         const int v = e / (HD / 4), d = (e % (HD / 4)) * 4;
@@ -564,7 +572,7 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
     }
     // key tile `it` of the walk into buffer st (rows past s_end zero)
     auto load_kv = [&](int it, int st) {
-        const int s0 = (my_tiles ? my_tiles[it] : it) * FA_BN;
+        const int s0 = (my_tiles ? my_tiles[it] : it1 + it) * FA_BN;
         wtype* kd = Ks + st * FA_BN * LD;
         wtype* vd = Vs + st * FA_BN * LD;
         if constexpr (NATIVE) {
@@ -604,9 +612,9 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int v = warp * 16 + lane / 4 + 8 * i;
-        last[i] = v < nvec ? min(p0 + t0 + v / G, s_end) : p0 + t0;  // padding: any finite row
+        last[i] = part ? s_end : v < nvec ? min(p0 + t0 + v / G, s_end) : p0 + t0;  // padding: any finite row
     }
-    const int first_last = p0 + t0;  // the smallest last key in the block
+    const int first_last = part ? s_end : p0 + t0;  // the smallest last key in the block
     unsigned qf[QREG ? KSTEPS : 1][4];
     if constexpr (QREG) {
 #pragma unroll
@@ -628,7 +636,7 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
         __syncthreads();     // ... and everyone's
         const wtype* kb = Ks + st * FA_BN * LD;
         const wtype* vb = Vs + st * FA_BN * LD;
-        const int s0 = (my_tiles ? my_tiles[it] : it) * FA_BN;
+        const int s0 = (my_tiles ? my_tiles[it] : it1 + it) * FA_BN;
 
         float s[NT][4];
 #pragma unroll
@@ -711,6 +719,19 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
         const int v = warp * 16 + lane / 4 + 8 * i, t = t0 + v / G, h = kvh * G + v % G;
         if (v >= nvec || t >= n) continue;
+        if (part) {  // the range's partial: O unnormalised, (m, l) with m in scaled-score units
+            const size_t r = (size_t(blockIdx.z) * n + t) * nh + h;
+            float* po = part + r * HD;
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt)
+                *(float2*)(po + dt * 8 + 2 * (lane % 4)) = make_float2(o[dt][2 * i], o[dt][2 * i + 1]);
+            if (lane % 4 == 0) {
+                float* pml = part + size_t(gridDim.z) * n * nh * HD + 2 * r;
+                pml[0] = l[i] > 0.f ? m[i] * rsqrtf(float(HD)) : -FLT_MAX;
+                pml[1] = l[i];
+            }
+            continue;
+        }
         const float inv = 1.f / l[i];
         const float* gate = qkv + size_t(t) * ld + size_t(h) * qs * HD + HD;  // qs == 2 only
         float* dst = out + (size_t(t) * nh + h) * HD;
@@ -724,6 +745,89 @@ __global__ __launch_bounds__(FA_THREADS, 1) void flash_attention_kernel(const fl
             }
             *(float2*)(dst + d) = r;
         }
+    }
+}
+
+// The second step of split-KV attention (attention_split below). grid (n, nh), SM_WARPS warps: row t, query
+// head h. The split ranges of flash_attention_kernel covered the keys before this forward's rows; the rows'
+// own keys (cache rows p0 .. p0 + n - 1) go through a warp online softmax here in fp32 (warp w takes keys
+// w, w + SM_WARPS, ... that row t sees: j <= t (causal), or visible[t * n + j] (a verify tree)). Then the
+// ranges' partials and the warps' are merged, ranges in order then warps in order (the result does not
+// depend on which block ends first), o / L times sigmoid(gate) when qs == 2. Partials: O [splits][n][nh][HD]
+// (unnormalised), then (m, l) [splits][n][nh][2] with m in scaled-score units (l = 0: a range with no key).
+constexpr int SM_WARPS = 4, KS_MAX_SPLITS = 256;
+template <int HD>
+__global__ __launch_bounds__(SM_WARPS * 32) void attention_split_merge_kernel(
+    const float* qkv, int ld, int n, int nh, int nkv, int qs, const int* d_pos, int p0_host, const void* kcache,
+    DType kt, const void* vcache, DType vt, const unsigned char* visible, const float* part, int splits, float* out) {
+    constexpr int PER = HD / 32;
+    __shared__ float s_m[SM_WARPS], s_l[SM_WARPS];
+    __shared__ __align__(16) float s_acc[SM_WARPS][HD];
+    __shared__ float s_w[KS_MAX_SPLITS + SM_WARPS], s_lw[KS_MAX_SPLITS + SM_WARPS], s_L;
+    const int t = blockIdx.x, h = blockIdx.y, kvh = h / (nh / nkv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int p0 = d_pos ? *d_pos : p0_host;
+    const float* q = qkv + size_t(t) * ld + size_t(h) * qs * HD;
+    float qv[PER], acc[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        qv[k] = q[lane + 32 * k];
+        acc[k] = 0.f;
+    }
+    const float scale = rsqrtf(float(HD));
+    const size_t krow = kv_row_bytes(kt, HD), vrow = kv_row_bytes(vt, HD);
+    float m = -FLT_MAX, l = 0.f;
+    for (int j = warp; j < n; j += SM_WARPS) {
+        if (visible ? !visible[size_t(t) * n + j] : j > t) continue;
+        const size_t r = size_t(p0 + j) * nkv + kvh;
+        const uint8_t* kr = (const uint8_t*)kcache + r * krow;
+        const uint8_t* vr = (const uint8_t*)vcache + r * vrow;
+        float d = 0.f;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) d += qv[k] * kv_load(kr, kt, lane + 32 * k);
+        const float sc = warp_sum(d) * scale;
+        const float m_new = fmaxf(m, sc), corr = __expf(m - m_new), p = __expf(sc - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int k = 0; k < PER; ++k) acc[k] = acc[k] * corr + p * kv_load(vr, vt, lane + 32 * k);
+        m = m_new;
+    }
+    if (lane == 0) { s_m[warp] = m; s_l[warp] = l; }
+#pragma unroll
+    for (int k = 0; k < PER; ++k) s_acc[warp][lane + 32 * k] = acc[k];
+    __syncthreads();
+    const size_t r0 = size_t(t) * nh + h, stride = size_t(n) * nh;
+    const float* pml = part + size_t(splits) * stride * HD;
+    if (warp == 0) {  // weights exp(m_i - M) of the ranges, then the warps; L summed in that order
+        float M = -FLT_MAX;
+        for (int z = lane; z < splits + SM_WARPS; z += 32) {
+            const float mz = z < splits ? pml[2 * (z * stride + r0)] : s_m[z - splits];
+            const float lz = z < splits ? pml[2 * (z * stride + r0) + 1] : s_l[z - splits];
+            if (lz > 0.f) M = fmaxf(M, mz);
+        }
+        M = warp_max(M);
+        for (int z = lane; z < splits + SM_WARPS; z += 32) {
+            const float mz = z < splits ? pml[2 * (z * stride + r0)] : s_m[z - splits];
+            const float lz = z < splits ? pml[2 * (z * stride + r0) + 1] : s_l[z - splits];
+            s_w[z] = lz > 0.f ? __expf(mz - M) : 0.f;
+            s_lw[z] = lz;
+        }
+        __syncwarp();
+        if (lane == 0) {
+            float L = 0.f;
+            for (int z = 0; z < splits + SM_WARPS; ++z) L += s_w[z] * s_lw[z];
+            s_L = L;
+        }
+    }
+    __syncthreads();
+    const float inv = s_L > 0.f ? 1.f / s_L : 0.f;
+    for (int e = threadIdx.x; e < HD; e += SM_WARPS * 32) {
+        float o = 0.f;
+        for (int z = 0; z < splits; ++z) o += s_w[z] * part[(z * stride + r0) * HD + e];
+#pragma unroll
+        for (int w = 0; w < SM_WARPS; ++w) o += s_w[splits + w] * s_acc[w][e];
+        o *= inv;
+        out[r0 * HD + e] = qs == 2 ? o * sigmoidf(q[HD + e]) : o;
     }
 }
 #endif  // !LB_GPU_FP16
@@ -863,7 +967,14 @@ namespace {
 //   attention_tiled_kernel<128|256>  8 .. 15 rows (or where the above do not fit), 32 % G == 0;
 //   attention_kernel                 everything else: one-token steps, n < 8, other head_dims (the trained
 //                                    reference drafter's 48, 64), G that divides neither tile.
-// HIP runs attention_kernel only.
+// HIP runs attention_kernel only. Given a workspace's AttnScratch (forward_layers; verify_layers calls
+// attention_split itself), attention() first takes the split forms where the single pass leaves the GPU idle:
+//   attn_decode_flash_kernel         one row (attention_decode_ok: hd 128 / 256, G <= 8; HIP too): the
+//                                    context in chunks over one wave of blocks, merged in order;
+//   flash_attention_kernel, split    a few rows at a long context (attention_splits > 1: the single pass's
+//     + attention_split_merge_kernel query tiles x nkv fill at most half the SMs and the keys before the rows
+//                                    span >= 64 key tiles): key ranges over one wave, then the rows' own keys (causal,
+//                                    or the verify tree's mask) and the ranges merged in order.
 AttentionKernel attention_choice(int n, int nh, int nkv, int hd, int ld) {
 #if defined(LB_CUDA)
     const int G = nkv > 0 ? nh / nkv : 0;
@@ -928,8 +1039,82 @@ bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int h
 #endif
 }
 
+int attention_splits(int n, int nh, int nkv, int hd, int ld, int len) {
+#if defined(LB_CUDA) && !defined(LB_GPU_FP16)
+    if (!tuning().attn_split || n < 1 || nkv < 1 || nh % nkv != 0 || ld % 4 != 0 || (hd != 128 && hd != 256)) return 1;
+    const int G = nh / nkv;
+    const size_t fa = hd == 128 ? flash_attention_smem<128>() : flash_attention_smem<256>();
+    if (G > FA_MAX_G || fa > size_t(smem_optin_limit())) return 1;
+    const int rows = FA_BM / G, blocks = (n + rows - 1) / rows * nkv;
+    return std::min(kv_split_count(blocks, (len + FA_BN - 1) / FA_BN, dec().sms), KS_MAX_SPLITS);
+#else
+    (void)n; (void)nh; (void)nkv; (void)hd; (void)ld; (void)len;
+    return 1;  // the split form runs flash_attention_kernel (bf16 tensor cores): CUDA bf16 builds only
+#endif
+}
+
+size_t attention_split_scratch(int n, int nh, int hd, int splits) { return size_t(splits) * n * nh * (hd + 2); }
+
+size_t attention_scratch_floats(int nh, int nkv, int hd) {
+    // attention_splits keeps splits x (query tiles x nkv) <= the multiprocessors, and a query tile holds at
+    // most FA_BM query vectors (rows x G), so splits x n x nh <= sms x FA_BM
+    size_t split = 0;
+#if defined(LB_CUDA) && !defined(LB_GPU_FP16)
+    split = size_t(dec().sms) * FA_BM * (hd + 2);
+#endif
+    return std::max(split, attention_decode_scratch(nh, hd, attention_decode_blocks(nkv, 0)));
+}
+
+void attention_split(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, int len,
+                     const void* kcache, DType kt, const void* vcache, DType vt, const unsigned char* visible,
+                     int splits, const AttnScratch& sc, float* out, gpuStream_t s, bool gated) {
+#if defined(LB_CUDA) && !defined(LB_GPU_FP16)
+    const int G = nkv > 0 ? nh / nkv : 0;
+    if (G < 1 || nh % nkv != 0 || G > FA_MAX_G || ld % 4 != 0 || (hd != 128 && hd != 256) || splits < 1 ||
+        splits > KS_MAX_SPLITS)
+        lb::fail("internal", "attention_split: a shape or split count the split form does not take");
+    if (attention_split_scratch(n, nh, hd, splits) > sc.floats)
+        lb::fail("internal", "attention_split: scratch smaller than the split count needs");
+    const int qs = gated ? 2 : 1, rows = FA_BM / G;
+    const dim3 grid((n + rows - 1) / rows, nkv, splits);
+    const bool native = kt == DType::BF16 && vt == DType::BF16;
+    auto go = [&](auto kernel, size_t smem) {
+        launch_smem(kernel, grid, dim3(FA_THREADS), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out, qs,
+                    (const int*)nullptr, (const int*)nullptr, 0, sc.part, len);
+    };
+    auto merge = [&](auto kernel) {
+        kernel<<<dim3(n, nh), SM_WARPS * 32, 0, s>>>(qkv, ld, n, nh, nkv, qs, d_pos, len, kcache, kt, vcache, vt,
+                                                     visible, (const float*)sc.part, splits, out);
+    };
+    if (hd == 128) {
+        native ? go(flash_attention_kernel<128, true>, flash_attention_smem<128>())
+               : go(flash_attention_kernel<128, false>, flash_attention_smem<128>());
+        merge(attention_split_merge_kernel<128>);
+    } else {
+        native ? go(flash_attention_kernel<256, true>, flash_attention_smem<256>())
+               : go(flash_attention_kernel<256, false>, flash_attention_smem<256>());
+        merge(attention_split_merge_kernel<256>);
+    }
+#else
+    (void)qkv; (void)ld; (void)n; (void)nh; (void)nkv; (void)hd; (void)d_pos; (void)len; (void)kcache; (void)kt;
+    (void)vcache; (void)vt; (void)visible; (void)splits; (void)sc; (void)out; (void)s; (void)gated;
+    lb::fail("unsupported", "split-KV attention needs the bf16 flash kernel (CUDA bf16 builds)");
+#endif
+}
+
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
-               const void* vcache, DType vt, float* out, gpuStream_t s, bool gated, const BlockSparse* sparse) {
+               const void* vcache, DType vt, float* out, gpuStream_t s, bool gated, const BlockSparse* sparse,
+               const AttnScratch* split, int len) {
+    if (split && split->part && !sparse && tuning().attn_split) {
+        if (n == 1 && attention_decode_ok(nh, nkv, hd) &&
+            attention_decode_scratch(nh, hd, split->decode_blocks) <= split->floats)
+            return attention_decode(qkv, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, split->decode_blocks, split->part,
+                                    split->counters, out, s, gated);
+        const int splits = n > 1 ? attention_splits(n, nh, nkv, hd, ld, len) : 1;
+        if (splits > 1)
+            return attention_split(qkv, ld, n, nh, nkv, hd, d_pos, len, kcache, kt, vcache, vt, nullptr, splits, *split,
+                                   out, s, gated);
+    }
     attention_with(AttentionKernel::Auto, qkv, ld, n, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, out, s, gated, sparse);
 }
 
@@ -960,7 +1145,7 @@ void attention_with(AttentionKernel k, const float* qkv, int ld, int n, int nh, 
         const bool native = kt == DType::BF16 && vt == DType::BF16;
         auto go = [&](auto kernel, size_t smem) {
             launch_smem(kernel, grid, dim3(FA_THREADS), smem, s, qkv, ld, n, nh, nkv, d_pos, kcache, kt, vcache, vt, out,
-                        qs, sp_tiles, sp_counts, sp_max);
+                        qs, sp_tiles, sp_counts, sp_max, (float*)nullptr, 0);
         };
         if (hd == 128)
             return native ? go(flash_attention_kernel<128, true>, flash_attention_smem<128>())

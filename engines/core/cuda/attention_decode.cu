@@ -73,7 +73,8 @@ __device__ __forceinline__ void kv_load_run(const void* row, DType t, int e0, fl
     }
 }
 
-// Flash-decoding attention for one token: grid (nkv, nb), AF_WARPS warps. The context 0..last is cut into
+// Flash-decoding attention for one token: grid (nkv, nb), AF_WARPS warps. q heads in qkv at stride qs x hd
+// (2: [query, gate] per head, the output times sigmoid(gate); 1: queries only). The context 0..last is cut into
 // `active` chunks of `per` = max(AF_MIN_PER, ceil(ctx / nb)) positions, so a short context takes a few blocks
 // and a long one all nb; block b < active takes chunk b, the others return at once. Warp w takes positions
 // w, w + AF_WARPS, ... of the chunk, U at a time (all U K and V rows requested before any is used, so a lane
@@ -90,7 +91,8 @@ template <int PER, int GM, int U, int KVF>
 __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const float* qkv, int nh, int nkv,
                                                                           const int* d_pos, const void* kcache,
                                                                           DType kt, const void* vcache, DType vt,
-                                                                          float* scratch, int* counters, float* out) {
+                                                                          float* scratch, int* counters, float* out,
+                                                                          int qs) {
     constexpr int hd = 32 * PER;
     if (KVF >= 0) kt = vt = DType(KVF);
     __shared__ float s_ml[AF_WARPS][GM][2];
@@ -115,7 +117,7 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
         l[g] = 0.f;
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
-            q[g][k] = g < G ? qkv[size_t(kvh * G + g) * 2 * hd + e0 + k] * scale : 0.f;
+            q[g][k] = g < G ? qkv[size_t(kvh * G + g) * qs * hd + e0 + k] * scale : 0.f;
             acc[g][k] = 0.f;
         }
     }
@@ -210,12 +212,16 @@ __global__ __launch_bounds__(AF_WARPS * 32) void attn_decode_flash_kernel(const 
             o.x += w * v.x; o.y += w * v.y; o.z += w * v.z; o.w += w * v.w;
         }
         const float inv = 1.f / s_L[g];
-        const float* gate = qkv + size_t(h) * 2 * hd + hd + e;
+        const float* gate = qkv + size_t(h) * 2 * hd + hd + e;  // qs == 2 only
         float* dst = out + size_t(h) * hd + e;
-        dst[0] = o.x * inv * sigmoidf(gate[0]);
-        dst[1] = o.y * inv * sigmoidf(gate[1]);
-        dst[2] = o.z * inv * sigmoidf(gate[2]);
-        dst[3] = o.w * inv * sigmoidf(gate[3]);
+        if (qs == 2) {
+            dst[0] = o.x * inv * sigmoidf(gate[0]);
+            dst[1] = o.y * inv * sigmoidf(gate[1]);
+            dst[2] = o.z * inv * sigmoidf(gate[2]);
+            dst[3] = o.w * inv * sigmoidf(gate[3]);
+        } else {
+            dst[0] = o.x * inv; dst[1] = o.y * inv; dst[2] = o.z * inv; dst[3] = o.w * inv;
+        }
     }
     if (threadIdx.x == 0) counters[kvh] = 0;
 }
@@ -370,12 +376,13 @@ size_t attention_decode_scratch(int nh, int hd, int blocks) { return size_t(nh) 
 
 void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                       const void* vcache, DType vt, int blocks, float* scratch, int* counters, float* out,
-                      gpuStream_t s) {
+                      gpuStream_t s, bool gated) {
     if (hd != 256 && hd != 128) lb::fail("internal", "attention_decode: unsupported head dim");
     const dim3 grid(nkv, std::min(blocks, AF_MAX_NB)), block(AF_WARPS * 32);
     const bool wide = nh / nkv > 4;  // GM = 8 slots hold more registers: two positions in flight, not four
     auto go = [&](auto kernel) {
-        launch_k(kernel, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out);
+        launch_k(kernel, grid, block, 0, s, qkv, nh, nkv, d_pos, kcache, kt, vcache, vt, scratch, counters, out,
+                 gated ? 2 : 1);
     };
     auto pick = [&](auto kvf) {  // kvf: std::integral_constant of the KV type fixed at compile time, or -1
         constexpr int F = decltype(kvf)::value;

@@ -147,11 +147,38 @@ struct BlockSparse {
 // nothing launched) where attention() would not take the block-sparse kernel for this shape: run it dense.
 bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int hd, bool gated, int pos0,
                          const void* kcache, DType kt, const BlockSparse& bs, gpuStream_t s);
+// Device scratch of the split attention forms (flash-decoding for one row, split-KV for a few rows at a long
+// context), owned by a forward's or a verify's workspace: `part` holds attention_scratch_floats(nh, nkv, hd)
+// floats, enough for any split attention_splits picks and for attention_decode's `decode_blocks`; `counters`
+// holds nkv ints, zero at set-up (attention_decode leaves them zero). Nothing is allocated per call, so a
+// captured graph may use them.
+struct AttnScratch {
+    float* part = nullptr;
+    size_t floats = 0;
+    int* counters = nullptr;
+    int decode_blocks = 0;
+};
+size_t attention_scratch_floats(int nh, int nkv, int hd);  // after decode_setup
 // Causal GQA attention (online softmax) of the q heads in qkv over cache rows [0, *d_pos + t], times
 // sigmoid(gate) when gated; out [n, nh * hd]. sparse: the tile lists block_sparse_select filled (else dense).
+// split (dense only; Tuning::attn_split): one row takes attention_decode, a few rows at a long context
+// attention_split with attention_splits(n, ..., len) ranges, where len is the host's *d_pos (a guess that
+// only sets the split count: the kernels read *d_pos). Null: the single-pass kernels.
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out, gpuStream_t s, bool gated = true,
-               const BlockSparse* sparse = nullptr);
+               const BlockSparse* sparse = nullptr, const AttnScratch* split = nullptr, int len = 0);
+// Split-KV attention (flash-decoding's split for a few rows): flash_attention_kernel on grid (query tiles,
+// nkv, splits), block z over the z-th range of the key tiles before the rows (cache rows [0, p0), seen by
+// every row), writes a partial (O, m, l) per row and head to sc.part; then one block per row and head takes
+// the rows' own keys p0 + j (j <= t, or visible[t * n + j] where visible, the verify tree's [n, n] mask, is
+// given) and merges the ranges in order. p0 = *d_pos, or len where d_pos is null. CUDA bf16 builds, head_dim
+// 128 / 256, G <= 16. attention_splits: the ranges for n rows after len cached keys (1: the single pass is
+// the better form, or the split form does not take the shape; 1 also when Tuning::attn_split is off).
+int attention_splits(int n, int nh, int nkv, int hd, int ld, int len);
+size_t attention_split_scratch(int n, int nh, int hd, int splits);
+void attention_split(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, int len,
+                     const void* kcache, DType kt, const void* vcache, DType vt, const unsigned char* visible,
+                     int splits, const AttnScratch& sc, float* out, gpuStream_t s, bool gated = true);
 // The prefill attention kernels (attention.cu says which serves which shape). attention_with runs a named
 // one (fails where it does not take the shape): for the op check and the attention benchmark, which compare
 // them; the engines call attention().
@@ -283,7 +310,7 @@ int attention_decode_blocks(int nkv, int max_ctx);  // the default `blocks` (aft
 size_t attention_decode_scratch(int nh, int hd, int blocks);
 void attention_decode(const float* qkv, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                       const void* vcache, DType vt, int blocks, float* scratch, int* counters, float* out,
-                      gpuStream_t s);
+                      gpuStream_t s, bool gated = true);
 // Decode attention at a short context with attn_prep folded in (one block per query head, no cross-block
 // step; CUDA, bf16 K and V, head_dim 256): o as attention_decode gives it, the caches written as attn_prep
 // writes them. attn_decode_short_ctx: the largest context the decode graph should take it for (0: never;

@@ -83,7 +83,18 @@ bool ForwardWorkspace::ensure(const Qwen35Config& cfg, int n, const std::functio
     normed = (float*)alloc(4 * N * size_t(cfg.lin_value_dim()));
     act = (float*)alloc(4 * N * size_t(cfg.intermediate));
     if (!logits) logits = (float*)alloc(4 * size_t(cfg.vocab));
+    if (!attn.part && cfg.n_full_layers() > 0) attn = attention_scratch(cfg, alloc);
     return true;
+}
+
+AttnScratch attention_scratch(const ModelConfig& cfg, const std::function<void*(size_t)>& alloc) {
+    AttnScratch a;
+    a.floats = attention_scratch_floats(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+    a.part = (float*)alloc(sizeof(float) * a.floats);
+    a.counters = (int*)alloc(sizeof(int) * size_t(cfg.n_kv_heads));
+    GPU_CHECK(gpuMemset(a.counters, 0, sizeof(int) * size_t(cfg.n_kv_heads)));
+    a.decode_blocks = attention_decode_blocks(cfg.n_kv_heads, 0);
+    return a;
 }
 
 void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWorkspace& ws, const ForwardCaches& c,
@@ -103,7 +114,7 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
             const bool sparse =
                 c.sparse && block_sparse_select(ws.big, rows, n, nh, nkv, hd, gated, c.pos0, c.k[li], c.kt, *c.sparse, s);
             attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s, gated,
-                      sparse ? c.sparse : nullptr);
+                      sparse ? c.sparse : nullptr, &ws.attn, c.pos0);
             matmul(ws.o, n, L.o_proj, ws.x, true, s);
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();

@@ -16,10 +16,15 @@ struct ForwardWorkspace {
     int* tokens = nullptr;
     float *x = nullptr, *h = nullptr, *big = nullptr, *conv = nullptr, *g = nullptr, *beta = nullptr, *o = nullptr,
           *normed = nullptr, *act = nullptr, *logits = nullptr;
+    AttnScratch attn;  // the split attention forms' scratch (attention()), sized once for the model's heads
 
     // Makes room for n tokens, allocating device bytes with `alloc`; false when there already was room.
     bool ensure(const Qwen35Config& cfg, int n, const std::function<void*(size_t)>& alloc);
 };
+
+// The split attention forms' scratch for cfg's attention heads (gpu_ops.h, AttnScratch), counters zeroed:
+// allocated once by a forward's or a verify's workspace (after decode_setup).
+AttnScratch attention_scratch(const ModelConfig& cfg, const std::function<void*(size_t)>& alloc);
 
 // What a forward reads and appends to: per layer the KV cache (full attention) or the DeltaNet and conv
 // states, and the device counter of tokens already in them.

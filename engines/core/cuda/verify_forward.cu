@@ -40,6 +40,7 @@ bool VerifyWorkspace::ensure(const ModelConfig& cfg, int n, const std::function<
     act = (float*)alloc(4 * N * size_t(cfg.intermediate));
     logits = (float*)alloc(4 * N * size_t(cfg.vocab));
     scratch = (float*)alloc(4 * delta_tree_scratch(n, std::max(1, cfg.lin_v_heads)));
+    if (!attn.part && cfg.n_full_layers() > 0) attn = attention_scratch(cfg, alloc);
     keep_k.assign(size_t(cfg.n_layers), nullptr);
     keep_u.assign(size_t(cfg.n_layers), nullptr);
     keep_gamma.assign(size_t(cfg.n_layers), nullptr);
@@ -68,7 +69,14 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
             matmul(ws.h, n, L.attn_qkv, ws.big, false, s);
             attn_prep_tree(ws.big, rows, n, nh, nkv, hd, gated, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm),
                            cfg.eps, ws.positions, len, c.k[li], c.kt, c.v[li], c.vt, s);
-            tree_attention(ws.big, rows, n, nh, nkv, hd, gated, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible, ws.o, s);
+            // at a long context the committed keys go in ranges over the GPU (attention_split, its merge
+            // applies the tree mask to the rows' own keys); otherwise one block a row and head walks them all
+            const int splits = attention_splits(n, nh, nkv, hd, rows, len);
+            if (splits > 1)
+                attention_split(ws.big, rows, n, nh, nkv, hd, nullptr, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible,
+                                splits, ws.attn, ws.o, s, gated);
+            else
+                tree_attention(ws.big, rows, n, nh, nkv, hd, gated, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible, ws.o, s);
             matmul(ws.o, n, L.o_proj, ws.x, true, s);
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();

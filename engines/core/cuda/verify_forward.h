@@ -20,6 +20,7 @@ struct VerifyWorkspace {
     unsigned char* visible = nullptr;  // [cap, cap]
     float *x = nullptr, *h = nullptr, *big = nullptr, *conv = nullptr, *g = nullptr, *beta = nullptr, *o = nullptr,
           *normed = nullptr, *act = nullptr, *logits = nullptr, *scratch = nullptr;
+    AttnScratch attn;  // split-KV attention's partials (the tree attention at a long context)
     // per layer (DeltaNet layers only): what commit reads
     std::vector<float*> keep_k, keep_u, keep_gamma, keep_conv;
     bool ensure(const ModelConfig& cfg, int n, const std::function<void*(size_t)>& alloc);
