@@ -125,8 +125,8 @@ def chunked_qwen35(exe: Path, ckpt: Path, name: str, need_sensitive: bool) -> di
         nothing before them (all state lost at the last boundary of the 1,000-token chunking). With
         need_sensitive it must exceed the bound twice over: random weights barely use distant context (a
         synthetic model's sensitivity is about the size of the rounding), so the synthetic 0.8B checks the
-        full-size kernels and the trained reference target, which uses its context, checks that the check
-        can see a boundary bug);
+        full-size kernels (flash attention at head_dim 256) and the trained reference target (head_dim 64:
+        the per-row attention kernel), which uses its context, the chunk boundaries where a bug would show);
       - the one pass's and the chunked error under LOGITS_TOL, as every model above;
       - the 16 greedy tokens equal to the reference's up to the first position where they differ, and there
         the reference's top-1 / top-2 margin a near-tie (under NEAR_TIE)."""
