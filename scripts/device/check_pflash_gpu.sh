@@ -43,6 +43,7 @@
 #   PFLASH_STAGES=checks,ttft,sparse,prebuild scripts/device/check_pflash_gpu.sh   (fresh machine, ~5-7 min)
 #   PFLASH_STAGES=big scripts/device/check_pflash_gpu.sh               (next, warm machine: <= 9 min, guarded)
 #   PFLASH_STAGES=retention scripts/device/check_pflash_gpu.sh         (~3 min on a warm machine)
+#   PFLASH_STAGES=checks,drafterkv scripts/device/check_pflash_gpu.sh  (fresh machine, ~5-6 min)
 # In one call, retention is skipped when it would start after $PFLASH_BUDGET_S (330 s), quant after
 # $PFLASH_BUDGET_QUANT_S (390 s). Output under $OUT/pg/.   usage: scripts/device/check_pflash_gpu.sh (ARCH: 90)
 set -uo pipefail
