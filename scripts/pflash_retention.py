@@ -24,7 +24,8 @@ keep ratio), scored as the suite scores them, for the suites in --answer-suites.
 
 The drafter's attention is the engine's default (block-sparse from 32,768 drafter tokens, alpha 0.85, budget
 0.1) unless --drafter-sparse-from / --drafter-sparse-alpha / --drafter-sparse-budget say otherwise (0: dense);
-each row records the values the engine used (`drafter_sparse`, from its ready line).
+each row records the values the engine used (`drafter_sparse`, and the drafter's KV type `drafter_kv`: bf16,
+the engine's default; from its ready line).
 """
 
 from __future__ import annotations
@@ -280,6 +281,7 @@ def main() -> int:
                 e.wait_ready(120)
             opts = engines[keeps[0]].ready["engine"]["options"]
             drafter_sparse = {k: opts.get(f"drafter_sparse_{k}") for k in ("from", "alpha", "budget")}
+            drafter_kv = opts.get("drafter_kv", opts.get("kv_k"))  # an engine without --drafter-kv: kv_k's
             for suite in args.suites.split(","):
                 w = prepare_workload(suite, tokenizer_dir=args.target, context=length, n_gen=args.n_gen)
                 for p in w.prompts:
@@ -305,6 +307,7 @@ def main() -> int:
                     row["chunk_means"] = means
                     # a block-sparse drafter (--drafter-sparse-*): the share of its causal key tiles it read
                     row["drafter_sparse"] = drafter_sparse
+                    row["drafter_kv"] = drafter_kv
                     row["drafter_attention_read"] = pf.get("drafter_attention_read")
                     row["needle_chunks"] = needle_chunks(p.reference, fields["drafter_offsets"], fields["target_offsets"])
                     for k in keeps:

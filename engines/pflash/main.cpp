@@ -29,28 +29,39 @@ constexpr int kCpuDrafterChunk = 2048;
 // rule on the CPU) in forwards whose sequence reaches `from` tokens, dense below; from = 0: always dense.
 // Defaults: upstream's (block-sparse above about 32K tokens, alpha 0.85) and the budget measured in
 // docs/benchmarks.md ("CPU: the block-sparse budget and retention").
-struct DrafterAttention {
+// The drafter's KV cache type is its own (--drafter-kv): --kv-k/--kv-v set the target's (a cell's `kv`, as
+// llama.cpp's -ctk/-ctv). bf16 by default, as upstream's drafter runs (BF16 weights, bf16 FlashPrefill
+// attention): a quantised cache halves the drafter's (Qwen3-0.6B at 128K tokens: 14 GiB bf16, 7.4 GiB q8_0)
+// but sends the GPU's flash attention down its slower path (a q8_0 key or value tile is dequantised element
+// by element instead of copied with cp.async).
+struct DrafterOptions {
     int from = 32768;
     double alpha = 0.85;   // a key block is kept when within ln(alpha) of its query tile's best block score
     double budget = 0.10;  // of the blocks a query tile sees, the share it may keep beyond its sink and recent ones
+    DType kv = DType::BF16;  // the drafter's K and V cache type (--drafter-kv)
 };
 
 // This engine's own flags, taken out of argv before the common parser sees it:
 //   --drafter-sparse-from N     block-sparse drafter attention in forwards of >= N tokens, N >= 0 (0: dense)
 //   --drafter-sparse-alpha A    its threshold alpha, 0 < A <= 1
 //   --drafter-sparse-budget B   its budget, a fraction 0 < B <= 1 (1: no bound)
-std::vector<char*> take_own_flags(int argc, char** argv, DrafterAttention* att) {
+//   --drafter-kv TYPE           the drafter's K and V cache type: bf16 (default), f16, q8_0, q4_0; f32 for checks
+std::vector<char*> take_own_flags(int argc, char** argv, DrafterOptions* att) {
     std::vector<char*> rest;
     for (int i = 0; i < argc; ++i) {
         std::string a = argv[i], value, flag;
-        for (const char* f : {"--drafter-sparse-from", "--drafter-sparse-alpha", "--drafter-sparse-budget"})
+        for (const char* f : {"--drafter-sparse-from", "--drafter-sparse-alpha", "--drafter-sparse-budget", "--drafter-kv"})
             if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
         if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
         if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
         else if (i + 1 < argc) value = argv[++i];
         else fail("bad_request", flag + " needs a value");
         char* end = nullptr;
-        if (flag == "--drafter-sparse-from") {
+        if (flag == "--drafter-kv") {
+            if (!dtype_from_name(value, &att->kv))
+                fail("unsupported", "KV cache type '" + value + "' for --drafter-kv (supported: f16, bf16, q8_0, "
+                                    "q4_0; f32 for reference checks)");
+        } else if (flag == "--drafter-sparse-from") {
             errno = 0;
             const long n = std::strtol(value.c_str(), &end, 10);
             if (value.empty() || *end || errno == ERANGE || n < 0 || n > 1 << 30)
@@ -78,7 +89,7 @@ std::string percent(double x) {
 class PFlashHandler : public RequestHandler {
 public:
     PFlashHandler(Backend& target, const ModelConfig& tcfg, Backend& drafter, const ModelConfig& dcfg,
-                  const EngineOptions& opt, const DrafterAttention& att)
+                  const EngineOptions& opt, const DrafterOptions& att)
         : target_(target), tcfg_(tcfg), drafter_(drafter), dcfg_(dcfg), opt_(opt), att_(att),
           drafter_ctx_(opt.max_ctx) {}
     int vocab_size() const override { return tcfg_.vocab; }
@@ -116,7 +127,7 @@ public:
             // Score: the drafter over the whole prompt, the tail rows' attention captured in the last forward.
             if (nd > drafter_ctx_) {
                 drafter_ctx_ = nd;
-                drafter_.allocate(drafter_ctx_, opt_.kv_k, opt_.kv_v);
+                drafter_.allocate(drafter_ctx_, att_.kv, att_.kv);
             }
             drafter_.reset();
             const int n_tail = std::min(rule_.n_tail, nd);
@@ -228,14 +239,14 @@ private:
     Backend& drafter_;
     const ModelConfig& dcfg_;
     EngineOptions opt_;
-    DrafterAttention att_;
+    DrafterOptions att_;
     int drafter_ctx_;
     pflash::Rule rule_;
 };
 
 int run(int argc, char** argv) {
     EngineOptions opt;
-    DrafterAttention att;
+    DrafterOptions att;
     try {
         std::vector<char*> rest = take_own_flags(argc, argv, &att);
         opt = parse_engine_flags(int(rest.size()), rest.data(), kFlagDrafter | kFlagKeepRatio | kFlagMinPromptTokens);
@@ -265,13 +276,14 @@ int run(int argc, char** argv) {
             fail("unsupported", "the drafter " + opt.drafter + " is a " + arch_name(dcfg.arch) +
                                     " model; PFlash scores with a dense Qwen3 drafter");
         drafter->load(*dsrc, dcfg, &dstats);
-        drafter->allocate(opt.max_ctx, opt.kv_k, opt.kv_v);
+        drafter->allocate(opt.max_ctx, att.kv, att.kv);
         drafter->set_block_sparse(att.from, float(att.alpha), float(att.budget));
     });
     if (!loaded) return 1;
     fprintf(stderr, "[pflash] target %s %d layers, drafter %s %d layers, keep ratio %g above %d prompt tokens, "
-            "drafter attention block-sparse from %d tokens (0: dense)\n", arch_name(tcfg.arch), tcfg.n_layers,
-            arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio, opt.min_prompt_tokens, att.from);
+            "drafter attention block-sparse from %d tokens (0: dense), drafter KV %s\n", arch_name(tcfg.arch),
+            tcfg.n_layers, arch_name(dcfg.arch), dcfg.n_layers, opt.keep_ratio, opt.min_prompt_tokens, att.from,
+            dtype_name(att.kv));
     Json options = kv_options(opt, target->weight_dtype());
     options["keep_ratio"] = opt.keep_ratio;
     options["min_prompt_tokens"] = opt.min_prompt_tokens;
@@ -283,6 +295,7 @@ int run(int argc, char** argv) {
     options["drafter_sparse_from"] = att.from;
     options["drafter_sparse_alpha"] = att.alpha;
     options["drafter_sparse_budget"] = att.budget;
+    options["drafter_kv"] = dtype_name(att.kv);  // kv_k / kv_v are the target's
     options["drafter_attention"] =
         att.from > 0
             ? "block-sparse from " + std::to_string(att.from) + " tokens (dense below): 128-token key blocks, kept " +

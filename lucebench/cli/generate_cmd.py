@@ -57,6 +57,8 @@ def generate(
         None, "--drafter-sparse-alpha", help="pflash: the block-sparse threshold alpha, in (0, 1] (default 0.85)"),
     drafter_sparse_budget: Optional[float] = typer.Option(
         None, "--drafter-sparse-budget", help="pflash: the block-sparse budget, a fraction in (0, 1] (default 0.1)"),
+    drafter_kv: Optional[str] = typer.Option(
+        None, "--drafter-kv", help="pflash: the drafter's KV cache type, bf16 (default), f16, q8_0, q4_0 or f32"),
     chain: bool = typer.Option(False, "--chain", help="dflash: verify the top-1 chain instead of a tree"),
     top_k: Optional[int] = typer.Option(None, "--top-k", min=1, max=MAX_TOP_K, help="dflash: DDTree candidates per depth"),
     chain_seed: Optional[str] = typer.Option(None, "--chain-seed",
@@ -77,7 +79,7 @@ def generate(
              "min_prompt_tokens": min_prompt_tokens, "verify": "chain" if chain else None, "top_k": top_k,
              "chain_seed": None if chain_seed is None else chain_seed == "on",
              "drafter_sparse_from": drafter_sparse_from, "drafter_sparse_alpha": drafter_sparse_alpha,
-             "drafter_sparse_budget": drafter_sparse_budget}
+             "drafter_sparse_budget": drafter_sparse_budget, "drafter_kv": drafter_kv}
     for key, value in given.items():
         if value is not None and key not in engine_type.options:
             flag = "--chain" if key == "verify" else "--" + key.replace("_", "-")
@@ -87,6 +89,9 @@ def generate(
                         ("--drafter-sparse-budget", drafter_sparse_budget)):
         if value is not None and not 0 < value <= 1:
             raise UserError(f"{flag} must be in (0, 1], got {value:g}", where=flag)
+    kv_types = ("bf16", "f16", "q8_0", "q4_0", "f32")
+    if drafter_kv is not None and drafter_kv not in kv_types:
+        raise UserError(f"--drafter-kv is one of {', '.join(kv_types)}, got {drafter_kv!r}", where="--drafter-kv")
     second_key = engine_type.second_model_option
     second = given.get(second_key) if second_key else None
     if second_key is not None and second is None:

@@ -85,6 +85,10 @@ class PFlashOptions(BundledOptions):
                                          description="of the key blocks a query tile sees, the share it may keep by "
                                          "the alpha rule beyond its 2 sink and 4 recent blocks, the best-scoring "
                                          "(0.1; 1: no bound)")
+    # The cell's `kv` is the target's cache type (as llama.cpp's -ctk/-ctv); the drafter's is its own.
+    drafter_kv: Literal["bf16", "f16", "q8_0", "q4_0", "f32"] = Field(
+        "bf16", description="the drafter's K and V cache type (upstream's drafter runs in bf16); the `kv` axis "
+        "sets the target's. f32: for reference checks")
 
 
 # The option naming a second model, per option class.

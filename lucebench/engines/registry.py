@@ -112,6 +112,8 @@ def _bundled_argv(exe: Path, req: LaunchRequest) -> list[str]:
     for key in ("drafter_sparse_alpha", "drafter_sparse_budget"):
         if key in req.options:
             argv += ["--" + key.replace("_", "-"), repr(float(req.options[key]))]
+    if "drafter_kv" in req.options:
+        argv += ["--drafter-kv", str(req.options["drafter_kv"])]
     if req.options.get("verify") == "chain":
         argv.append("--chain")
     if req.options.get("top_k") is not None:

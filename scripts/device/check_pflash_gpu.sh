@@ -8,7 +8,9 @@
 #                                             against the CPU backend's over three prefill chunks
 #              check_qwen3_gpu.py             Qwen3 dense on the CUDA backend against transformers'
 #                                             Qwen3ForCausalLM: odd tiny shapes, the qwen3-0.6b shape (SYNTHETIC),
-#                                             the trained reference drafter (TRAINED REFERENCE)
+#                                             the trained reference drafter (TRAINED REFERENCE); the chunked
+#                                             prefill of Qwen3.5 (the synthetic 0.8B, the trained reference
+#                                             target) and its one pass, each against Qwen3_5ForCausalLM fp32
 #   ttft       pflash_ttft.py                 TTFT at 32K, 64K and 128K, keep 0.05 (SYNTHETIC): full-shape
 #                                             qwen3-0.6b drafter, full-shape synthetic Qwen3.5-0.8B target, every
 #                                             phase timed, memory; against our own full prefill (lucebench-ar),
@@ -34,10 +36,14 @@
 #                                             answer probe: scripts/device/check_pflash_retention_gpu.sh
 #   quant                                     TTFT with q4_0 KV ($PFLASH_KV) at 64K and 128K, against the full
 #                                             prefill; the drafter's attention the engine's default (block-sparse)
+#   drafterkv  pflash_ttft.py                 the drafter's own KV type: the target's KV q8_0 at 64K and 128K,
+#                                             the drafter's cache bf16 (--drafter-kv, the default) and then q8_0;
+#                                             drafter forward ms each way (no full prefill; ~1.5 min warm)
 # The build and the synthetic checkpoints are reused on a warm machine. The calls:
 #   PFLASH_STAGES=checks,ttft,sparse,prebuild scripts/device/check_pflash_gpu.sh   (fresh machine, ~5-7 min)
 #   PFLASH_STAGES=big scripts/device/check_pflash_gpu.sh               (next, warm machine: <= 9 min, guarded)
 #   PFLASH_STAGES=retention scripts/device/check_pflash_gpu.sh         (~3 min on a warm machine)
+#   PFLASH_STAGES=checks,drafterkv scripts/device/check_pflash_gpu.sh  (fresh machine, ~5-6 min)
 # In one call, retention is skipped when it would start after $PFLASH_BUDGET_S (330 s), quant after
 # $PFLASH_BUDGET_QUANT_S (390 s). Output under $OUT/pg/.   usage: scripts/device/check_pflash_gpu.sh (ARCH: 90)
 set -uo pipefail
@@ -166,6 +172,14 @@ else
     --keeps 0.05,0.1 --answer-suites needle --out "$O/retention-trained-reference.json" > "$O/retention.log" 2>&1 || rc=1
   python3 scripts/pflash_retention.py --summarize "$O/retention-trained-reference.json" | tee "$O/retention-summary.md"
   echo "retention done at $(elapsed) s"
+fi
+
+if want drafterkv; then
+  DKV_LENGTHS=${PFLASH_LENGTHS_DKV:-65536,131072}
+  ttft q8_0-drafter-bf16 q8_0 "$DKV_LENGTHS" --no-full-prefill
+  ttft q8_0-drafter-q8_0 q8_0 "$DKV_LENGTHS" --no-full-prefill --pflash-flags="--drafter-kv q8_0"
+  echo "drafter forward ms, target KV q8_0 (drafter KV bf16, then q8_0):"
+  grep -h "pflash L=" "$O/ttft-q8_0-drafter-bf16.log" "$O/ttft-q8_0-drafter-q8_0.log"
 fi
 
 for kv in $(echo "${PFLASH_KV:-q4_0}" | tr , ' '); do

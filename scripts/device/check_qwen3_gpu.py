@@ -12,7 +12,9 @@ read the same weights. Per prompt: the prefill logits' relative error (L2) again
 greedy tokens compared up to the first position where they differ; there the reference's relative top-1 /
 top-2 margin must be a near-tie (below NEAR_TIE, the bf16 activation rounding's level), else the check
 fails. Prefill runs through the chunked path (LB_GPU_PREFILL_CHUNK=16 for one prompt of 40 tokens), decode
-through the captured graph. KV f32 and bf16.
+through the captured graph. KV f32 and bf16. Then the chunked prefill of a hybrid Qwen3.5 (the synthetic
+Qwen3.5-0.8B and the trained reference target): one pass and two chunkings, each against transformers'
+Qwen3_5ForCausalLM in fp32 (chunked_qwen35 says what must hold).
 """
 
 from __future__ import annotations
@@ -106,11 +108,41 @@ def check_model(exe: Path, ckpt: Path, name: str, prompts: list[list[int]]) -> d
     return out
 
 
-def chunked_qwen35(exe: Path, ckpt: Path) -> dict:
+CHUNK_ERR_FACTOR = 1.5  # chunked prefill's error against fp32 over the one pass's: chunking adds no error of its own
+ERR_FLOOR = 1e-4  # errors below this count as this (the fp32 CPU backend's own bound against transformers)
+
+
+def chunked_qwen35(exe: Path, ckpt: Path, name: str, need_sensitive: bool) -> dict:
     """The chunked prefill on a hybrid model (DeltaNet and conv state carried from chunk to chunk): a 3,000-token
-    prompt in one pass against chunks of 1,000 and 448 tokens (f32 KV): the last logits and 16 greedy tokens."""
+    prompt in one pass and in chunks of 1,000 and 448 tokens (f32 KV), each against transformers'
+    Qwen3_5ForCausalLM in fp32 on the same (bf16-stored) weights. Both paths run the same kernels, which round
+    K, V and the attention probabilities to bf16 (flash attention) and the GEMM inputs to bf16, so neither is
+    exact; what chunking must not do is add error of its own (a lost or stale state at a chunk boundary, a
+    wrong position offset). So, per chunk size:
+      - the last logits' relative error against fp32 at most CHUNK_ERR_FACTOR times the one pass's (two
+        roundings of one computation land at about the same distance from the exact result; a boundary bug
+        moves them by far more: `sensitivity` is the reference's own change when the last 1,000 tokens see
+        nothing before them (all state lost at the last boundary of the 1,000-token chunking). With
+        need_sensitive it must exceed the bound twice over: random weights barely use distant context (a
+        synthetic model's sensitivity is about the size of the rounding), so the synthetic 0.8B checks the
+        full-size kernels (flash attention at head_dim 256) and the trained reference target (head_dim 64:
+        the per-row attention kernel), which uses its context, the chunk boundaries where a bug would show);
+      - the one pass's and the chunked error under LOGITS_TOL, as every model above;
+      - the 16 greedy tokens equal to the reference's up to the first position where they differ, and there
+        the reference's top-1 / top-2 margin a near-tie (under NEAR_TIE)."""
+    from transformers import Qwen3_5ForCausalLM
+
+    # a true fp32 reference: no TF32 in the GEMMs or in the DeltaNet's causal convolution (cuDNN allows it)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     rng = random.Random(7)
-    prompt = [rng.randrange(248320) for _ in range(3000)]
+    model = Qwen3_5ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(DEV).eval()
+    prompt = [rng.randrange(model.config.vocab_size) for _ in range(3000)]
+    ref = hf_greedy(model, prompt, 16)
+    with torch.no_grad():  # the reference on the prompt's last 1,000 tokens alone
+        cut = model(input_ids=torch.tensor([prompt[2000:]], device=DEV)).logits[0, -1].float().cpu()
+    del model
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     outs = {}
     for chunk in ("0", "1000", "448"):
         eng = Engine(exe, ckpt, "--max-ctx", "3100", "--kv-k", "f32", "--kv-v", "f32", *FLAGS,
@@ -119,11 +151,35 @@ def chunked_qwen35(exe: Path, ckpt: Path) -> dict:
             outs[chunk] = eng.gen(prompt, 16, return_logits=True)
         finally:
             eng.close()
-    ref = torch.tensor(outs["0"]["last_logits"])
-    r = {c: {"logits_rel_err_vs_one_pass": float((torch.tensor(o["last_logits"]) - ref).norm() / ref.norm()),
-             "tokens_equal": o["output_ids"] == outs["0"]["output_ids"]} for c, o in outs.items() if c != "0"}
-    r["ok"] = all(v["logits_rel_err_vs_one_pass"] < 2e-2 for v in r.values())
-    print(f"Qwen3.5-0.8B (synthetic) chunked prefill vs one pass: {r}", flush=True)
+    last = ref[1]
+    rel = lambda a: float((torch.as_tensor(a) - last).norm() / last.norm())  # noqa: E731
+    rows = {c: compare(o, ref) for c, o in outs.items()}
+    one = max(rows["0"]["logits_rel_err"], ERR_FLOOR)
+    r: dict = {"n_prompt": len(prompt), "n_gen": 16, "chunk_err_factor": CHUNK_ERR_FACTOR, "err_floor": ERR_FLOOR,
+               "sensitivity_rel_err_last_chunk_alone": rel(cut), "one_pass": rows["0"]}
+    for c in ("1000", "448"):
+        row = rows[c]
+        row["err_over_one_pass"] = max(row["logits_rel_err"], ERR_FLOOR) / one
+        row["logits_rel_err_vs_one_pass"] = float((torch.tensor(outs[c]["last_logits"]) -
+                                                   torch.tensor(outs["0"]["last_logits"])).norm() /
+                                                  torch.tensor(outs["0"]["last_logits"]).norm())
+        row["tokens_equal_one_pass"] = outs[c]["output_ids"] == outs["0"]["output_ids"]
+        row["ok"] = row["ok"] and row["err_over_one_pass"] <= CHUNK_ERR_FACTOR
+        r[f"chunk_{c}"] = row
+    # the check must be able to fail: a lost state moves the logits well past the bound
+    r["sensitive"] = r["sensitivity_rel_err_last_chunk_alone"] > 2 * CHUNK_ERR_FACTOR * one
+    r["ok"] = rows["0"]["ok"] and all(r[f"chunk_{c}"]["ok"] for c in ("1000", "448")) and \
+        (r["sensitive"] or not need_sensitive)
+    print(f"{name} chunked prefill vs one pass, both against transformers fp32: "
+          f"{'ok' if r['ok'] else 'FAIL'}; last-logits rel err one pass {rows['0']['logits_rel_err']:.2e}, "
+          + ", ".join(f"chunks of {c} {r[f'chunk_{c}']['logits_rel_err']:.2e} "
+                      f"({r[f'chunk_{c}']['err_over_one_pass']:.2f}x, bound {CHUNK_ERR_FACTOR}x)" for c in ("1000", "448"))
+          + f"; reference on the last 1,000 tokens alone {r['sensitivity_rel_err_last_chunk_alone']:.2e} "
+          f"({'' if r['sensitive'] else 'not '}above twice the bound{', required' if need_sensitive else ''}); first token "
+          f"diffs (position, reference margin; near-tie < {NEAR_TIE}): "
+          + ", ".join(f"{k} {(v['first_diff'], None if v['margin_at_diff'] is None else round(v['margin_at_diff'], 5))}"
+                      for k, v in (("one pass", rows["0"]), ("1000", rows["1000"]), ("448", rows["448"]))),
+          flush=True)
     return r
 
 
@@ -165,9 +221,13 @@ def main() -> int:
         results["models"]["reference drafter (trained)"] = check_model(exe, drafter, "reference drafter (trained)", prompts)
     q35 = Path(os.environ.get("CHECK_QWEN35_CKPT", "/tmp/qwen35-0.8b-synth"))
     if (q35 / "config.json").exists():
-        results["chunked_prefill_qwen35"] = chunked_qwen35(exe, q35)
+        results["chunked_prefill_qwen35"] = chunked_qwen35(exe, q35, "Qwen3.5-0.8B (synthetic)", need_sensitive=False)
+    target = Path("tests/fixtures/reference-models/target")
+    if (target / "model.safetensors").exists():
+        results["chunked_prefill_reference_target"] = chunked_qwen35(exe, target, "reference Qwen3.5 target (trained)",
+                                                                     need_sensitive=True)
     results["ok"] = all(m["ok"] for m in results["models"].values()) and \
-        results.get("chunked_prefill_qwen35", {}).get("ok", True)
+        all(results[k]["ok"] for k in ("chunked_prefill_qwen35", "chunked_prefill_reference_target") if k in results)
     out_path.write_text(json.dumps(results, indent=1))
     print("qwen3 vs transformers on CUDA:", "ok" if results["ok"] else "FAIL", flush=True)
     return 0 if results["ok"] else 1

@@ -112,8 +112,9 @@ def synthetic_request(nd: int, nt: int, seed: int, vocab_d: int, vocab_t: int) -
 @pytest.mark.parametrize("nd", [5, 150, 2071])  # fewer rows than the tail; one forward; several forwards
 def test_importance_matches_reference(start, models, nd):
     target, drafter = models
-    e = start(target, drafter, "--kv-k", "f32", "--kv-v", "f32", "--keep-ratio", "0.5", "--max-ctx", "256",
+    e = start(target, drafter, "--drafter-kv", "f32", "--keep-ratio", "0.5", "--max-ctx", "256",
               "--min-prompt-tokens", "0")
+    assert e.ready["engine"]["options"]["drafter_kv"] == "f32"
     req = synthetic_request(nd, min(nd, 40), seed=nd, vocab_d=777, vocab_t=1024)
     r = e.generate(req.pop("prompt_ids"), 2, return_importance=True, **req)
     assert r["type"] == "result", r
@@ -247,6 +248,7 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
     assert (options["drafter_sparse_from"], options["drafter_sparse_alpha"], options["drafter_sparse_budget"]) == (
         32768, 0.85, 0.1)
     assert "alpha 85%, at most 10%" in options["drafter_attention"]
+    assert options["drafter_kv"] == "bf16" and options["kv_k"] == options["kv_v"] == "bf16"
     assert options["drafter_model"]["arch"] == "qwen3" and e.ready["engine"]["backend"] == "cpu"
     r = e.generate([1, 2, 3], 2)
     assert r["type"] == "error" and r["kind"] == "bad_request" and "drafter_ids" in r["message"]
@@ -266,11 +268,38 @@ def test_requests_without_drafter_fields_or_bad_flags(start, models, pflash_exe)
                         (["--drafter", str(drafter), "--drafter-sparse-budget=0"], "--drafter-sparse-budget must be"),
                         (["--drafter", str(drafter), "--drafter-sparse-from", "1e4"], "--drafter-sparse-from must be"),
                         (["--drafter", str(drafter), "--drafter-sparse-from"], "--drafter-sparse-from needs a value"),
+                        (["--drafter", str(drafter), "--drafter-kv", "q5"], "KV cache type 'q5' for --drafter-kv"),
+                        # the flag reaches the drafter: this one's head_dim (24) has no whole q8_0 blocks
+                        (["--drafter", str(drafter), "--drafter-kv=q8_0"], "head_dim a multiple of 32"),
                         (["--drafter", str(drafter), "--backend", "cuda"], "built for the cpu backend only")):
         proc = subprocess.run([str(pflash_exe), "--model", str(target), *flags], capture_output=True, text=True,
                               input="", timeout=60)
         line = json.loads(proc.stdout.splitlines()[0])
         assert proc.returncode != 0 and line["type"] == "error" and what in line["message"], line
+
+
+def test_drafter_kv_is_its_own(start, models):
+    """--kv-k/--kv-v are the target's cache types, --drafter-kv the drafter's: a quantised target cache leaves
+    the drafter's importance bit for bit as it was (the drafter here could not even hold a q8_0 cache: head_dim
+    24), while the drafter's own type changes it; both are in the ready line."""
+    target, drafter = models
+    req = synthetic_request(700, 40, seed=11, vocab_d=777, vocab_t=1024)
+    prompt = req.pop("prompt_ids")
+    imp, ready = {}, {}
+    for name, flags in (("default", []), ("target q8_0", ["--kv-k", "q8_0", "--kv-v", "q8_0"]),
+                        ("drafter f16", ["--drafter-kv", "f16"])):
+        e = start(target, drafter, "--keep-ratio", "0.2", "--max-ctx", "800", "--min-prompt-tokens", "0", *flags)
+        ready[name] = e.ready["engine"]["options"]
+        r = e.generate(prompt, 2, return_importance=True, **req)
+        assert r["type"] == "result", r
+        imp[name] = r["importance"]
+        assert e.close() == 0
+    assert ready["target q8_0"]["kv_k"] == ready["target q8_0"]["kv_v"] == "q8_0"
+    assert ready["target q8_0"]["drafter_kv"] == ready["default"]["drafter_kv"] == "bf16"
+    assert ready["drafter f16"]["drafter_kv"] == "f16" and ready["drafter f16"]["kv_k"] == "bf16"
+    assert imp["target q8_0"] == imp["default"]
+    diff = max(abs(a - b) for a, b in zip(imp["drafter f16"], imp["default"])) / max(imp["default"])
+    assert 0 < diff < 0.05, diff  # another rounding of the same keys and values
 
 
 def test_block_sparse_drafter(start, models):
@@ -327,6 +356,9 @@ def test_generate_cli(models):
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2 and "--drafter-sparse-alpha must be in (0, 1]" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+    proc = subprocess.run(base + ["--engine", "pflash", "--drafter", str(drafter), "--drafter-kv", "q5"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and "--drafter-kv is one of" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_retention_script_reproduces_the_engine_selection(start, models):

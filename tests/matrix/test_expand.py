@@ -123,6 +123,7 @@ def test_speculative_axes_and_second_models():
     ({"x": {"type": "pflash", "options": {"drafter": "q", "budget": 3}}}, "unknown option"),
     ({"x": {"type": "pflash", "options": {"drafter": "q", "drafter_sparse_alpha": 85}}}, "drafter_sparse_alpha"),
     ({"x": {"type": "pflash", "options": {"drafter": "q", "drafter_sparse_from": -1}}}, "drafter_sparse_from"),
+    ({"x": {"type": "pflash", "options": {"drafter": "q", "drafter_kv": "q5_k"}}}, "drafter_kv"),
     ({"x": {"type": "hf", "options": {"dtype": "int4"}}}, "dtype"),
     ({"x": {"type": "llama.cpp", "options": {"n_gpu_layers": -1}}}, "n_gpu_layers"),
 ])

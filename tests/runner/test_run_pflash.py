@@ -26,7 +26,8 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
           drafter: {synth: {shape: tiny-qwen3-odd, seed: 1, dtype: fp32}}
         engines:
           pflash: {type: pflash, options: {drafter: drafter, keep_ratio: 0.1, min_prompt_tokens: 0,
-                                           drafter_sparse_from: 1024, drafter_sparse_budget: 0.2}}
+                                           drafter_sparse_from: 1024, drafter_sparse_budget: 0.2,
+                                           drafter_kv: f16}}
         matrix: {engine: [ar, pflash], model: [tiny], suite: [needle], context: [2048]}
         suites: {needle: {n_gen: 4, sample_size: 2}}
         measure: {repetitions: 1, warmups: 0, timeout_s: 300}
@@ -46,6 +47,8 @@ def test_pflash_run_fills_the_compressed_prefill_and_retention_tables(tmp_path):
     assert options["min_prompt_tokens"] == 0 and options["drafter_sparse_from"] == 1024
     assert options["drafter_sparse_budget"] == 0.2 and options["drafter_sparse_alpha"] == 0.85
     assert cell.engine.build["options"]["drafter_sparse_from"] == 1024  # and the config's choice is recorded
+    # the cell's kv is the target's (the default here); the drafter's cache type is its own option
+    assert options["drafter_kv"] == cell.engine.build["options"]["drafter_kv"] == "f16" and options["kv_k"] == "bf16"
     for s in cell.samples:
         pf = s.prefill
         assert pf is not None and pf.prompt_tokens == s.n_prompt == 2048 and pf.compressed is True
