@@ -283,9 +283,9 @@ void check_qmma_all(Rng& r) {
                         {"27B lm_head (20000 rows)", DType::Q6_K, 20000, 5120}};
     for (const Case& c : big) check_qmma(r, c.t, {9, 23, 41}, c.in, c.out, false, 0, c.out, c.name);
     for (DType t : {DType::Q4_K, DType::Q6_K}) {
-        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 1280, 1000, false, 0, 1000, "odd: 1000 rows, 5 super-blocks");
-        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 256, 77, true, 3, 90, "odd: 77 rows, 1 super-block, at col 3");
-        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 17408, 309, true, 0, 309, "odd: 309 rows, 68 super-blocks");
+        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 1280, 1000, false, 0, 1000, "1000 rows, 5 super-blocks");
+        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 256, 77, true, 3, 90, "77 rows, 1 super-block, at column 3");
+        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 17408, 309, true, 0, 309, "309 rows, 68 super-blocks");
     }
 }
 #endif
