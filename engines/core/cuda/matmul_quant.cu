@@ -769,6 +769,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16, permuted by qmma_pos4 (tokens >= n: zeros)
     auto stage = [&](int j0, int cnt) {
         const int per_tok = cnt * 64;  // float4s a token
+#pragma unroll 4  // loads in flight
         for (int i = threadIdx.x; i < NTOK * per_tok; i += kQmmaWarps * 32) {
             const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, k4 = r & 63;
             const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 + 4 * k4)
@@ -792,6 +793,10 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         if (++pj == nsb) pj = 0, pg += wstride;
         if (s <= kQmmaAhead) prefetch(pg, pj);
     }
+    // launched with programmatic dependent launch (launch_k): the weights above are requested while the kernel
+    // before still runs; x, y and the partials are touched only after the wait
+    griddep_launch();
+    griddep_wait();
     for (int it = 0; it < iters; ++it) {
         const int grp = wid + it * wstride;
         for (int j = 0; j < nsb; ++j) {
@@ -1050,26 +1055,33 @@ inline QmmaPlan qmma_plan(int out, int nblk, int n, int nt, int bb, int chunk_ma
 template <DType T, int NT>
 void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
                     gpuStream_t s, bool split) {
-    // the most super-blocks a block stages at once, and the resident blocks a multiprocessor at that size
-    static const int chunk_max = std::max(1, int((std::min(context().smem_optin, kQmmaSmemBudget) /
-                                                  (8 * NT * 2) - 32) / 256));
-    static const int per_sm = [] {  // the limit raised first (above 48 KB), as launch_smem does
+    // Per device: the most super-blocks a block stages at once, the kernel's shared-memory limit raised to that
+    // size (above 48 KB; every launch asks at most that), and the resident blocks a multiprocessor at it.
+    struct QmmaDevice {
+        int device, chunk_max, per_sm;
+    };
+    static std::vector<QmmaDevice> devs;
+    const int device = context().device;
+    auto it = std::find_if(devs.begin(), devs.end(), [&](const QmmaDevice& d) { return d.device == device; });
+    if (it == devs.end()) {
+        const int chunk_max = std::max(1, (std::min(context().smem_optin, kQmmaSmemBudget) / (8 * NT * 2) - 32) / 256);
         const int smem = int(qmma_smem_bytes(NT, chunk_max));
         GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int b = 0;
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmma_kernel<T, NT>, kQmmaWarps * 32, smem));
-        return std::max(b, 1);
-    }();
+        it = devs.insert(devs.end(), QmmaDevice{device, chunk_max, std::max(b, 1)});
+    }
+    const int chunk_max = it->chunk_max;
     constexpr int BB = T == DType::Q4_K ? 144 : 210;
     const int nblk = in / 256;
-    const long slots = long(per_sm) * context().sms;
+    const long slots = long(it->per_sm) * context().sms;
     QmmaPlan p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, split);
     // the partials need scratch, refused during graph capture (then one split, restaged chunk by chunk)
     float* part = nullptr;
     if (p.splits > 1 && !(part = context().splitk.get(size_t(p.splits) * n * out, s)))
         p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
-    launch_smem(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes(NT, p.chunk), s, x,
-                n, in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
+    launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes(NT, p.chunk), s, x, n,
+             in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
     if (p.splits > 1) {
         const size_t count = size_t(n) * out;
         qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, p.splits, n, out, y, ldy, accumulate);
