@@ -602,7 +602,7 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // registers before this step's arithmetic, across group seams, and step s + kQmmaAhead asked of L2. The
 // staged activations are permuted within each super-block so that a lane's two consecutive chunks are one
 // 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks
-// (qmma_pos4). A split's slice of activations for all tiles must fit the shared memory, so the host splits
+// (qmma_k4). A split's slice of activations for all tiles must fit the shared memory, so the host splits
 // K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
 // partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
 // row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
@@ -617,19 +617,15 @@ constexpr int kQmmaSmemBudget = 224 * 1024;  // shared memory of a block at most
 __host__ __device__ constexpr int qmma_row_elems(int chunk) { return chunk * 256 + 32; }
 inline size_t qmma_smem_bytes(int nt, int chunk) { return size_t(8 * nt) * qmma_row_elems(chunk) * 2; }
 
-// Where x's elements 4 k4 .. 4 k4 + 3 of a super-block (the chunk c of lane q's run) sit in its staged 256, in
-// units of 4: lane q's chunks c, c + 1 at 32 (c / 2) + 8 q + 4 (c % 2), one 16-byte read.
+// The staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at 4-unit
+// 8 (c / 2) + 2 q, + 1, one 16-byte read. qmma_k4 gives the x elements 4 k4 .. 4 k4 + 3 staged at unit p4: the
+// chunk c = 2 (p4 / 8) + p4 % 2 of lane q = (p4 / 2) % 4, which holds elements (qmma_chunk's order)
+//   q4_K: 64q + 4c + e;  q6_K: 128h + 16l + 32j + 4m + e with q = 2h + l, c = 4j + m.
 template <DType T>
-__device__ __forceinline__ int qmma_pos4(int k4) {
-    int q, c;
-    if constexpr (T == DType::Q4_K) {
-        q = k4 >> 4;  // element 64q + 4c + e
-        c = k4 & 15;
-    } else {  // element 128h + 16l + 32j + 4m + e: q = 2h + l, c = 4j + m
-        q = 2 * (k4 >> 5) + ((k4 >> 2) & 1);
-        c = 4 * ((k4 >> 3) & 3) + (k4 & 3);
-    }
-    return 8 * (c >> 1) + 2 * q + (c & 1);
+__device__ __forceinline__ int qmma_k4(int p4) {
+    const int c = 2 * (p4 >> 3) + (p4 & 1), q = (p4 >> 1) & 3;
+    if constexpr (T == DType::Q4_K) return 16 * q + c;
+    else return 32 * (q >> 1) + 8 * (c >> 2) + 4 * (q & 1) + (c & 3);
 }
 
 template <DType T>
@@ -766,16 +762,18 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         const uintptr_t a = p & ~uintptr_t(15);
         prefetch_l2((const void*)a, size_t(((p + BB + 15) & ~uintptr_t(15)) - a));
     };
-    // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16, permuted by qmma_pos4 (tokens >= n: zeros)
+    // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
+    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row
     auto stage = [&](int j0, int cnt) {
         const int per_tok = cnt * 64;  // float4s a token
 #pragma unroll 4  // loads in flight
         for (int i = threadIdx.x; i < NTOK * per_tok; i += kQmmaWarps * 32) {
-            const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, k4 = r & 63;
-            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 + 4 * k4)
+            const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
+            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
+                                                      4 * qmma_k4<T>(p4))
                                    : make_float4(0.f, 0.f, 0.f, 0.f);
             __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_pos4<T>(k4)] = *(const uint2*)p;
+            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
         }
     };
 
