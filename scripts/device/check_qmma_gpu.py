@@ -14,7 +14,7 @@ helpers), then, most important first:
   3. lucebench-verify-gpu-check (after): the GPU verify + commit equal to AR decoding;
   4. the verify cost of B + 1 rows against a decode step on the 27B (--time-model), after then before
      (the goal: B = 22 at <= 1.5x a step);
-  5. as time allows (DEADLINE_S): the whole op check (after), DFlash forced AL 8.31 at budgets 8 and 22.
+  5. as time allows (DEADLINE_S): DFlash forced AL 8.31 at budgets 8 and 22 (after), the whole op check (after).
 Writes $OUT/qmma/: check_qmma_gpu.json, op_check_qmma.md, time_quant{,_before,_cmp}.md, qmma_vs_qmv.md,
 verify_time_27b{,_before}.txt, table.md (also printed last), build logs. About 6-7 minutes on an H100.
 """
@@ -168,9 +168,17 @@ def main() -> int:
             errors.append(f"verify_time {key}: {exc!r}")
             log(f"FAILED verify_time {key}: {exc!r}")
         save()
-    # as time allows: the whole op check, then DFlash at forced AL (each ~60-90 s)
+    # as time allows: DFlash at forced AL (~90 s), then the whole op check (~60 s)
+    if left() > 150:
+        try:
+            cd.dflash_speed(paths)
+        except Exception as exc:
+            log(f"DFlash speed failed: {exc!r}")
+    else:
+        log("skipped DFlash speed (time)")
     if left() > 60:
-        oc = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check")], capture_output=True, text=True, timeout=240)
+        oc = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check")], capture_output=True, text=True,
+                            timeout=max(60.0, left() + 60))
         (OUT / "op_check.md").write_text(oc.stdout + oc.stderr)
         R["op_check"] = {"rc": oc.returncode, "summary": oc.stdout.strip().splitlines()[-1:],
                          "rows": [ln for ln in oc.stdout.splitlines() if "qmma" in ln or "FAIL" in ln]}
@@ -179,13 +187,6 @@ def main() -> int:
         save()
     else:
         log("skipped the whole op check (time)")
-    if left() > 120:
-        try:
-            cd.dflash_speed(paths)
-        except Exception as exc:
-            log(f"DFlash speed failed: {exc!r}")
-    else:
-        log("skipped DFlash speed (time)")
     R["errors"] = errors
     R["wall_s"] = round(time.time() - cd.T0, 1)
     save()

@@ -4,8 +4,8 @@
 # its COMMIT matches, else git archive) against after (this tree) on one card: op check --qmma (27B shapes and
 # odd shapes at 5..72 rows against the CPU reference and the bf16 contract, run to run bitwise, one K split),
 # --time-quant of both builds (qmma at 9/23/41 rows against the one-row qmv), verify == AR, the 27B verify
-# cost per B against a decode step (before and after), then as time allows the whole op check and DFlash at
-# forced AL 8.31 (budgets 8, 22). SYNTHETIC weights: speed figures only. See check_qmma_gpu.py.
+# cost per B against a decode step (before and after), then as time allows DFlash at forced AL 8.31 (budgets 8,
+# 22) and the whole op check. SYNTHETIC weights: speed figures only. See check_qmma_gpu.py.
 # About 6-7 minutes on a fresh H100 (DEADLINE_S, default 400, drops the optional parts). Output under $OUT/qmma/.
 #   OUT=/tmp/out bash scripts/device/check_qmma_gpu.sh        (ARCH defaults to 90)
 set -euo pipefail
