@@ -155,22 +155,9 @@ struct QmvRaw<DType::Q6_K> {
     }
 };
 
-__device__ __forceinline__ uint32_t byte_of(uint32_t s0, uint32_t s1, uint32_t s2, int i) {
-    return ((i < 4 ? s0 : i < 8 ? s1 : s2) >> (8 * (i & 3))) & 0xFFu;
-}
-// q4_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the 12 scale bytes in 3 words.
-__device__ __forceinline__ void q4k_sm_w(int j, uint32_t s0, uint32_t s1, uint32_t s2, float* sc, float* mn) {
-    if (j < 4) {
-        *sc = float(byte_of(s0, s1, s2, j) & 63);
-        *mn = float(byte_of(s0, s1, s2, j + 4) & 63);
-    } else {
-        const uint32_t a = byte_of(s0, s1, s2, j + 4), lo = byte_of(s0, s1, s2, j - 4), hi = byte_of(s0, s1, s2, j);
-        *sc = float((a & 0xF) | ((lo >> 6) << 4));
-        *mn = float((a >> 4) | ((hi >> 6) << 4));
-    }
-}
-// The same for the pair of sub-blocks 2g, 2g + 1 (g < 4), both branches computed: the scales in bytes 0 and 1
-// of *sc2, the mins in those of *mn2. j = 2g + e < 4 reads bytes j, j + 4; j >= 4 (g >= 2) bytes j + 4, j - 4, j.
+// q4_K's 6-bit scales and mins (ggml's get_scale_min_k4) of the pair of sub-blocks 2g, 2g + 1 (g < 4) from the
+// 12 scale bytes in 3 words, both branches computed: the scales in bytes 0 and 1 of *sc2, the mins in those of
+// *mn2. j = 2g + e < 4 reads bytes j, j + 4; j >= 4 (g >= 2) bytes j + 4, j - 4, j.
 __device__ __forceinline__ void q4k_sm_pair(int g, uint32_t s0, uint32_t s1, uint32_t s2, uint32_t* sc2,
                                             uint32_t* mn2) {
     const int sh = 16 * (g & 1);
@@ -700,13 +687,12 @@ template <DType T>
 __device__ __forceinline__ void qmma_scales(const QmmaRaw<T>& w, int q, float sc[4], float mn[4]) {
     if constexpr (T == DType::Q4_K) {
         const float d = h2f(uint16_t(w.dm & 0xFFFF)), dmin = h2f(uint16_t(w.dm >> 16));
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            float a, b;
-            q4k_sm_w(2 * q + j, w.s0, w.s1, w.s2, &a, &b);
-            sc[j] = d * a;
-            mn[j] = dmin * b;
-        }
+        uint32_t sc2, mn2;  // the 6-bit scales and mins of sub-blocks 2q, 2q + 1 (no branch on the lane's q)
+        q4k_sm_pair(q, w.s0, w.s1, w.s2, &sc2, &mn2);
+        sc[0] = d * small_f(sc2 & 0xFFu);
+        mn[0] = dmin * small_f(mn2 & 0xFFu);
+        sc[1] = d * small_f(sc2 >> 8);
+        mn[1] = dmin * small_f(mn2 >> 8);
         sc[2] = sc[3] = mn[2] = mn[3] = 0.f;
     } else {
         const float d = h2f(w.d);
