@@ -584,7 +584,8 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // The verify's product must stream the weights at the copy bandwidth, so nothing in the K loop waits for the
 // block: a block (grid (row blocks, K splits)) stages its split's activations, all NT tiles of tokens over the
 // split's super-blocks, as bf16 in shared memory ONCE (one barrier), then each warp runs its row groups (16
-// rows: groups w, w + W, ... for warp w of W in the split) over those super-blocks as one sequence of steps
+// rows: groups w, w + W, ... for warp w of W in the split, numbered across the blocks first so that a last,
+// partial round spreads over the multiprocessors) over those super-blocks as one sequence of steps
 // (a step: one super-block of the group's 16 rows, 2.3 KB of q4_K), the next step's weights loaded into
 // registers before this step's arithmetic, across group seams, and step s + kQmmaAhead asked of L2. The
 // staged activations are permuted within each super-block so that a lane's two consecutive chunks are one
@@ -729,7 +730,8 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
     const int nblk = in / 256, sb_lo = blockIdx.y * per, nsb = min(nblk, sb_lo + per) - sb_lo;
     const size_t rb = size_t(nblk) * BB;
-    const int groups = (out + 15) / 16, wid = blockIdx.x * kQmmaWarps + warp, wstride = gridDim.x * kQmmaWarps;
+    // warp w of block b is the split's warp w gx + b: a round's last groups fall on every block, not on a few
+    const int groups = (out + 15) / 16, wid = warp * gridDim.x + blockIdx.x, wstride = gridDim.x * kQmmaWarps;
     const bool chunked = nsb > chunk;  // the split's slice does not fit: restaged for each round of groups
 
     // super-block sb_lo + j of rows g and g + 8 of group grp
@@ -1005,12 +1007,13 @@ struct QmmaPlan {
     int splits = 1, per = 1, chunk = 1, gx = 1, iters = 1;
 };
 
-// The plan that minimises the time, counted in bytes over the whole GPU: the warps' steps (every warp as long
-// as the longest, iters x per steps of 16 blocks, over one round of `slots` resident blocks: a row group of a
-// split is one warp's, so that quantisation is the largest term), the split partials written and summed (8
-// bytes each, counted at half as they stay in L2, and ~8 MB for the sum kernel's launch) and the activations
-// staged (fp32 from L2, at half). A split's slice is staged once where per <= chunk_max, else restaged for each
-// round of groups. Splits only where the scratch may grow (can_split).
+// The plan that minimises the time, counted in bytes over the whole GPU: the warps' steps (a block's share of
+// its split's row groups, ceil(groups / gx) x per steps of 16 blocks, over its kQmmaWarps warps: the groups of
+// a last, partial round fall on every block, so a multiprocessor's work, not its slowest warp's, is the
+// measure), the split partials written and summed (8 bytes each, counted at half as they stay in L2, and ~8 MB
+// for the sum kernel's launch) and the activations staged (fp32 from L2, at half). A split's slice is staged
+// once where per <= chunk_max, else restaged for each round of groups. Splits only where the scratch may grow
+// (can_split). gx is as many blocks as a round of `slots` holds for the split.
 inline QmmaPlan qmma_plan(int out, int nblk, int n, int nt, int bb, int chunk_max, long slots, bool can_split) {
     const long groups = (out + 15) / 16, warp_slots = slots * kQmmaWarps;
     QmmaPlan best;
@@ -1018,13 +1021,11 @@ inline QmmaPlan qmma_plan(int out, int nblk, int n, int nt, int bb, int chunk_ma
     for (int sp = 1; sp <= (can_split ? std::min(nblk, 32) : 1); ++sp) {
         const int per = (nblk + sp - 1) / sp, used = (nblk + per - 1) / per;
         if (sp > 1 && used != sp) continue;  // the same as a smaller count
-        const long blocks_per_split = std::max(1L, slots / used);
-        const long gx0 = std::min(blocks_per_split, (groups + kQmmaWarps - 1) / kQmmaWarps);
-        const long iters = (groups + gx0 * kQmmaWarps - 1) / (gx0 * kQmmaWarps);
-        const long gx = (groups + iters * kQmmaWarps - 1) / (iters * kQmmaWarps);
+        const long gx = std::min(std::max(1L, slots / used), (groups + kQmmaWarps - 1) / kQmmaWarps);
+        const long iters = (groups + gx * kQmmaWarps - 1) / (gx * kQmmaWarps);
         const int chunk = std::min(per, chunk_max);
         const long restage = per > chunk ? iters : 1;
-        const double steps = double(iters) * per * 16 * bb * warp_slots;
+        const double steps = double((groups + gx - 1) / gx) * per * bb * warp_slots;
         const double partials = used > 1 ? 4.0 * used * n * out + 8e6 : 0.0;
         const double staged = 0.5 * double(gx) * used * restage * 8 * nt * per * 256 * 4;
         const double cost = steps + partials + staged;
