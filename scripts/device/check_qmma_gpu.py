@@ -101,7 +101,8 @@ def qmma_vs_qmv() -> None:
         a = [rows["after"].get((m, f"{n} (qmma)")) for n in (9, 23, 41)]
         fmt = lambda v: f"{v * 1e3:.1f}" if v else "-"  # noqa: E731
         ratio = f"{a[1] / qmv:.2f}x" if a[1] and qmv else "-"
-        out.append(f"| {m} | {fmt(qmv)} | {' / '.join(fmt(v) for v in b)} | {' / '.join(fmt(v) for v in a)} | {ratio} |")
+        bs, as_ = " / ".join(fmt(v) for v in b), " / ".join(fmt(v) for v in a)
+        out.append(f"| {m} | {fmt(qmv)} | {bs} | {as_} | {ratio} |")
     txt = "\n".join(out) + "\n"
     (OUT / "qmma_vs_qmv.md").write_text(txt)
     R["qmma_vs_qmv"] = txt
@@ -159,7 +160,8 @@ def main() -> int:
     vc = subprocess.run([str(AFTER_BUILD / "lucebench-verify-gpu-check")], capture_output=True, text=True, timeout=240)
     (OUT / "verify_gpu_check.txt").write_text(vc.stdout + vc.stderr)
     R["verify_gpu_check"] = {"rc": vc.returncode, "tail": vc.stdout.strip().splitlines()[-6:]}
-    log(f"lucebench-verify-gpu-check (verify == AR, after): rc {vc.returncode}\n" + "\n".join(R["verify_gpu_check"]["tail"]))
+    log(f"lucebench-verify-gpu-check (verify == AR, after): rc {vc.returncode}\n"
+        + "\n".join(R["verify_gpu_check"]["tail"]))
     save()
     for key, build_dir in (("after", AFTER_BUILD), ("before", BEFORE_BUILD)):
         try:

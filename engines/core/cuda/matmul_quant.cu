@@ -805,7 +805,8 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                 const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
 #pragma unroll
                 for (int c = 0; c < 16; c += 2) {
-                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9}, {row g + 8}
+                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
+                    // {row g + 8}
                     uint32_t a0[4], a1[4];
                     qmma_chunk<T>(ca, c, sa, ma, &a0[0], &a0[2]);
                     qmma_chunk<T>(cb, c, sbv, mbv, &a0[1], &a0[3]);
@@ -1090,7 +1091,8 @@ void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float
 // Which kernel takes a q4_K / q6_K matrix (the other types: launch<T>): qmma_kernel above kQuantGemvMax rows
 // (CUDA bf16 builds), qmv_kernel up to kQmvMaxRows, then launch<T>. `gemv` (gpu_ops.h) is the op check's and
 // --time-quant's hook for naming one kernel; the engines pass 0.
-static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
+// (unused without LB_QUANT_MMA)
+[[maybe_unused]] static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 #if LB_QUANT_MMA
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmmaMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;
