@@ -2,13 +2,15 @@
 // on this device, against the CPU reference (core/cpu/) on random inputs, odd sizes included so that the
 // fallbacks run. The fused decode kernels are checked against compositions of the CPU reference ops.
 // Prints one table row a check (op, variant, shape, error, tolerance) and exits 1 when any check fails.
-// `--time-quant`: only the timing of matmul_quant on Qwen3.5-27B's shapes (time_quant).
+// `--time-quant`: only the timing of matmul_quant on Qwen3.5-27B's shapes (time_quant). `--qmma`: only the
+// checks of qmma_kernel, the 27B's shapes included (check_qmma_all).
 //
 // Error: max |gpu - cpu| / max |cpu| over the compared outputs. Tolerances: 1e-5 where the GPU computes in
 // fp32 (different summation order, __expf), 1e-4 for the fused MLP's and DeltaNet's fixed-point sums, 5e-4 for
 // the delta rule and attention (long chains of fp32 updates, softmax over hundreds of positions; the chunked
 // and the recurrent delta rule differ in rounding), 2e-2 where the GPU rounds activations to the weight type
-// (tensor-core GEMM and attention), and the cache type's rounding for KV rows the GPU writes (bf16 8e-3, f16
+// (tensor-core GEMM and attention; qmma_kernel also 5e-4 against its own contract, the CPU product of the
+// bf16-rounded operands), and the cache type's rounding for KV rows the GPU writes (bf16 8e-3, f16
 // 1e-3, q8_0 2e-2, q4_0 0.15). A wrong index, mask or position shows as an error of 1e-2 and more.
 #include <algorithm>
 #include <cmath>
@@ -224,6 +226,69 @@ void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int c
            shape({{"n", n}, {"in", in}, {"out", out}}) + (ldy != out ? " ldy=" + std::to_string(ldy) : ""),
            rel_err(dy.down(), ref), tol);
 }
+
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
+// qmma_kernel (q4_K, q6_K, a verify's 5..72 rows) against the CPU reference twice: the plain one (weights
+// dequantised as ggml does, fp32 x; 2e-2: the kernel rounds both to bf16) and its numerical contract, the
+// same weights and x rounded to bf16 then cpu::matmul (fp32 sums in another order: 5e-4, where one weight or
+// activation read at a wrong element is ~1e-2); a second launch must equal the first bitwise (the split
+// partials summed in a fixed order); and one K split (the graph-capture path: the activations restaged chunk
+// by chunk) against the contract.
+void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out, bool acc, int col0, int ldy,
+                const char* variant) {
+    std::vector<float> Wf;
+    std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
+    std::vector<float> W16 = Wf;
+    for (float& v : W16) v = bf16_to_f32(f32_to_bf16(v));
+    Dev<uint8_t> dw(raw);
+    for (const int n : ns) {
+        auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
+        Dev<float> dx(x), dy(y0), dy2(y0), dy1(y0);
+        gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, 2);
+        gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy2.p + col0, ldy, acc, g_s, 2);
+        gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy1.p + col0, ldy, acc, g_s, 5);
+        auto reference = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
+            std::vector<float> prod(size_t(n) * out), ref = y0;
+            cpu::matmul(xs.data(), n, in, ws.data(), out, prod.data());
+            for (int i = 0; i < n; ++i)
+                for (int c = 0; c < out; ++c) {
+                    float& dst = ref[size_t(i) * ldy + col0 + c];
+                    dst = (acc ? dst : 0.f) + prod[size_t(i) * out + c];
+                }
+            return ref;
+        };
+        const std::vector<float> ref = reference(x, Wf);
+        for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+        const std::vector<float> ref16 = reference(x, W16);
+        const std::vector<float> got = dy.down(), again = dy2.down(), one = dy1.down();
+        const std::string v = std::string(dtype_name(t)) + ", " + variant + (acc ? " +=" : "");
+        const std::string sh =
+            shape({{"n", n}, {"in", in}, {"out", out}}) + (ldy != out ? " ldy=" + std::to_string(ldy) : "");
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], sizeof(float)) != 0;
+        report("matmul_quant", v, sh, rel_err(got, ref), 2e-2);
+        report("matmul_quant", v + ": bf16 contract", sh, rel_err(got, ref16), 5e-4);
+        report("matmul_quant", v + ": run to run (values differing)", sh, double(differ), 0);
+        report("matmul_quant", v + ": one K split, bf16 contract", sh, rel_err(one, ref16), 5e-4);
+    }
+}
+
+// `--qmma`: qmma_kernel alone, on the 27B's shapes (the LM head's rows cut to 20,000) at a verify's row counts
+// and on odd shapes (rows not a multiple of 16, one super-block, a column offset of a wider y, accumulate).
+void check_qmma_all(Rng& r) {
+    struct Case { const char* name; DType t; int out, in; };
+    const Case big[] = {{"27B gate_up", DType::Q4_K, 34816, 5120}, {"27B in-proj", DType::Q4_K, 16480, 5120},
+                        {"27B qkv", DType::Q4_K, 14336, 5120},     {"27B ffn_down", DType::Q4_K, 5120, 17408},
+                        {"27B ffn_down", DType::Q6_K, 5120, 17408}, {"27B o / ssm_out", DType::Q4_K, 5120, 6144},
+                        {"27B lm_head (20000 rows)", DType::Q6_K, 20000, 5120}};
+    for (const Case& c : big) check_qmma(r, c.t, {9, 23, 41}, c.in, c.out, false, 0, c.out, c.name);
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 1280, 1000, false, 0, 1000, "1000 rows, 5 super-blocks");
+        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 256, 77, true, 3, 90, "77 rows, 1 super-block, at column 3");
+        check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 17408, 309, true, 0, 309, "309 rows, 68 super-blocks");
+    }
+}
+#endif
 
 // The decode step's RMSNorm folded into the GEMV after it (matmul_quant_rmsnorm, n = 1): against the CPU
 // rmsnorm then matmul, and against the GPU's rmsnorm_kernel then matmul_quant, which it must equal bitwise
@@ -1081,6 +1146,7 @@ void time_quant() {
     struct Case { const char* name; DType t; int out, in; };
     const Case cases[] = {{"ffn gate_up q4_K", DType::Q4_K, 2 * 17408, 5120}, {"ffn down q6_K", DType::Q6_K, 5120, 17408},
                           {"ffn down q4_K", DType::Q4_K, 5120, 17408}, {"lin_in q4_K", DType::Q4_K, 16480, 5120},
+                          {"attn qkv q4_K", DType::Q4_K, 14336, 5120},
                           {"ssm_out q4_K", DType::Q4_K, 5120, 6144}, {"lm_head q6_K", DType::Q6_K, 248320, 5120}};
     printf("| matrix | out x in | n | ms | weight GB/s |\n|---|---|---|---|---|\n");
     for (const Case& c : cases) {
@@ -1098,7 +1164,7 @@ void time_quant() {
         // 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
         const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
                                             {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
-                                            {33, -1}, {33, 2}, {65, -1}, {65, 2}};
+                                            {33, -1}, {33, 2}, {41, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {
             if (gemv == 4 && c.t != DType::Q4_K) continue;
             const int rows = n, kernel = gemv < 0 ? 8 : gemv;  // a lambda captures no structured bindings (C++17)
@@ -1240,6 +1306,16 @@ int main(int argc, char** argv) {
         time_quant();
         return 0;
     }
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
+    if (argc > 1 && std::string(argv[1]) == "--qmma") {
+        Rng r(1);
+        printf("| %-17s | %-38s | %-30s | %9s | %7s | %s |\n", "op", "variant", "shape", "error", "tol", "result");
+        printf("|---|---|---|---|---|---|\n");
+        check_qmma_all(r);
+        printf("\n%d checks, %d failed\n", g_checks, g_failed);
+        return g_failed ? 1 : 0;
+    }
+#endif
     if (argc > 1 && std::string(argv[1]) == "--time-attention") {
         time_attention();
         return 0;
@@ -1295,6 +1371,11 @@ int main(int argc, char** argv) {
         check_matmul_quant(r, t, 17, 256, 40000, false, 0, 40000, "qmma_kernel<3>, one super-block", 2e-2, 2);
 #endif
     }
+#if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
+    // qmma_kernel against its bf16 contract, run to run, and in one K split (`--qmma`: the 27B's shapes)
+    check_qmma(r, DType::Q4_K, {23}, 5120, 2000, false, 0, 2000, "qmma_kernel, 23 rows");
+    check_qmma(r, DType::Q6_K, {41}, 17408, 700, true, 5, 720, "qmma_kernel, 68 super-blocks, at column 5");
+#endif
     // qmv_kernel's grid is one round of resident blocks, each warp taking groups of rows in turn: matrices of
     // many groups a warp (the 27B's gate_up and a q6_K LM head's shape, cut to 60,000 rows), the last group part
     // past the end, super-block counts not a multiple of 4 (a warp's last step partly empty), several tokens

@@ -89,8 +89,9 @@ constexpr DType kWtypeDType = DType::BF16;
 bool quant_type_ok(DType t);  // a block type matmul_quant reads
 // gemv: a test hook (the op check and its --time-quant compare the kernels on one matrix); the engines pass 0,
 // the dispatch above. 1: qmv_kernel where it applies (q4_K, q6_K, n <= kQmvMaxRows; 3 / 4: with 2 / 4 rows a
-// warp where that applies); 2: qmma_kernel where it applies (q4_K, q6_K, n <= kQmmaMaxRows, CUDA); 8: neither,
-// the path of the other types (qgemv_kernel, qgemm_kernel / gemm_tc above kQuantGemvMax).
+// warp where that applies); 2: qmma_kernel where it applies (q4_K, q6_K, n <= kQmmaMaxRows, CUDA; 5: in one K
+// split, as under graph capture, where the partials' scratch cannot grow); 8: neither, the path of the other
+// types (qgemv_kernel, qgemm_kernel / gemm_tc above kQuantGemvMax).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
                   gpuStream_t s, int gemv = 0);
 // One token: y (=|+=) rmsnorm(x, gain, eps) W^T, the norm computed in the GEMV (qmv_kernel; bitwise the

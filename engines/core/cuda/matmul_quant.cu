@@ -9,7 +9,8 @@
 //    warps run their groups of rows as one sequence). For one token it also takes the RMSNorm before it and
 //    an MLP's SwiGLU after it (matmul_quant_rmsnorm: the decode step's folds).
 //  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
-//    cores, weights dequantised in registers and each block read once for all rows.
+//    cores, weights dequantised in registers and each block read once for all rows; a block's K slice of the
+//    activations staged once as bf16, no barrier in the K loop (split-K partials summed in split order).
 //  * qgemv_kernel<T, N> (the other types, and q4_K / q6_K matrices qmv_kernel does not take: a q4_K matrix
 //    not 16-byte aligned; the fp16 build and HIP above kQmvMaxRows; n <= kQuantGemvMax, or over groups of
 //    that many where no tensor-core kernel is built): 8 elements at a time (dq8), one warp per two output
@@ -154,22 +155,9 @@ struct QmvRaw<DType::Q6_K> {
     }
 };
 
-__device__ __forceinline__ uint32_t byte_of(uint32_t s0, uint32_t s1, uint32_t s2, int i) {
-    return ((i < 4 ? s0 : i < 8 ? s1 : s2) >> (8 * (i & 3))) & 0xFFu;
-}
-// q4_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4) from the 12 scale bytes in 3 words.
-__device__ __forceinline__ void q4k_sm_w(int j, uint32_t s0, uint32_t s1, uint32_t s2, float* sc, float* mn) {
-    if (j < 4) {
-        *sc = float(byte_of(s0, s1, s2, j) & 63);
-        *mn = float(byte_of(s0, s1, s2, j + 4) & 63);
-    } else {
-        const uint32_t a = byte_of(s0, s1, s2, j + 4), lo = byte_of(s0, s1, s2, j - 4), hi = byte_of(s0, s1, s2, j);
-        *sc = float((a & 0xF) | ((lo >> 6) << 4));
-        *mn = float((a >> 4) | ((hi >> 6) << 4));
-    }
-}
-// The same for the pair of sub-blocks 2g, 2g + 1 (g < 4), both branches computed: the scales in bytes 0 and 1
-// of *sc2, the mins in those of *mn2. j = 2g + e < 4 reads bytes j, j + 4; j >= 4 (g >= 2) bytes j + 4, j - 4, j.
+// q4_K's 6-bit scales and mins (ggml's get_scale_min_k4) of the pair of sub-blocks 2g, 2g + 1 (g < 4) from the
+// 12 scale bytes in 3 words, both branches computed: the scales in bytes 0 and 1 of *sc2, the mins in those of
+// *mn2. j = 2g + e < 4 reads bytes j, j + 4; j >= 4 (g >= 2) bytes j + 4, j - 4, j.
 __device__ __forceinline__ void q4k_sm_pair(int g, uint32_t s0, uint32_t s1, uint32_t s2, uint32_t* sc2,
                                             uint32_t* mn2) {
     const int sh = 16 * (g & 1);
@@ -585,26 +573,48 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 
 #if LB_QUANT_MMA
 // qmma_kernel<T, NT> (q4_K and q6_K, 5..72 rows: a verify's, DDTree budget 64 included): the tensor cores on weights
-// dequantised in registers, each block read once for all rows. A warp owns 16 output rows and runs
-// mma.m16n8k16 (bf16 in, fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free
+// dequantised in registers, each block read once for all rows. A warp computes 16 output rows at a time and
+// runs mma.m16n8k16 (bf16 in, fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free
 // (a dot product), so each lane's A fragment (rows g, g + 8; k 2q, 2q + 1, 2q + 8, 2q + 9 of 16) takes 4
 // consecutive elements of a 64-element run that lane owns in every super-block, exactly the bytes it loads:
 //   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), low nibbles then high;
 //   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4);
-// and the activations (bf16 in shared memory, one super-block staged at a time for the block's 8 warps) are
-// read at the same elements; the next super-block's fp32 activations land in shared memory by cp.async while
-// the warps multiply the current one (their L2 latency was exposed once a super-block). Weights are dequantised in fp32 as ggml does, then rounded to bf16 (as
-// qgemm_kernel). Split-K over super-blocks (partials summed in split order) when the row blocks leave
-// multiprocessors idle. The next super-block's weight bytes are requested at the top of this one's iteration,
-// before its activation staging and two barriers (after them, a warp's weight latency was mostly exposed).
-constexpr int kQmmaWarps = 8, kQmmaRows = 16 * kQmmaWarps;
-// Staged activations: 4 bf16 of padding after each 64 elements and rows of 272, so that a warp's 8-byte
-// fragment reads (rows g, q-th 64-element runs) fall in distinct banks for q4_K.
-__device__ __forceinline__ int qmma_col(int k) { return k + 4 * (k >> 6); }
-constexpr int kQmmaXs = 272;
-// Dynamic shared memory of qmma_kernel<T, NT>: the staged bf16 x [8 NT][kQmmaXs] and the next super-block's
-// fp32 x [8 NT][256] (landing by cp.async while the warps multiply the current one).
-constexpr size_t qmma_smem_bytes(int nt) { return size_t(8 * nt) * (2 * kQmmaXs + 4 * 256); }
+// weights dequantised in fp32 as ggml does, then rounded to bf16 (as qgemm_kernel and gemm_tc).
+//
+// The verify's product must stream the weights at the copy bandwidth, so nothing in the K loop waits for the
+// block: a block (grid (row blocks, K splits)) stages its split's activations, all NT tiles of tokens over the
+// split's super-blocks, as bf16 in shared memory ONCE (one barrier), then each warp runs its row groups (16
+// rows: groups w, w + W, ... for warp w of W in the split, numbered across the blocks first so that a last,
+// partial round spreads over the multiprocessors) over those super-blocks as one sequence of steps
+// (a step: one super-block of the group's 16 rows, 2.3 KB of q4_K), the next step's weights loaded into
+// registers before this step's arithmetic, across group seams, and step s + kQmmaAhead asked of L2. The
+// staged activations are permuted within each super-block so that a lane's two consecutive chunks are one
+// 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks
+// (qmma_k4). A split's slice of activations for all tiles must fit the shared memory, so the host splits
+// K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
+// partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
+// row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
+// warp or block takes it: the grid is not part of the numerics, the split count is.
+// One block of 16 warps a multiprocessor (128 registers a thread: the whole register file), so that all of its
+// warps share one staged slice, as long a slice as the shared memory holds.
+constexpr int kQmmaWarps = 16;
+constexpr int kQmmaAhead = 3;  // steps asked of L2 ahead of the one in registers (~7-10 KB a warp)
+constexpr int kQmmaSmemBudget = 224 * 1024;  // shared memory of a block at most (sm_90: 227 KB)
+// Staged activations: token rows of `chunk` super-blocks of 256 bf16 plus 32 bf16 (16 words: a row stride of 16
+// banks mod 32, so tokens g and g + 1 of a quarter-warp's reads take the two halves of the banks).
+__host__ __device__ constexpr int qmma_row_elems(int chunk) { return chunk * 256 + 32; }
+inline size_t qmma_smem_bytes(int nt, int chunk) { return size_t(8 * nt) * qmma_row_elems(chunk) * 2; }
+
+// The staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at 4-unit
+// 8 (c / 2) + 2 q, + 1, one 16-byte read. qmma_k4 gives the x elements 4 k4 .. 4 k4 + 3 staged at unit p4: the
+// chunk c = 2 (p4 / 8) + p4 % 2 of lane q = (p4 / 2) % 4, which holds elements (qmma_chunk's order)
+//   q4_K: 64q + 4c + e;  q6_K: 128h + 16l + 32j + 4m + e with q = 2h + l, c = 4j + m.
+template <DType T>
+__device__ __forceinline__ int qmma_k4(int p4) {
+    const int c = 2 * (p4 >> 3) + (p4 & 1), q = (p4 >> 1) & 3;
+    if constexpr (T == DType::Q4_K) return 16 * q + c;
+    else return 32 * (q >> 1) + 8 * (c >> 2) + 4 * (q & 1) + (c & 3);
+}
 
 template <DType T>
 struct QmmaRaw;
@@ -616,10 +626,11 @@ struct QmmaRaw<DType::Q4_K> {
     __device__ __forceinline__ void load(const uint8_t* b, int q) {
         lo = *(const uint4*)(b + 16 + 32 * q);
         hi = *(const uint4*)(b + 32 + 32 * q);
-        dm = *(const uint32_t*)b;
-        s0 = *(const uint32_t*)(b + 4);
-        s1 = *(const uint32_t*)(b + 8);
-        s2 = *(const uint32_t*)(b + 12);
+        const uint4 h = *(const uint4*)b;  // fp16 d, dmin; the 12 scale bytes
+        dm = h.x;
+        s0 = h.y;
+        s1 = h.z;
+        s2 = h.w;
     }
 };
 
@@ -677,13 +688,12 @@ template <DType T>
 __device__ __forceinline__ void qmma_scales(const QmmaRaw<T>& w, int q, float sc[4], float mn[4]) {
     if constexpr (T == DType::Q4_K) {
         const float d = h2f(uint16_t(w.dm & 0xFFFF)), dmin = h2f(uint16_t(w.dm >> 16));
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            float a, b;
-            q4k_sm_w(2 * q + j, w.s0, w.s1, w.s2, &a, &b);
-            sc[j] = d * a;
-            mn[j] = dmin * b;
-        }
+        uint32_t sc2, mn2;  // the 6-bit scales and mins of sub-blocks 2q, 2q + 1 (no branch on the lane's q)
+        q4k_sm_pair(q, w.s0, w.s1, w.s2, &sc2, &mn2);
+        sc[0] = d * small_f(sc2 & 0xFFu);
+        mn[0] = dmin * small_f(mn2 & 0xFFu);
+        sc[1] = d * small_f(sc2 >> 8);
+        mn[1] = dmin * small_f(mn2 >> 8);
         sc[2] = sc[3] = mn[2] = mn[3] = 0.f;
     } else {
         const float d = h2f(w.d);
@@ -703,100 +713,136 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Grid (row blocks of kQmmaRows, K splits); 8 warps. n <= 8 NT tokens (the rest of the last tile is zeros);
-// qmma_smem_bytes(NT) of dynamic shared memory (NT = 9: 113 KB).
+// Grid (row blocks, K splits of `per` super-blocks); kQmmaWarps warps; `iters` row groups a warp (the same for every
+// warp: the barriers of a chunked split are uniform). n <= 8 NT tokens (the rest of the last tile is zeros);
+// qmma_smem_bytes(NT, chunk) of dynamic shared memory. part: the split partials [split][n][out], or null (one
+// split: y written directly).
 template <DType T, int NT>
-__global__ __launch_bounds__(kQmmaWarps * 32, 2) void qmma_kernel(const float* __restrict__ x, int n, int in,
+__global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* __restrict__ x, int n, int in,
                                                                 const uint8_t* __restrict__ W, int out,
                                                                 float* __restrict__ y, int ldy, bool accumulate,
-                                                                int sb_per_split, float* __restrict__ part) {
-    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT, XS = kQmmaXs;
+                                                                int per, int chunk, int iters,
+                                                                float* __restrict__ part) {
+    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
-    __nv_bfloat16(*xs)[XS] = (__nv_bfloat16(*)[XS])qmma_smem;           // [NTOK][XS]: the staged bf16 x
-    float(*xf)[256] = (float(*)[256])(qmma_smem + sizeof(__nv_bfloat16) * NTOK * XS);  // [n][256]: next fp32 x
+    __nv_bfloat16* xs = (__nv_bfloat16*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)]
+    const int rs = qmma_row_elems(chunk);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
-    const int row_a = blockIdx.x * kQmmaRows + 16 * warp + g, row_b = row_a + 8;
-    const int nblk = in / 256;
-    const int sb0 = blockIdx.y * sb_per_split, sb1 = min(nblk, sb0 + sb_per_split);
+    const int nblk = in / 256, sb_lo = blockIdx.y * per, nsb = min(nblk, sb_lo + per) - sb_lo;
     const size_t rb = size_t(nblk) * BB;
-    const uint8_t* wa = W + size_t(min(row_a, out - 1)) * rb;
-    const uint8_t* wb = W + size_t(min(row_b, out - 1)) * rb;
-    const int h6 = q >> 1, l6 = 16 * (q & 1);  // q6_K: the lane's half and 16-element column run
+    // warp w of block b is the split's warp w gx + b: a round's last groups fall on every block, not on a few
+    const int groups = (out + 15) / 16, wid = warp * gridDim.x + blockIdx.x, wstride = gridDim.x * kQmmaWarps;
+    const bool chunked = nsb > chunk;  // the split's slice does not fit: restaged for each round of groups
+
+    // super-block sb_lo + j of rows g and g + 8 of group grp
+    auto load = [&](QmmaRaw<T>& a, QmmaRaw<T>& b, int grp, int j) {
+        const int row = 16 * grp + g;
+        const size_t off = size_t(sb_lo + j) * BB;
+        a.load(W + size_t(min(row, out - 1)) * rb + off, q);
+        b.load(W + size_t(min(row + 8, out - 1)) * rb + off, q);
+    };
+    // the same block of the group's 16 rows asked of L2 (lane r < 16: row r), widened to whole 16-byte runs
+    // (a q6_K block is 2-byte aligned; a run that holds a byte of the matrix lies in its mapped pages)
+    auto prefetch = [&](int grp, int j) {
+        const int row = 16 * grp + lane;
+        if (lane >= 16 || grp >= groups || row >= out) return;
+        const uintptr_t p = uintptr_t(W + size_t(row) * rb + size_t(sb_lo + j) * BB);
+        const uintptr_t a = p & ~uintptr_t(15);
+        prefetch_l2((const void*)a, size_t(((p + BB + 15) & ~uintptr_t(15)) - a));
+    };
+    // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
+    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row
+    auto stage = [&](int j0, int cnt) {
+        const int per_tok = cnt * 64;  // float4s a token
+#pragma unroll 4  // loads in flight
+        for (int i = threadIdx.x; i < NTOK * per_tok; i += kQmmaWarps * 32) {
+            const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
+            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
+                                                      4 * qmma_k4<T>(p4))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+            __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
+        }
+    };
+
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-    // x[:, 256 sb, + 256) of the n tokens -> xf, 16-byte cp.async (64 a token), in flight during a super-block
-    auto fetch = [&](int sb) {
-        for (int i = threadIdx.x; i < n * 64; i += kQmmaWarps * 32) {
-            const int t = i >> 6, k4 = 4 * (i & 63);
-            const unsigned d = unsigned(__cvta_generic_to_shared(&xf[t][k4]));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d),
-                         "l"(x + size_t(t) * in + size_t(sb) * 256 + k4) : "memory");
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
     QmmaRaw<T> ca, cb, na, nb;
-    if (sb0 < sb1) {
-        ca.load(wa + size_t(sb0) * BB, q);
-        cb.load(wb + size_t(sb0) * BB, q);
-        fetch(sb0);
+    // the first step's weights and the next kQmmaAhead asked of memory before the staging; (pg, pj): the step
+    // asked of L2 next, kQmmaAhead + 1 ahead of the one computed
+    if (wid < groups) load(ca, cb, wid, 0);
+    int pg = wid, pj = 0;
+    for (int s = 1; s <= kQmmaAhead + 1; ++s) {
+        if (++pj == nsb) pj = 0, pg += wstride;
+        if (s <= kQmmaAhead) prefetch(pg, pj);
     }
-    for (int sb = sb0; sb < sb1; ++sb) {
-        // the next super-block's weights first: their latency runs under this one's staging and barriers; the
-        // one after it asked of L2 (thread i: the block's row i)
-        if (sb + 1 < sb1) {
-            na.load(wa + size_t(sb + 1) * BB, q);
-            nb.load(wb + size_t(sb + 1) * BB, q);
-        }
-        if (sb + 2 < sb1 && threadIdx.x < kQmmaRows && blockIdx.x * kQmmaRows + threadIdx.x < out)
-            prefetch_l2(W + size_t(blockIdx.x * kQmmaRows + threadIdx.x) * rb + size_t(sb + 2) * BB, BB);
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncthreads();  // x(sb) in xf for every thread; every warp done reading xs (sb - 1)
-        // stage x(sb) as bf16 (zeros past n): NTOK * 64 float4, 2 NT a thread
-        for (int i = threadIdx.x; i < NTOK * 64; i += kQmmaWarps * 32) {
-            const int t = i >> 6, k4 = 4 * (i & 63);
-            const float4 v = t < n ? *(const float4*)&xf[t][k4] : make_float4(0.f, 0.f, 0.f, 0.f);
-            __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-            *(uint2*)&xs[t][qmma_col(k4)] = *(const uint2*)p;
-        }
-        __syncthreads();  // xs ready; xf free for the next super-block's x
-        if (sb + 1 < sb1) fetch(sb + 1);
-        float sa[4], ma[4], sbv[4], mbv[4];
-        qmma_scales<T>(ca, q, sa, ma);
-        qmma_scales<T>(cb, q, sbv, mbv);
-#pragma unroll
-        for (int c = 0; c < 16; ++c) {
-            uint32_t a[4];  // {row g: k 2q, 2q+1}, {row g + 8: same}, {row g: k 2q+8, 2q+9}, {row g + 8: same}
-            qmma_chunk<T>(ca, c, sa, ma, &a[0], &a[2]);
-            qmma_chunk<T>(cb, c, sbv, mbv, &a[1], &a[3]);
-            const int e0 = T == DType::Q4_K ? 64 * q + 4 * c : 128 * h6 + l6 + 32 * (c >> 2) + 4 * (c & 3);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const uint2 bx = *(const uint2*)&xs[8 * j + g][qmma_col(e0)];
-                mma_bf16_16816(acc[j], a, bx.x, bx.y);
+    // launched with programmatic dependent launch (launch_k): the weights above are requested while the kernel
+    // before still runs; x, y and the partials are touched only after the wait
+    griddep_launch();
+    griddep_wait();
+    for (int it = 0; it < iters; ++it) {
+        const int grp = wid + it * wstride;
+        for (int j = 0; j < nsb; ++j) {
+            if (j % chunk == 0 && (chunked || (it == 0 && j == 0))) {
+                __syncthreads();  // every warp done with the previous chunk
+                stage(j, min(chunk, nsb - j));
+                __syncthreads();
             }
-        }
-        ca = na;
-        cb = nb;
-    }
-    // C fragment: acc[j][0, 1]: row g, tokens 8j + 2q, + 1; acc[j][2, 3]: row g + 8
-    float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
+            if (j + 1 < nsb) {
+                if (grp < groups) load(na, nb, grp, j + 1);
+            } else if (grp + wstride < groups) {
+                load(na, nb, grp + wstride, 0);
+            }
+            prefetch(pg, pj);
+            if (++pj == nsb) pj = 0, pg += wstride;
+            if (grp < groups) {
+                float sa[4], ma[4], sbv[4], mbv[4];
+                qmma_scales<T>(ca, q, sa, ma);
+                qmma_scales<T>(cb, q, sbv, mbv);
+                const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+                for (int c = 0; c < 16; c += 2) {
+                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
+                    // {row g + 8}
+                    uint32_t a0[4], a1[4];
+                    qmma_chunk<T>(ca, c, sa, ma, &a0[0], &a0[2]);
+                    qmma_chunk<T>(cb, c, sbv, mbv, &a0[1], &a0[3]);
+                    qmma_chunk<T>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
+                    qmma_chunk<T>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int t = 8 * j + 2 * q + (e & 1), row = e < 2 ? row_a : row_b;
-            if (t < n && row < out) {
-                if (pz) {
-                    pz[size_t(t) * out + row] = acc[j][e];
-                } else {
-                    float* dst = y + size_t(t) * ldy + row;
-                    *dst = accumulate ? *dst + acc[j][e] : acc[j][e];
+                    for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
+                        const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
+                        mma_bf16_16816(acc[t], a0, bx.x, bx.y);
+                        mma_bf16_16816(acc[t], a1, bx.z, bx.w);
+                    }
                 }
             }
+            ca = na;
+            cb = nb;
         }
+        // the group's sums over this split: C fragment out (acc[t][0, 1]: row g, tokens 8t + 2q, + 1;
+        // acc[t][2, 3]: row g + 8), accumulators cleared
+        const int row_a = 16 * grp + g, row_b = row_a + 8;
+        float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int tok = 8 * t + 2 * q + (e & 1), row = e < 2 ? row_a : row_b;
+                if (grp < groups && tok < n && row < out) {
+                    if (pz) {
+                        pz[size_t(tok) * out + row] = acc[t][e];
+                    } else {
+                        float* dst = y + size_t(tok) * ldy + row;
+                        *dst = accumulate ? *dst + acc[t][e] : acc[t][e];
+                    }
+                }
+                acc[t][e] = 0.f;
+            }
+    }
 }
 #endif
 
@@ -956,20 +1002,36 @@ bool quant_type_ok(DType t) {
 }
 
 #if LB_QUANT_MMA
-// The split count of a qmma launch. Its blocks run in rounds of `slots` (resident blocks over the GPU), all
-// about alike long, so a launch of one round plus a few blocks costs two: choose the count that minimises
-// what one slot does, in bytes: its rounds x (the super-blocks a block reads, 128 rows of each, plus ~2 for
-// the block's start) plus the split partials written and summed (8 bytes each), spread over the slots. At
-// least 2 super-blocks a split, at most 16 splits; a near-tie keeps fewer splits.
-inline int qmma_splits(int row_blocks, int nblk, int n, int out, int block_bytes, long slots) {
-    int best = 1;
+// A qmma launch: `splits` K splits of `per` super-blocks, staged `chunk` at a time (chunk >= per: once), a grid of
+// gx row blocks a split, each warp `iters` row groups of 16.
+struct QmmaPlan {
+    int splits = 1, per = 1, chunk = 1, gx = 1, iters = 1;
+};
+
+// The plan that minimises the time, counted in bytes over the whole GPU: the warps' steps (a block's share of
+// its split's row groups, ceil(groups / gx) x per steps of 16 blocks, over its kQmmaWarps warps: the groups of
+// a last, partial round fall on every block, so a multiprocessor's work, not its slowest warp's, is the
+// measure), the split partials written and summed (8 bytes each, counted at half as they stay in L2, and ~8 MB
+// for the sum kernel's launch) and the activations staged (fp32 from L2, at half). A split's slice is staged
+// once where per <= chunk_max, else restaged for each round of groups. Splits only where the scratch may grow
+// (can_split). gx is as many blocks as a round of `slots` holds for the split.
+inline QmmaPlan qmma_plan(int out, int nblk, int n, int nt, int bb, int chunk_max, long slots, bool can_split) {
+    const long groups = (out + 15) / 16, warp_slots = slots * kQmmaWarps;
+    QmmaPlan best;
     double best_cost = 0;
-    for (int sp = 1; sp <= std::min(16, std::max(1, nblk / 2)); ++sp) {
+    for (int sp = 1; sp <= (can_split ? std::min(nblk, 32) : 1); ++sp) {
         const int per = (nblk + sp - 1) / sp, used = (nblk + per - 1) / per;
-        const long blocks = long(row_blocks) * used, rounds = (blocks + slots - 1) / slots;
-        const double cost = double(rounds) * (per + 2) * block_bytes + (used > 1 ? 8.0 * used * n * out / double(slots) : 0.0);
+        if (sp > 1 && used != sp) continue;  // the same as a smaller count
+        const long gx = std::min(std::max(1L, slots / used), (groups + kQmmaWarps - 1) / kQmmaWarps);
+        const long iters = (groups + gx * kQmmaWarps - 1) / (gx * kQmmaWarps);
+        const int chunk = std::min(per, chunk_max);
+        const long restage = per > chunk ? iters : 1;
+        const double steps = double((groups + gx - 1) / gx) * per * bb * warp_slots;
+        const double partials = used > 1 ? 4.0 * used * n * out + 8e6 : 0.0;
+        const double staged = 0.5 * double(gx) * used * restage * 8 * nt * per * 256 * 4;
+        const double cost = steps + partials + staged;
         if (sp == 1 || cost < 0.98 * best_cost) {
-            best = used;
+            best = {used, per, chunk, int(gx), int(iters)};
             best_cost = cost;
         }
     }
@@ -978,39 +1040,49 @@ inline int qmma_splits(int row_blocks, int nblk, int n, int out, int block_bytes
 
 template <DType T, int NT>
 void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                    gpuStream_t s) {
-    constexpr size_t smem = qmma_smem_bytes(NT);
-    static const int per_sm = [] {  // the limit raised first (above 48 KB), as launch_smem does
-        GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+                    gpuStream_t s, bool split) {
+    // Per device: the most super-blocks a block stages at once, the kernel's shared-memory limit raised to that
+    // size (above 48 KB; every launch asks at most that), and the resident blocks a multiprocessor at it.
+    struct QmmaDevice {
+        int device, chunk_max, per_sm;
+    };
+    static std::vector<QmmaDevice> devs;
+    const int device = context().device;
+    auto it = std::find_if(devs.begin(), devs.end(), [&](const QmmaDevice& d) { return d.device == device; });
+    if (it == devs.end()) {
+        const int chunk_max = std::max(1, (std::min(context().smem_optin, kQmmaSmemBudget) / (8 * NT * 2) - 32) / 256);
+        const int smem = int(qmma_smem_bytes(NT, chunk_max));
+        GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int b = 0;
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmma_kernel<T, NT>, kQmmaWarps * 32, smem));
-        return std::max(b, 1);
-    }();
+        it = devs.insert(devs.end(), QmmaDevice{device, chunk_max, std::max(b, 1)});
+    }
+    const int chunk_max = it->chunk_max;
     constexpr int BB = T == DType::Q4_K ? 144 : 210;
-    const int row_blocks = (out + kQmmaRows - 1) / kQmmaRows, nblk = in / 256;
-    int splits = qmma_splits(row_blocks, nblk, n, out, kQmmaRows * BB, long(per_sm) * context().sms);
-    // the partials need scratch, refused during graph capture (then one split)
-    if (splits > 1 && !context().splitk.get(size_t(splits) * n * out, s)) splits = 1;
-    const int per = (nblk + splits - 1) / splits;
-    splits = (nblk + per - 1) / per;
-    float* part = splits > 1 ? context().splitk.p : nullptr;
-    launch_smem(qmma_kernel<T, NT>, dim3(row_blocks, splits), dim3(kQmmaWarps * 32), smem, s, x, n, in, W, out, y, ldy,
-                accumulate, per, part);
-    if (splits > 1) {
+    const int nblk = in / 256;
+    const long slots = long(it->per_sm) * context().sms;
+    QmmaPlan p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, split);
+    // the partials need scratch, refused during graph capture (then one split, restaged chunk by chunk)
+    float* part = nullptr;
+    if (p.splits > 1 && !(part = context().splitk.get(size_t(p.splits) * n * out, s)))
+        p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
+    launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes(NT, p.chunk), s, x, n,
+             in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
+    if (p.splits > 1) {
         const size_t count = size_t(n) * out;
-        qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, splits, n, out, y, ldy, accumulate);
+        qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, p.splits, n, out, y, ldy, accumulate);
     }
 }
 
 template <DType T>
 void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                 gpuStream_t s) {
+                 gpuStream_t s, bool split) {
     switch ((n + 7) / 8) {
 #define LB_QMMA_CASE(NT) \
-    case NT: return launch_qmma_nt<T, NT>(x, n, in, W, out, y, ldy, accumulate, s);
+    case NT: return launch_qmma_nt<T, NT>(x, n, in, W, out, y, ldy, accumulate, s, split);
         LB_QMMA_CASE(1) LB_QMMA_CASE(2) LB_QMMA_CASE(3) LB_QMMA_CASE(4) LB_QMMA_CASE(5) LB_QMMA_CASE(6)
         LB_QMMA_CASE(7) LB_QMMA_CASE(8)
-        default: return launch_qmma_nt<T, 9>(x, n, in, W, out, y, ldy, accumulate, s);
+        default: return launch_qmma_nt<T, 9>(x, n, in, W, out, y, ldy, accumulate, s, split);
 #undef LB_QMMA_CASE
     }
 }
@@ -1019,11 +1091,12 @@ void launch_qmma(const float* x, int n, int in, const uint8_t* W, int out, float
 // Which kernel takes a q4_K / q6_K matrix (the other types: launch<T>): qmma_kernel above kQuantGemvMax rows
 // (CUDA bf16 builds), qmv_kernel up to kQmvMaxRows, then launch<T>. `gemv` (gpu_ops.h) is the op check's and
 // --time-quant's hook for naming one kernel; the engines pass 0.
-static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
+// (unused without LB_QUANT_MMA)
+[[maybe_unused]] static bool qmma_takes(DType t, int n, int in, const void* W, int gemv) {
 #if LB_QUANT_MMA
     if ((t != DType::Q4_K && t != DType::Q6_K) || in % 256 != 0 || n > kQmmaMaxRows) return false;
     if (t == DType::Q4_K && (uintptr_t(W) & 15) != 0) return false;
-    return gemv == 2 || (gemv == 0 && n > kQuantGemvMax);
+    return gemv == 2 || gemv == 5 || (gemv == 0 && n > kQuantGemvMax);
 #else
     (void)t; (void)n; (void)in; (void)W; (void)gemv;
     return false;
@@ -1040,8 +1113,10 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
                   gpuStream_t s, int gemv) {
 #if LB_QUANT_MMA
     if (qmma_takes(t, n, in, W, gemv)) {
-        if (t == DType::Q4_K) return launch_qmma<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
-        return launch_qmma<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s);
+        const bool split = gemv != 5;
+        if (t == DType::Q4_K)
+            return launch_qmma<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, split);
+        return launch_qmma<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, split);
     }
 #endif
     if (qmv_takes(t, n, in, W, gemv)) {
