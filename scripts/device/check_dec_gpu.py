@@ -282,11 +282,7 @@ def table(a: dict, b: dict, ta: dict, tb: dict) -> None:
 
 
 def main() -> int:
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    R["card"] = smi.stdout.strip()
-    R["date_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    log(f"card: {R['card']}")
+    log(f"card: {cq.record_card()}")
     errors: list[str] = []
 
     def guarded(fn, *a):

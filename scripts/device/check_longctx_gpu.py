@@ -4,7 +4,7 @@ figures are on SYNTHETIC (random) weights: speed only; token comparisons are of 
 
 "Before" is the engines/ tree of BEFORE_COMMIT (default 9098bc0, where the splitkv branch started; set it to
 the merge-base with main when this branch is merged into a newer main), from .carry/longctx/before/engines
-when carried, else `git archive`; "after" is this tree. In parallel at the start: both CUDA builds and the
+when carried (and its COMMIT matches), else `git archive`; "after" is this tree. In parallel at the start: both CUDA builds and the
 synthetic Qwen3.5-27B Q4_K_M GGUF. Then:
   1. lucebench-gpu-op-check (after): every op against its CPU reference; the attention_split and
      attention_decode rows printed (one row and 23 rows at 3K and 40K keys, hd 128 / 256, G 6 / 2, bf16 /
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,14 +39,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "device"))
-OUT = Path(os.environ.get("OUT", "/tmp/out")) / "longctx"
-OUT.mkdir(parents=True, exist_ok=True)
-import check_quant_gpu as cq  # noqa: E402  (synth, start_guarded, first_divergence, rel_margin)
+os.environ.setdefault("DEC_NAME", "longctx")
+os.environ.setdefault("BEFORE_COMMIT", "9098bc0")
+# its before tree and builds; it sets OUT to $OUT/longctx and imports check_quant_gpu (synth, start_guarded,
+# first_divergence, rel_margin), pointed at that folder
+import check_dec_gpu as cd  # noqa: E402
+import check_quant_gpu as cq  # noqa: E402
 
-os.environ["OUT"] = str(OUT)  # engine_client's logs (cq set it to its own folder)
-cq.OUT = OUT
-ARCH = os.environ.get("ARCH", "90")
-BEFORE_COMMIT = os.environ.get("BEFORE_COMMIT", "9098bc0")
+OUT, R, T0, log = cd.OUT, cd.R, cd.T0, cd.log
+ARCH, BEFORE_COMMIT = cd.ARCH, cd.BEFORE_COMMIT
 AFTER_BUILD, BEFORE_BUILD = Path("/tmp/longctx-after-build"), Path("/tmp/longctx-before-build")
 DEADLINE_S = float(os.environ.get("DEADLINE_S", "470"))
 CONTEXTS = [1024, 16384, 65536, 131072]
@@ -61,13 +61,8 @@ MAX_CTX = 131072 + 2 * N_GEN
 # the issue's figures (H100 80GB HBM3, the same synthetic GGUF, `lucebench run configs/gpu-pflash-synthetic.yaml`,
 # n_gen 8): llama.cpp's decode after the prompt, for the table
 LLAMACPP_TOK_S = {16384: 54.0, 32768: 54.0, 65536: 48.5, 131072: 39.8}
-T0 = time.time()
-R: dict = {"label": "SYNTHETIC weights (random): speed figures only", "before_commit": BEFORE_COMMIT,
-           "n_gen": N_GEN}
-
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+R["n_gen"] = N_GEN
+before_source = cd.before_source  # .carry/longctx/before/engines where its COMMIT matches, else git archive
 
 
 def save() -> None:
@@ -78,27 +73,8 @@ def left() -> float:
     return DEADLINE_S - (time.time() - T0)
 
 
-def before_source() -> Path:
-    carried = ROOT / ".carry" / "longctx" / "before" / "engines"
-    if (carried / "CMakeLists.txt").is_file():
-        return carried
-    dst = Path("/tmp/longctx-before-src")
-    shutil.rmtree(dst, ignore_errors=True)
-    dst.mkdir(parents=True)
-    arch = subprocess.run(["git", "archive", BEFORE_COMMIT, "engines"], cwd=ROOT, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(dst)], input=arch.stdout, check=True)
-    return dst / "engines"
-
-
 def build(src: Path, dst: Path, hash_: str, targets: list[str], jobs: int, key: str) -> None:
-    t = time.time()
-    with (OUT / f"build_{key}.log").open("w") as f:
-        subprocess.run(["cmake", "-S", str(src), "-B", str(dst), "-DLUCEBENCH_BACKEND=cuda",
-                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release",
-                        f"-DLUCEBENCH_SOURCE_HASH={hash_}"], check=True, stdout=f, stderr=subprocess.STDOUT)
-        subprocess.run(["cmake", "--build", str(dst), "-j", str(jobs), "--target", *targets], check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
-    R[f"build_{key}_s"] = round(time.time() - t, 1)
+    cd.build(src, dst, hash_, targets, jobs, key)
     log(f"build {key} done in {R[f'build_{key}_s']} s")
 
 
@@ -230,11 +206,7 @@ def table() -> str:
 
 
 def main() -> int:
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    R["card"] = smi.stdout.strip()
-    R["date_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    log(f"card: {R['card']}; before = {BEFORE_COMMIT}")
+    log(f"card: {cq.record_card()}; before = {BEFORE_COMMIT}")
     errors: list[str] = []
 
     def guarded(fn, *a):

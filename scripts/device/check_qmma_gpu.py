@@ -118,11 +118,7 @@ def verify_ratio(key: str) -> str:
 
 
 def main() -> int:
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    R["card"] = smi.stdout.strip()
-    R["date_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    log(f"card: {R['card']}; before = {cd.BEFORE_COMMIT}")
+    log(f"card: {cd.cq.record_card()}; before = {cd.BEFORE_COMMIT}")
     errors: list[str] = []
     try:
         src = cd.before_source()

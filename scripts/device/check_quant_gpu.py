@@ -444,13 +444,18 @@ def start_guarded(errors: list[str], fn, *a) -> threading.Thread:
     return th
 
 
-def main() -> int:
-    gguf_path()
+def record_card() -> str:
+    """The card (name, driver, memory) and the UTC date into R, for every figure of the run; returns the card."""
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True)
     R["card"] = smi.stdout.strip()
     R["date_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    log(f"card: {R['card']}")
+    return R["card"]
+
+
+def main() -> int:
+    gguf_path()
+    log(f"card: {record_card()}")
     llama = start_llamacpp_build()
     errors: list[str] = []
 
