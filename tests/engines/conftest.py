@@ -1,4 +1,5 @@
-"""Fixtures for the engine tests: the CPU `ar` engine built once per session, and a protocol client."""
+"""Fixtures for the engine tests: the CPU `ar`, `dflash` and `pflash` engines built once per session, and a
+protocol client."""
 
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ def ar_exe() -> Path:
     from lucebench.engines.build import build_engine
 
     return build_engine("ar", backend="cpu")
+
+
+@pytest.fixture(scope="session")
+def dflash_exe() -> Path:
+    """The CPU build of lucebench-dflash (cached across sessions by source hash)."""
+    from lucebench.engines.build import build_engine
+
+    return build_engine("dflash", backend="cpu")
+
+
+@pytest.fixture(scope="session")
+def pflash_exe() -> Path:
+    """The CPU build of lucebench-pflash (cached across sessions by source hash)."""
+    from lucebench.engines.build import build_engine
+
+    return build_engine("pflash", backend="cpu")
 
 
 class Engine:

@@ -23,14 +23,6 @@ DRAFT_SHAPE = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=
 
 
 @pytest.fixture(scope="module")
-def dflash_exe() -> Path:
-    """The CPU build of lucebench-dflash (cached across sessions by source hash)."""
-    from lucebench.engines.build import build_engine
-
-    return build_engine("dflash", backend="cpu")
-
-
-@pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[Path, Path]:
     """A random Qwen3.5 target (3 DeltaNet + 1 attention layers) and a random draft fed by its layers 1 and 2."""
     root = tmp_path_factory.mktemp("dflash")

@@ -34,13 +34,6 @@ MODES = {"chain": ["--chain"], "tree22": ["--budget", "22"]}
 
 
 @pytest.fixture(scope="module")
-def dflash_exe() -> Path:
-    from lucebench.engines.build import build_engine
-
-    return build_engine("dflash", backend="cpu")
-
-
-@pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("gguf_draft")
     target = synth.save(synth.make_model(seed=6, vocab_size=VOCAB), root / "target")

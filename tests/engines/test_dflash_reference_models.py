@@ -26,13 +26,6 @@ pytestmark = pytest.mark.skipif(not (FIXTURES / "draft").is_dir(),
 
 
 @pytest.fixture(scope="module")
-def dflash_exe() -> Path:
-    from lucebench.engines.build import build_engine
-
-    return build_engine("dflash", backend="cpu")
-
-
-@pytest.fixture(scope="module")
 def prompts() -> dict[str, list[list[int]]]:
     """The first prompts of each dataset as the suites select them (shuffle seed 42), in the target's tokens."""
     from lucebench.suites.loader import prepare_workload

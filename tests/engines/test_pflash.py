@@ -26,13 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def pflash_exe() -> Path:
-    from lucebench.engines.build import build_engine
-
-    return build_engine("pflash", backend="cpu")
-
-
-@pytest.fixture(scope="module")
 def models(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny Qwen3.5 target and a tiny Qwen3 drafter with different trained BPE vocabularies (1024, 777)."""
     root = tmp_path_factory.mktemp("pflash-models")
