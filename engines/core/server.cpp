@@ -83,6 +83,22 @@ std::string program_name(const char* argv0) {
 
 }  // namespace
 
+std::vector<char*> take_own_flags(int argc, char** argv, std::initializer_list<const char*> names,
+                                  const std::function<void(const std::string&, const std::string&)>& take) {
+    std::vector<char*> rest;
+    for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i], value, flag;
+        for (const char* f : names)
+            if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
+        if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
+        if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
+        else if (i + 1 < argc) value = argv[++i];
+        else fail("bad_request", flag + " needs a value");
+        take(flag, value);
+    }
+    return rest;
+}
+
 EngineOptions parse_engine_flags(int argc, char** argv, unsigned accepted) {
     EngineOptions o;
     bool have_model = false;

@@ -3,6 +3,8 @@
 // executable is a small main() that builds a RequestHandler and calls serve().
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,11 @@ struct EngineOptions {
 // Throws EngineError: "bad_request" for malformed flags or values, "unsupported" for unknown KV types and
 // for a speculative flag this engine does not take (the message names the flag).
 EngineOptions parse_engine_flags(int argc, char** argv, unsigned accepted = 0);
+// An engine's own flags, taken out of argv before parse_engine_flags sees it: each of `names` given as
+// "--flag VALUE" or "--flag=VALUE" goes to take(flag, value) (which checks the value); the other arguments,
+// argv[0] first, are returned in order.
+std::vector<char*> take_own_flags(int argc, char** argv, std::initializer_list<const char*> names,
+                                  const std::function<void(const std::string&, const std::string&)>& take);
 
 struct GenerateRequest {
     std::string id;

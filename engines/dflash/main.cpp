@@ -328,17 +328,9 @@ private:
 //                              block_size - 1) + 1) instead of walking the target's argmax (top of this file)
 //   --prefill-chunk N          prompt rows per prefill verify, N >= 1 (default: the whole prompt on the CPU,
 //                              256 on a GPU, where a verify holds [rows, vocab] logits)
-std::vector<char*> take_own_flags(int argc, char** argv, LoopOptions* loop) {
-    std::vector<char*> rest;
-    DDTreeOptions* tree = &loop->tree;
-    for (int i = 0; i < argc; ++i) {
-        std::string a = argv[i], value, flag;
-        for (const char* f : {"--top-k", "--chain-seed", "--force-accept-length", "--prefill-chunk"})
-            if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
-        if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
-        if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
-        else if (i + 1 < argc) value = argv[++i];
-        else fail("bad_request", flag + " needs a value");
+std::vector<char*> take_loop_flags(int argc, char** argv, LoopOptions* loop) {
+    auto take = [loop](const std::string& flag, const std::string& value) {
+        DDTreeOptions* tree = &loop->tree;
         if (flag == "--top-k" || flag == "--prefill-chunk") {
             char* end = nullptr;
             const long k = std::strtol(value.c_str(), &end, 10);
@@ -355,8 +347,8 @@ std::vector<char*> take_own_flags(int argc, char** argv, LoopOptions* loop) {
                 fail("bad_request", "--force-accept-length must be a number >= 1, got '" + value + "'");
             loop->force_accept_length = x;
         }
-    }
-    return rest;
+    };
+    return take_own_flags(argc, argv, {"--top-k", "--chain-seed", "--force-accept-length", "--prefill-chunk"}, take);
 }
 
 // Prompt rows per prefill verify on a GPU by default: bounds the verify's [rows, vocab] logits (254 MB at
@@ -368,7 +360,7 @@ int run(int argc, char** argv) {
     LoopOptions loop;
     DDTreeOptions& tree_opt = loop.tree;
     try {
-        std::vector<char*> rest = take_own_flags(argc, argv, &loop);
+        std::vector<char*> rest = take_loop_flags(argc, argv, &loop);
         opt = parse_engine_flags(int(rest.size()), rest.data(), kFlagDraft | kFlagBudget | kFlagChain);
         if (opt.draft.empty()) fail("bad_request", "lucebench-dflash needs --draft PATH (a DFlash draft checkpoint)");
     } catch (const EngineError& e) {

@@ -46,16 +46,8 @@ struct DrafterOptions {
 //   --drafter-sparse-alpha A    its threshold alpha, 0 < A <= 1
 //   --drafter-sparse-budget B   its budget, a fraction 0 < B <= 1 (1: no bound)
 //   --drafter-kv TYPE           the drafter's K and V cache type: bf16 (default), f16, q8_0, q4_0; f32 for checks
-std::vector<char*> take_own_flags(int argc, char** argv, DrafterOptions* att) {
-    std::vector<char*> rest;
-    for (int i = 0; i < argc; ++i) {
-        std::string a = argv[i], value, flag;
-        for (const char* f : {"--drafter-sparse-from", "--drafter-sparse-alpha", "--drafter-sparse-budget", "--drafter-kv"})
-            if (a == f || a.rfind(std::string(f) + "=", 0) == 0) flag = f;
-        if (i == 0 || flag.empty()) { rest.push_back(argv[i]); continue; }
-        if (a.size() > flag.size()) value = a.substr(flag.size() + 1);
-        else if (i + 1 < argc) value = argv[++i];
-        else fail("bad_request", flag + " needs a value");
+std::vector<char*> take_drafter_flags(int argc, char** argv, DrafterOptions* att) {
+    auto take = [att](const std::string& flag, const std::string& value) {
         char* end = nullptr;
         if (flag == "--drafter-kv") {
             if (!dtype_from_name(value, &att->kv))
@@ -75,8 +67,10 @@ std::vector<char*> take_own_flags(int argc, char** argv, DrafterOptions* att) {
                                         (alpha ? "0.85, not 85" : "0.1, not 10") + "), got '" + value + "'");
             (alpha ? att->alpha : att->budget) = x;
         }
-    }
-    return rest;
+    };
+    return take_own_flags(argc, argv,
+                          {"--drafter-sparse-from", "--drafter-sparse-alpha", "--drafter-sparse-budget", "--drafter-kv"},
+                          take);
 }
 
 // A fraction as a percentage for the ready line's text: 0.85 -> "85".
@@ -248,7 +242,7 @@ int run(int argc, char** argv) {
     EngineOptions opt;
     DrafterOptions att;
     try {
-        std::vector<char*> rest = take_own_flags(argc, argv, &att);
+        std::vector<char*> rest = take_drafter_flags(argc, argv, &att);
         opt = parse_engine_flags(int(rest.size()), rest.data(), kFlagDrafter | kFlagKeepRatio | kFlagMinPromptTokens);
         if (opt.drafter.empty()) fail("bad_request", "lucebench-pflash needs --drafter PATH (a Qwen3 checkpoint)");
     } catch (const EngineError& e) {
