@@ -204,6 +204,20 @@ std::vector<uint8_t> random_blocks(Rng& r, DType t, int rows, int in, std::vecto
     return raw;
 }
 
+// The CPU reference of matmul_quant into a wider y: y0 with x [n, in] times W [out, in]^T written (acc: added)
+// at columns col0 .. col0 + out of rows of ldy.
+std::vector<float> matmul_into_reference(const std::vector<float>& x, int n, int in, const std::vector<float>& W,
+                                         int out, const std::vector<float>& y0, int ldy, int col0, bool acc) {
+    std::vector<float> prod(size_t(n) * out), ref = y0;
+    cpu::matmul(x.data(), n, in, W.data(), out, prod.data());
+    for (int i = 0; i < n; ++i)
+        for (int c = 0; c < out; ++c) {
+            float& dst = ref[size_t(i) * ldy + col0 + c];
+            dst = (acc ? dst : 0.f) + prod[size_t(i) * out + c];
+        }
+    return ref;
+}
+
 // xscale: the activations' magnitude (qmv_kernel scales them by 2^80 and takes q4_K quants as subnormals)
 void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int col0, int ldy, const char* variant,
                         double tol, int gemv = 8, float xscale = 1.f) {
@@ -215,13 +229,7 @@ void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int c
     Dev<uint8_t> dw(raw);
     Dev<float> dx(x), dy(y0);
     gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, gemv);
-    std::vector<float> prod(size_t(n) * out), ref = y0;
-    cpu::matmul(x.data(), n, in, Wf.data(), out, prod.data());
-    for (int i = 0; i < n; ++i)
-        for (int c = 0; c < out; ++c) {
-            float& dst = ref[size_t(i) * ldy + col0 + c];
-            dst = (acc ? dst : 0.f) + prod[size_t(i) * out + c];
-        }
+    const std::vector<float> ref = matmul_into_reference(x, n, in, Wf, out, y0, ldy, col0, acc);
     report("matmul_quant", std::string(dtype_name(t) == std::string("bf16") || dtype_name(t) == std::string("f16") ? "wtype" : dtype_name(t)) + ", " + variant + (acc ? " +=" : ""),
            shape({{"n", n}, {"in", in}, {"out", out}}) + (ldy != out ? " ldy=" + std::to_string(ldy) : ""),
            rel_err(dy.down(), ref), tol);
@@ -248,14 +256,7 @@ void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out,
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy2.p + col0, ldy, acc, g_s, 2);
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy1.p + col0, ldy, acc, g_s, 5);
         auto reference = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
-            std::vector<float> prod(size_t(n) * out), ref = y0;
-            cpu::matmul(xs.data(), n, in, ws.data(), out, prod.data());
-            for (int i = 0; i < n; ++i)
-                for (int c = 0; c < out; ++c) {
-                    float& dst = ref[size_t(i) * ldy + col0 + c];
-                    dst = (acc ? dst : 0.f) + prod[size_t(i) * out + c];
-                }
-            return ref;
+            return matmul_into_reference(xs, n, in, ws, out, y0, ldy, col0, acc);
         };
         const std::vector<float> ref = reference(x, Wf);
         for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
