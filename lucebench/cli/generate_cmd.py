@@ -7,13 +7,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, get_args
 
 import typer
 from rich.console import Console
 
 from lucebench.cli import app
-from lucebench.engines.options import MAX_TOP_K
+from lucebench.engines.options import MAX_TOP_K, PFlashOptions
 from lucebench.errors import EngineError, UserError
 
 
@@ -89,7 +89,7 @@ def generate(
                         ("--drafter-sparse-budget", drafter_sparse_budget)):
         if value is not None and not 0 < value <= 1:
             raise UserError(f"{flag} must be in (0, 1], got {value:g}", where=flag)
-    kv_types = ("bf16", "f16", "q8_0", "q4_0", "f32")
+    kv_types = get_args(PFlashOptions.model_fields["drafter_kv"].annotation)
     if drafter_kv is not None and drafter_kv not in kv_types:
         raise UserError(f"--drafter-kv is one of {', '.join(kv_types)}, got {drafter_kv!r}", where="--drafter-kv")
     second_key = engine_type.second_model_option
