@@ -203,16 +203,10 @@ public:
                  (cfg_.n_full_layers() == cfg_.n_layers ||
                   (gpu::gemv_fused_ok(vd, gpu::GV_GATED, cfg_.lin_v_dim) && cfg_.conv_kernel <= 8 &&
                    cfg_.lin_v_heads % cfg_.lin_k_heads == 0));
-        att_splits_ = gpu::attention_decode_blocks(cfg_.n_kv_heads, max_ctx);
         attn_short_ctx_ = fused_ && fused_attn_ && cfg_.n_full_layers() > 0
                               ? gpu::attn_decode_short_ctx(cfg_.n_heads, cfg_.n_kv_heads, hd, cfg_.rope_dims, kt_, vt_)
                               : 0;
-        if (fused_ && cfg_.n_full_layers() > 0) {
-            att_scratch_ = (float*)alloc(sizeof(float) * gpu::attention_decode_scratch(cfg_.n_heads, hd, att_splits_));
-            att_counters_ = (int*)alloc(sizeof(int) * size_t(cfg_.n_kv_heads));
-            GPU_CHECK(gpuMemset(att_counters_, 0, sizeof(int) * size_t(cfg_.n_kv_heads)));
-        }
-        ensure_workspace(1);
+        ensure_workspace(1);  // with the attention split's scratch, which the fused decode's flash-decoding uses
         reset();
     }
 
@@ -676,7 +670,7 @@ private:
                                    F(L.k_norm), cfg_.eps, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_, s_);
                     if (fused_attn_)
                         gpu::attention_decode(ws_.big, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_,
-                                              att_splits_, att_scratch_, att_counters_, ws_.o, s_);
+                                              ws_.attn.decode_blocks, ws_.attn.part, ws_.attn.counters, ws_.o, s_);
                     else
                         gpu::attention(ws_.big, rows, 1, nh, nkv, hd, d_pos_, kc_[size_t(l)], kt_, vc_[size_t(l)], vt_,
                                        ws_.o, s_);
@@ -765,15 +759,13 @@ private:
     uint64_t embed_bytes_ = 0;     // the embedding table as stored
     bool want_delta_out_ = true, delta_out_ = false;  // Tuning::delta_out; whether decode uses it (set at load)
     unsigned* delta_counters_ = nullptr;              // delta_out: [n_layers, hv] state-use counters
-    int att_splits_ = 8, last_next_ = 0;
+    int last_next_ = 0;
     bool have_next_ = false;
     static constexpr int kInFlight = 2;  // decode(): graph steps queued ahead of the token being read
     gpuEvent_t step_ev_[kInFlight] = {};
     static constexpr int kRing = 64;     // host_ring_ slots (a power of two)
     int* host_ring_ = nullptr;           // pinned: decode_finish writes step p's token to [p % kRing]
     gpuEvent_t stop_event_ = nullptr;    // decode() stopped early: timer_stop_ms() ends here
-    float* att_scratch_ = nullptr;
-    int* att_counters_ = nullptr;
     gpuGraphExec_t graph_exec_[2] = {};  // the decode step's graph: [0] flash-decoding attention, [1] short context
     int attn_short_ctx_ = 0;             // contexts up to this take graph_exec_[1] (gpu::attn_decode_short_ctx)
     Qwen35Config cfg_;
