@@ -195,6 +195,103 @@ static void check_compact(int len, int n, size_t row_bytes) {
     GPU_CHECK(gpuFree(dp));
 }
 
+// delta_tree_commit's arithmetic as the one-row-a-block kernel computed it before the commit took all layers
+// in one launch (row groups sharing u loads): the batched kernel must give the same bits.
+__global__ void delta_commit_row_kernel(const float* k, const float* u, const float* gamma, int hk, int hv, int dk,
+                                        int dv, const int* path, int m, float* state) {
+    const int h = blockIdx.x, i = blockIdx.y, kh = h / (hv / hk);
+    const int a = path[m - 1];
+    const float ga = gamma[size_t(a) * hv + h], el = expf(ga);
+    float* S = state + (size_t(h) * dk + i) * dv;
+    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+        float sv = S[j] * el;
+        for (int p = 0; p < m; ++p) {
+            const int s = path[p];
+            const float d = expf(ga - gamma[size_t(s) * hv + h]);
+            sv += (k[size_t(s) * hk * dk + kh * dk + i] * d) * u[(size_t(s) * hv + h) * dv + j];
+        }
+        S[j] = sv;
+    }
+}
+
+// The batched commit (verify_ops.h: delta_conv_commit over `layers` DeltaNet layers, kv_compact over caches of
+// several row sizes) against the CPU references layer by layer: conv states and KV rows exactly, DeltaNet
+// states to 1e-4 and bitwise against delta_commit_row_kernel.
+static void check_commit_layers(int layers, int n, int hk, int hv, int dk, int dv, int C, int K) {
+    char name[96];
+    snprintf(name, sizeof name, "commit of %d layers n=%d heads %d/%d dk=%d dv=%d C=%d", layers, n, hk, hv, dk, dv, C);
+    const auto parent = random_parents(n, false);
+    const auto path = random_path(parent);
+    const int m = int(path.size());
+    int* dpath = up(path);
+    gpu::DeltaCommitLayers L;
+    L.count = layers;
+    std::vector<std::vector<float>> want_s(static_cast<size_t>(layers)), want_c(static_cast<size_t>(layers));
+    std::vector<float*> ref_states, frees;
+    for (int l = 0; l < layers; ++l) {
+        const auto k = randn(size_t(n) * hk * dk), u = randn(size_t(n) * hv * dv);
+        std::vector<float> gamma(size_t(n) * hv);
+        std::uniform_real_distribution<float> ud(0.f, 1.f);
+        for (int t = 0; t < n; ++t)
+            for (int h = 0; h < hv; ++h)
+                gamma[size_t(t) * hv + h] = (parent[size_t(t)] >= 0 ? gamma[size_t(parent[size_t(t)]) * hv + h] : 0.f) - 2.f * ud(rng);
+        const auto state = randn(size_t(hv) * dk * dv, 0.3f), keep = randn(size_t(n) * C), cst = randn(size_t(C) * (K - 1));
+        want_s[size_t(l)] = state;
+        cpu::delta_rule_tree_commit(k.data(), u.data(), gamma.data(), hk, hv, dk, dv, path.data(), m, want_s[size_t(l)].data());
+        want_c[size_t(l)] = cst;
+        cpu::conv_state_commit(keep.data(), C, K, path.data(), m, want_c[size_t(l)].data());
+        float *dk_ = up(k), *du = up(u), *dg = up(gamma), *ds = up(state), *dkeep = up(keep), *dc = up(cst), *dref = up(state);
+        L.k[l] = dk_;
+        L.u[l] = du;
+        L.gamma[l] = dg;
+        L.state[l] = ds;
+        L.conv_keep[l] = dkeep;
+        L.conv_state[l] = dc;
+        delta_commit_row_kernel<<<dim3(hv, dk), 128>>>(dk_, du, dg, hk, hv, dk, dv, dpath, m, dref);
+        ref_states.push_back(dref);
+        for (float* p : {dk_, du, dg, ds, dkeep, dc, dref}) frees.push_back(p);
+    }
+    gpu::delta_conv_commit(L, hk, hv, dk, dv, C, K, dpath, m, 0);
+    for (int l = 0; l < layers; ++l) {
+        const std::string ln = std::string(name) + ", layer " + std::to_string(l);
+        const auto got = down(L.state[l], want_s[size_t(l)].size());
+        compare(ln + ": DeltaNet state", got, want_s[size_t(l)], 1e-4);
+        const auto ref = down((const float*)ref_states[size_t(l)], got.size());
+        const bool same = memcmp(got.data(), ref.data(), sizeof(float) * got.size()) == 0;
+        ++g_checks;
+        if (!same) ++g_failed;
+        printf("  %-64s %s\n", (ln + ": state bits = one-row-a-block kernel's").c_str(), same ? "ok" : "FAIL");
+        compare(ln + ": conv state", down(L.conv_state[l], want_c[size_t(l)].size()), want_c[size_t(l)], 0);
+    }
+    // KV caches of three row sizes (16-byte rows and byte rows) compacted in one launch
+    const int len = 11;
+    const size_t row_bytes[3] = {2048, 40, 96 * 3};
+    gpu::KvCompactLayers kv;
+    kv.count = 3;
+    std::vector<std::vector<uint8_t>> want_kv(3);
+    for (int c = 0; c < 3; ++c) {
+        std::vector<uint8_t> cache(size_t(len + n) * row_bytes[c]);
+        for (auto& b : cache) b = uint8_t(rng());
+        want_kv[size_t(c)] = cache;
+        for (int i = 0; i < m; ++i)
+            memmove(&want_kv[size_t(c)][size_t(len + i) * row_bytes[c]], &want_kv[size_t(c)][size_t(len + path[size_t(i)]) * row_bytes[c]],
+                    row_bytes[c]);
+        kv.cache[c] = up(cache);
+        kv.row_bytes[c] = row_bytes[c];
+    }
+    gpu::kv_compact(kv, len, dpath, m, 0);
+    for (int c = 0; c < 3; ++c) {
+        const bool ok = down((const uint8_t*)kv.cache[c], want_kv[size_t(c)].size()) == want_kv[size_t(c)];
+        ++g_checks;
+        if (!ok) ++g_failed;
+        printf("  %-64s %s\n", (std::string(name) + ": KV rows of " + std::to_string(row_bytes[c]) + " B").c_str(),
+               ok ? "ok" : "FAIL");
+        GPU_CHECK(gpuFree(kv.cache[c]));
+    }
+    for (float* p : frees) GPU_CHECK(gpuFree(p));
+    GPU_CHECK(gpuFree(dpath));
+}
+
 int main() {
     for (bool chain : {false, true}) {
         check_attention(7, 5, 3, 1, 20, 10, true, DType::F32, DType::F32, chain);
@@ -215,6 +312,9 @@ int main() {
     }
     check_compact(10, 20, 1024);
     check_compact(0, 65, 256 * 2 * 2);
+    check_commit_layers(3, 9, 2, 4, 16, 20, 37, 4);      // 8 state rows a block
+    check_commit_layers(2, 17, 1, 3, 12, 6, 50, 3);      // one row a block (dk % 8 != 0)
+    check_commit_layers(5, 23, 16, 48, 128, 128, 10240, 4);  // Qwen3.5-27B's DeltaNet shape
     if (g_failed) { printf("%d check(s) failed\n", g_failed); return 1; }
     printf("verify kernels match the CPU reference\n");
     return 0;

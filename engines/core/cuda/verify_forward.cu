@@ -102,17 +102,42 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
 }
 
 void commit_path(const ModelConfig& cfg, VerifyWorkspace& ws, const VerifyCaches& c, int len, int m, gpuStream_t s) {
+    // every layer's commit in two launches (verify_ops.h: delta_conv_commit, kv_compact over layer tables),
+    // kCommitLayers layers at a time
+    KvCompactLayers kv;
+    DeltaCommitLayers dn;
+    auto flush_kv = [&] {
+        kv_compact(kv, len, ws.path, m, s);
+        kv.count = 0;
+    };
+    auto flush_dn = [&] {
+        delta_conv_commit(dn, cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_k_dim, cfg.lin_v_dim, cfg.conv_dim(),
+                          cfg.conv_kernel, ws.path, m, s);
+        dn.count = 0;
+    };
+    const size_t krow = size_t(cfg.n_kv_heads) * dtype_row_bytes(c.kt, size_t(cfg.head_dim));
+    const size_t vrow = size_t(cfg.n_kv_heads) * dtype_row_bytes(c.vt, size_t(cfg.head_dim));
     for (int l = 0; l < cfg.n_layers; ++l) {
         const size_t li = size_t(l);
         if (cfg.is_attention(l)) {
-            kv_compact(c.k[li], size_t(cfg.n_kv_heads) * dtype_row_bytes(c.kt, size_t(cfg.head_dim)), len, ws.path, m, s);
-            kv_compact(c.v[li], size_t(cfg.n_kv_heads) * dtype_row_bytes(c.vt, size_t(cfg.head_dim)), len, ws.path, m, s);
+            if (kv.count + 2 > kCommitLayers) flush_kv();
+            kv.cache[kv.count] = c.k[li];
+            kv.row_bytes[kv.count++] = krow;
+            kv.cache[kv.count] = c.v[li];
+            kv.row_bytes[kv.count++] = vrow;
         } else {
-            delta_tree_commit(ws.keep_k[li], ws.keep_u[li], ws.keep_gamma[li], cfg.lin_k_heads, cfg.lin_v_heads,
-                              cfg.lin_k_dim, cfg.lin_v_dim, ws.path, m, c.ssm[li], s);
-            conv_commit(ws.keep_conv[li], cfg.conv_dim(), cfg.conv_kernel, ws.path, m, c.conv[li], s);
+            if (dn.count == kCommitLayers) flush_dn();
+            const int i = dn.count++;
+            dn.k[i] = ws.keep_k[li];
+            dn.u[i] = ws.keep_u[li];
+            dn.gamma[i] = ws.keep_gamma[li];
+            dn.state[i] = c.ssm[li];
+            dn.conv_keep[i] = ws.keep_conv[li];
+            dn.conv_state[i] = c.conv[li];
         }
     }
+    if (kv.count) flush_kv();
+    if (dn.count) flush_dn();
 }
 
 }  // namespace lb::gpu

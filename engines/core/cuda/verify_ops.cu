@@ -260,27 +260,44 @@ __global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, 
     }
 }
 
-// grid (hv, dk): block (h, i) updates row i of head h's state.
-__global__ void delta_tree_commit_kernel(const float* k, const float* u, const float* gamma, int hk, int hv, int dk,
-                                         int dv, const int* path, int m, float* state) {
-    const int h = blockIdx.x, i = blockIdx.y, kh = h / (hv / hk);
-    const int a = path[m - 1];
-    const float ga = gamma[size_t(a) * hv + h], el = expf(ga);
-    float* S = state + (size_t(h) * dk + i) * dv;
-    for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-        float sv = S[j] * el;
-        for (int p = 0; p < m; ++p) {
-            const int s = path[p];
-            const float d = expf(ga - gamma[size_t(s) * hv + h]);
-            sv += (k[size_t(s) * hk * dk + kh * dk + i] * d) * u[(size_t(s) * hv + h) * dv + j];
+// The commit of up to kCommitLayers layers (DeltaCommitLayers), grid (delta_blocks + conv blocks, layers):
+//  * block x < delta_blocks: rows i0 .. i0 + R - 1 of one head's state (dk / R blocks a head), as
+//      S[i][j] = e^{gamma_a} S[i][j] + sum over the path, in order, of (k_s[i] e^{gamma_a - gamma_s}) u_s[j]
+//    (the R rows share each u_s[j] load and decay);
+//  * the others: conv_commit's window shift for blockDim channels each.
+template <int R>
+__global__ void delta_conv_commit_kernel(DeltaCommitLayers L, int hk, int hv, int dk, int dv, int C, int K,
+                                         const int* path, int m, int delta_blocks) {
+    const int l = blockIdx.y;
+    if (int(blockIdx.x) < delta_blocks) {
+        const int groups = dk / R, h = blockIdx.x / groups, i0 = (blockIdx.x % groups) * R, kh = h / (hv / hk);
+        const float* k = L.k[l];
+        const float* u = L.u[l];
+        const float* gamma = L.gamma[l];
+        const int a = path[m - 1];
+        const float ga = gamma[size_t(a) * hv + h], el = expf(ga);
+        float* S = L.state[l] + (size_t(h) * dk + i0) * dv;
+        for (int j = threadIdx.x; j < dv; j += blockDim.x) {
+            float sv[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) sv[r] = S[size_t(r) * dv + j] * el;
+            for (int p = 0; p < m; ++p) {
+                const int s = path[p];
+                const float d = expf(ga - gamma[size_t(s) * hv + h]);
+                const float uj = u[(size_t(s) * hv + h) * dv + j];
+                const float* ks = k + size_t(s) * hk * dk + kh * dk + i0;
+#pragma unroll
+                for (int r = 0; r < R; ++r) sv[r] += (ks[r] * d) * uj;
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) S[size_t(r) * dv + j] = sv[r];
         }
-        S[j] = sv;
+        return;
     }
-}
-
-__global__ void conv_commit_kernel(const float* keep, int C, int K, const int* path, int m, float* state) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = (blockIdx.x - delta_blocks) * blockDim.x + threadIdx.x;
     if (c >= C) return;
+    const float* keep = L.conv_keep[l];
+    float* state = L.conv_state[l];
     float win[32];  // K - 1 old inputs + at most K - 1 of the path
     for (int j = 0; j < K - 1; ++j) win[j] = state[size_t(c) * (K - 1) + j];
     const int first = max(0, m - (K - 1));  // only the path's last K-1 inputs can survive
@@ -312,13 +329,24 @@ __global__ void argmax_rows_kernel(const float* logits, int vocab, int* out) {
     }
 }
 
-// One block: rows in order, so that a row is read before a later row's move overwrites it.
-__global__ void kv_compact_kernel(unsigned char* cache, size_t row_bytes, int len, const int* path, int m) {
+// One block a cache (KvCompactLayers): rows in order, so that a row is read before a later row's move
+// overwrites it; 16 bytes a thread where the rows allow.
+__global__ void kv_compact_kernel(KvCompactLayers L, int len, const int* path, int m) {
+    unsigned char* cache = (unsigned char*)L.cache[blockIdx.x];
+    const size_t row_bytes = L.row_bytes[blockIdx.x];
+    const bool vec = row_bytes % 16 == 0 && (uintptr_t(cache) & 15) == 0;
     for (int i = 0; i < m; ++i) {
         const int from = len + path[i], to = len + i;
-        if (from != to)
-            for (size_t b = threadIdx.x; b < row_bytes; b += blockDim.x)
-                cache[size_t(to) * row_bytes + b] = cache[size_t(from) * row_bytes + b];
+        if (from != to) {
+            if (vec) {
+                const uint4* src = (const uint4*)(cache + size_t(from) * row_bytes);
+                uint4* dst = (uint4*)(cache + size_t(to) * row_bytes);
+                for (size_t b = threadIdx.x; b < row_bytes / 16; b += blockDim.x) dst[b] = src[b];
+            } else {
+                for (size_t b = threadIdx.x; b < row_bytes; b += blockDim.x)
+                    cache[size_t(to) * row_bytes + b] = cache[size_t(from) * row_bytes + b];
+            }
+        }
         __syncthreads();
     }
 }
@@ -366,25 +394,61 @@ void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
                                                       u, gamma, k_keep, scratch);
 }
 
+void delta_conv_commit(const DeltaCommitLayers& L, int hk, int hv, int dk, int dv, int C, int K, const int* path,
+                       int m, gpuStream_t s) {
+    if (m == 0 || L.count == 0) return;
+    if (L.count > kCommitLayers) lb::fail("internal", "delta_conv_commit: more layers than kCommitLayers");
+    if (C > 0 && K > 16) lb::fail("unsupported", "conv kernel wider than 16");
+    constexpr int threads = 128;
+    const bool rows8 = dk % 8 == 0;
+    const int delta_blocks = hv > 0 && L.k[0] ? hv * (rows8 ? dk / 8 : dk) : 0;
+    const int conv_blocks = (C + threads - 1) / threads;
+    const dim3 grid(unsigned(delta_blocks + conv_blocks), unsigned(L.count));
+    if (rows8) delta_conv_commit_kernel<8><<<grid, threads, 0, s>>>(L, hk, hv, dk, dv, C, K, path, m, delta_blocks);
+    else delta_conv_commit_kernel<1><<<grid, threads, 0, s>>>(L, hk, hv, dk, dv, C, K, path, m, delta_blocks);
+}
+
 void delta_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
                        const int* path, int m, float* state, gpuStream_t s) {
-    if (m == 0) return;
-    delta_tree_commit_kernel<<<dim3(hv, dk), threads_for(dv), 0, s>>>(k, u, gamma, hk, hv, dk, dv, path, m, state);
+    DeltaCommitLayers L;
+    L.count = 1;
+    L.k[0] = k;
+    L.u[0] = u;
+    L.gamma[0] = gamma;
+    L.state[0] = state;
+    L.conv_keep[0] = nullptr;
+    L.conv_state[0] = nullptr;
+    delta_conv_commit(L, hk, hv, dk, dv, 0, 0, path, m, s);
 }
 
 void conv_commit(const float* keep, int C, int K, const int* path, int m, float* state, gpuStream_t s) {
-    if (m == 0) return;
-    if (K > 16) lb::fail("unsupported", "conv kernel wider than 16");
-    conv_commit_kernel<<<(C + 127) / 128, 128, 0, s>>>(keep, C, K, path, m, state);
+    DeltaCommitLayers L;
+    L.count = 1;
+    L.k[0] = nullptr;
+    L.u[0] = nullptr;
+    L.gamma[0] = nullptr;
+    L.state[0] = nullptr;
+    L.conv_keep[0] = keep;
+    L.conv_state[0] = state;
+    delta_conv_commit(L, 1, 1, 1, 1, C, K, path, m, s);
 }
 
 void argmax_rows(const float* logits, int n, int vocab, int* out, gpuStream_t s) {
     argmax_rows_kernel<<<n, 256, 0, s>>>(logits, vocab, out);
 }
 
+void kv_compact(const KvCompactLayers& L, int len, const int* path, int m, gpuStream_t s) {
+    if (m == 0 || L.count == 0) return;
+    if (L.count > kCommitLayers) lb::fail("internal", "kv_compact: more caches than kCommitLayers");
+    kv_compact_kernel<<<unsigned(L.count), 128, 0, s>>>(L, len, path, m);
+}
+
 void kv_compact(void* cache, size_t row_bytes, int len, const int* path, int m, gpuStream_t s) {
-    if (m == 0) return;
-    kv_compact_kernel<<<1, 256, 0, s>>>((unsigned char*)cache, row_bytes, len, path, m);
+    KvCompactLayers L;
+    L.count = 1;
+    L.cache[0] = cache;
+    L.row_bytes[0] = row_bytes;
+    kv_compact(L, len, path, m, s);
 }
 
 }  // namespace lb::gpu

@@ -37,6 +37,30 @@ void delta_tree_commit(const float* k, const float* u, const float* gamma, int h
                        const int* path, int m, float* state, gpuStream_t s);
 // state [C, K-1] <- the last K-1 of [state, keep[path[0]], ..., keep[path[m-1]]].
 void conv_commit(const float* keep, int C, int K, const int* path, int m, float* state, gpuStream_t s);
+
+// The commit of every layer in one launch (commit_path: 2 launches a commit instead of 2 a layer, whose
+// launch gaps and one-block copies cost more than the bytes they move). The pointer tables travel as the
+// kernel's parameters (under the 4 KB limit), so nothing is uploaded. Per element the arithmetic and its
+// order are delta_tree_commit's and conv_commit's: the states are bitwise the same.
+constexpr int kCommitLayers = 64;  // layers a launch; more are committed in further launches
+struct DeltaCommitLayers {
+    int count = 0;
+    // per DeltaNet layer: delta_tree_commit's k, u, gamma and state; conv_commit's keep and state
+    const float* k[kCommitLayers];
+    const float* u[kCommitLayers];
+    const float* gamma[kCommitLayers];
+    float* state[kCommitLayers];
+    const float* conv_keep[kCommitLayers];
+    float* conv_state[kCommitLayers];
+};
+void delta_conv_commit(const DeltaCommitLayers& layers, int hk, int hv, int dk, int dv, int C, int K, const int* path,
+                       int m, gpuStream_t s);
+struct KvCompactLayers {
+    int count = 0;
+    void* cache[kCommitLayers];
+    size_t row_bytes[kCommitLayers];
+};
+void kv_compact(const KvCompactLayers& caches, int len, const int* path, int m, gpuStream_t s);
 // out[r] = argmax of logits row r (lowest index on ties), rows [n, vocab].
 void argmax_rows(const float* logits, int n, int vocab, int* out, gpuStream_t s);
 // Cache rows: slot len + path[i] -> slot len + i, in order (row_bytes = n_kv_heads * bytes of a head row).
