@@ -42,17 +42,23 @@ struct DraftModelGpu::Impl {
           *block_embed = nullptr, *hidden = nullptr, *logits = nullptr, *top_lp = nullptr;
     int* host_ids = nullptr;  // pinned
     float* host_lp = nullptr;
+    int* host_rows = nullptr;  // pinned: add_verify_rows's row list [max_rows]
+    gpuEvent_t rows_ev;        // recorded after the upload from host_rows
     gpu::AttnScratch attn;                // the split form's partials
     unsigned char* block_all = nullptr;   // [block_size, block_size] ones: a non-causal layer's block mask
 
     explicit Impl(const DeviceHead& hd) : head(hd), s(gpuStream_t(hd.stream)), ctx(hd.device) {
         gpu::ContextScope bind(ctx);
         gpu::decode_setup(hd.device);
+        GPU_CHECK(gpuEventCreate(&rows_ev));
+        GPU_CHECK(gpuEventRecord(rows_ev, s));
     }
     ~Impl() {
         for (void* p : allocations) (void)gpuFree(p);
         if (host_ids) (void)gpuFreeHost(host_ids);
         if (host_lp) (void)gpuFreeHost(host_lp);
+        if (host_rows) (void)gpuFreeHost(host_rows);
+        (void)gpuEventDestroy(rows_ev);
     }
     void* alloc(size_t bytes, uint64_t* count) {
         void* p = nullptr;
@@ -182,6 +188,8 @@ void DraftModelGpu::allocate(int max_ctx, int max_add_rows, int vocab, DType cac
     P.top_lp = (float*)P.alloc(sizeof(float) * B * gpu::kDraftTopKMax, &n);
     GPU_CHECK(gpuMallocHost((void**)&P.host_ids, sizeof(int) * B * gpu::kDraftTopKMax));
     GPU_CHECK(gpuMallocHost((void**)&P.host_lp, sizeof(float) * B * gpu::kDraftTopKMax));
+    if (P.host_rows) GPU_CHECK(gpuFreeHost(P.host_rows));
+    GPU_CHECK(gpuMallocHost((void**)&P.host_rows, sizeof(int) * R));
     P.attn = gpu::AttnScratch{};
     P.attn.floats = gpu::attention_scratch_floats(c.n_heads, c.n_kv_heads, c.head_dim);
     P.attn.part = (float*)P.alloc(sizeof(float) * P.attn.floats, &n);
@@ -218,7 +226,12 @@ void DraftModelGpu::add_verify_rows(const float* d_verify_features, int n_verify
     const DraftConfig& c = P.cfg;
     for (size_t begin = 0; begin < rows.size(); begin += size_t(P.max_rows)) {
         const int m = int(std::min(rows.size() - begin, size_t(P.max_rows)));
-        GPU_CHECK(gpuMemcpyAsync(P.rows, rows.data() + begin, sizeof(int) * size_t(m), gpuMemcpyHostToDevice, P.s));
+        // from pinned memory (an upload from pageable memory may wait for the stream: the commit before it),
+        // rewritten only once the stream has passed the last upload (rows_ev; in a decode loop long since)
+        GPU_CHECK(gpuEventSynchronize(P.rows_ev));
+        std::copy(rows.begin() + long(begin), rows.begin() + long(begin) + m, P.host_rows);
+        GPU_CHECK(gpuMemcpyAsync(P.rows, P.host_rows, sizeof(int) * size_t(m), gpuMemcpyHostToDevice, P.s));
+        GPU_CHECK(gpuEventRecord(P.rows_ev, P.s));
         gpu::gather_feature_rows(d_verify_features, n_verify_rows, c.n_features(), c.target_hidden, P.rows, m, P.feats, P.s);
         add_context(P.feats, m);
     }

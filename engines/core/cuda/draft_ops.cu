@@ -62,6 +62,7 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
 }
 
 constexpr int kTopKThreads = 256;
+constexpr int kTopKAhead = 8;  // a thread's logits loaded at once
 
 // One block a row. Each thread keeps the k best of its strided share (sorted, in registers) and an online
 // max / sum of exponentials; the block then merges: k rounds of "the best head of every thread's list", the
@@ -77,16 +78,29 @@ __global__ __launch_bounds__(kTopKThreads) void draft_top_k_kernel(const float* 
     unsigned long long list[kDraftTopKMax];
     for (int i = 0; i < kDraftTopKMax; ++i) list[i] = 0;
     float m = -INFINITY, s = 0.f;
-    for (int i = threadIdx.x; i < vocab; i += kTopKThreads) {
-        float z = row[i] * multiplier;
-        if (softcap > 0.f) z = tanhf(z / softcap) * softcap;
-        if (z > m) { s = s * expf(m - z) + 1.f; m = z; }
-        else s += expf(z - m);
-        const unsigned long long key = rank_key(z, i);
-        if (key > list[k - 1]) {  // insertion into the sorted list (indices rise, so ties keep the earlier)
-            int j = k - 1;
-            for (; j > 0 && list[j - 1] < key; --j) list[j] = list[j - 1];
-            list[j] = key;
+    // A thread's share i = threadIdx.x + 256 t in order, its loads kTopKAhead at a time: one block a row
+    // runs on few multiprocessors, where a load at a time would leave each warp waiting on memory.
+    for (int base = threadIdx.x; base < vocab; base += kTopKThreads * kTopKAhead) {
+        float zs[kTopKAhead];
+#pragma unroll
+        for (int a = 0; a < kTopKAhead; ++a) {
+            const int i = base + a * kTopKThreads;
+            zs[a] = i < vocab ? row[i] : 0.f;
+        }
+#pragma unroll
+        for (int a = 0; a < kTopKAhead; ++a) {
+            const int i = base + a * kTopKThreads;
+            if (i >= vocab) break;
+            float z = zs[a] * multiplier;
+            if (softcap > 0.f) z = tanhf(z / softcap) * softcap;
+            if (z > m) { s = s * expf(m - z) + 1.f; m = z; }
+            else s += expf(z - m);
+            const unsigned long long key = rank_key(z, i);
+            if (key > list[k - 1]) {  // insertion into the sorted list (indices rise, so ties keep the earlier)
+                int j = k - 1;
+                for (; j > 0 && list[j - 1] < key; --j) list[j] = list[j - 1];
+                list[j] = key;
+            }
         }
     }
     const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP, nw = kTopKThreads / LB_WARP;

@@ -49,6 +49,8 @@ public:
         GPU_CHECK(gpuStreamCreate(&s_));
         GPU_CHECK(gpuEventCreate(&ev0_));
         GPU_CHECK(gpuEventCreate(&ev1_));
+        GPU_CHECK(gpuEventCreate(&commit_ev_));
+        GPU_CHECK(gpuEventRecord(commit_ev_, s_));
         for (gpuEvent_t& e : step_ev_) GPU_CHECK(gpuEventCreate(&e));
         GPU_CHECK(gpuMallocHost((void**)&host_ring_, sizeof(int) * kRing));
         GPU_CHECK(gpuMalloc(&d_pos_, sizeof(int)));
@@ -71,7 +73,9 @@ public:
         for (void* p : allocations_) (void)gpuFree(p);
         if (d_key_) (void)gpuFree(d_key_);
         if (host_ring_) (void)gpuFreeHost(host_ring_);
+        if (host_commit_) (void)gpuFreeHost(host_commit_);
         for (gpuEvent_t e : step_ev_) (void)gpuEventDestroy(e);
+        (void)gpuEventDestroy(commit_ev_);
     }
 
     std::string name() const override { return LB_GPU_NAME; }
@@ -404,13 +408,25 @@ public:
         gpu::ContextScope bind(ctx_);
         check_commit_path(path, pending_n_, pending_parent_, pending_positions_, len_);
         const int m = int(path.size());
+        // The new length and the path go up from pinned memory, and the commit is not waited for: whatever
+        // runs next is on this stream (the caller's next forward or verify, or the draft's context rows).
+        // The staging is rewritten once the stream has passed the last commit's uploads (commit_ev_; a
+        // verify, which waits for the stream, comes between two commits).
+        GPU_CHECK(gpuEventSynchronize(commit_ev_));
+        if (size_t(m) + 1 > host_commit_cap_) {
+            if (host_commit_) GPU_CHECK(gpuFreeHost(host_commit_));
+            host_commit_cap_ = std::max<size_t>(size_t(m) + 1, 64);
+            GPU_CHECK(gpuMallocHost((void**)&host_commit_, sizeof(int) * host_commit_cap_));
+        }
+        host_commit_[0] = len_ + m;
+        std::copy(path.begin(), path.end(), host_commit_ + 1);
         if (m > 0) {
-            GPU_CHECK(gpuMemcpyAsync(vws_.path, path.data(), sizeof(int) * path.size(), gpuMemcpyHostToDevice, s_));
+            GPU_CHECK(gpuMemcpyAsync(vws_.path, host_commit_ + 1, sizeof(int) * path.size(), gpuMemcpyHostToDevice, s_));
             gpu::commit_path(cfg_, vws_, vcaches(), len_, m, s_);
         }
         len_ += m;
-        GPU_CHECK(gpuMemcpyAsync(d_pos_, &len_, sizeof(int), gpuMemcpyHostToDevice, s_));
-        GPU_CHECK(gpuStreamSynchronize(s_));
+        GPU_CHECK(gpuMemcpyAsync(d_pos_, host_commit_, sizeof(int), gpuMemcpyHostToDevice, s_));
+        GPU_CHECK(gpuEventRecord(commit_ev_, s_));
         GPU_CHECK(gpuGetLastError());
         pending_n_ = 0;
         have_next_ = false;  // d_next_ holds no argmax of the committed sequence's last token
@@ -765,6 +781,9 @@ private:
     gpuEvent_t step_ev_[kInFlight] = {};
     static constexpr int kRing = 64;     // host_ring_ slots (a power of two)
     int* host_ring_ = nullptr;           // pinned: decode_finish writes step p's token to [p % kRing]
+    int* host_commit_ = nullptr;         // pinned: commit's new length, then its path
+    gpuEvent_t commit_ev_;               // recorded after commit's uploads from host_commit_
+    size_t host_commit_cap_ = 0;
     gpuEvent_t stop_event_ = nullptr;    // decode() stopped early: timer_stop_ms() ends here
     gpuGraphExec_t graph_exec_[2] = {};  // the decode step's graph: [0] flash-decoding attention, [1] short context
     int attn_short_ctx_ = 0;             // contexts up to this take graph_exec_[1] (gpu::attn_decode_short_ctx)
