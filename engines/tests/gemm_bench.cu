@@ -8,6 +8,9 @@
 // n <= 256 also with gemv = 8 (matmul_quant without the q4_K / q6_K verify kernels: the path of the other
 // block types), to place the hand-over between the small-n kernels and the prefill GEMM.
 //   usage: lucebench-gemm-bench [--quick]     (--quick: n = 512 and 8192 only)
+//          lucebench-gemm-bench --draft       the DFlash round's small-n matrices instead: the 27B z-lab draft's
+//                                             bf16 matrices at its block of 16 rows and at 8 / 9 context rows,
+//                                             the target's q6_K LM head at the draft's 15 rows; GB/s of W read
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -39,10 +42,52 @@ void fill_random(void* p, size_t bytes) {
     GPU_CHECK(gpuMemcpy(p, h.data(), bytes, gpuMemcpyHostToDevice));
 }
 
+// The DFlash round's matrices at its row counts (--draft): gpu::matmul / matmul_quant as the draft calls them,
+// ms a call and the weights' bytes over it (these calls stream W once: at 8..16 rows they are bandwidth work).
+int draft_cases(gpuStream_t s) {
+    const DType BF = gpu::kWtypeDType;
+    struct DraftCase {
+        const char* matrix;
+        DType t;
+        int out, in;
+        std::vector<int> ns;
+    };
+    const DraftCase cases[] = {
+        {"draft fc (context rows)", BF, 5120, 5 * 5120, {8, 9}},  {"draft k/v (context rows)", BF, 2048, 5120, {8, 9}},
+        {"draft qkv", BF, 6144, 5120, {16}},                      {"draft o_proj", BF, 5120, 4096, {16}},
+        {"draft gate_up", BF, 2 * 17408, 5120, {16}},             {"draft down", BF, 5120, 17408, {16}},
+        {"target LM head", DType::Q6_K, 248320, 5120, {1, 9, 15}},
+    };
+    size_t wmax = 0;
+    for (const DraftCase& c : cases) wmax = std::max(wmax, dtype_row_bytes(c.t, size_t(c.in)) * size_t(c.out));
+    void* W;
+    float *x, *y;
+    GPU_CHECK(gpuMalloc(&W, wmax));
+    GPU_CHECK(gpuMalloc(&x, sizeof(float) * 16 * 5 * 5120));
+    GPU_CHECK(gpuMalloc(&y, sizeof(float) * 16 * size_t(248320)));
+    fill_random(W, wmax);
+    fill_random(x, sizeof(float) * 16 * 5 * 5120);
+    printf("| matrix | W | out x in | n | ms | W GB/s |\n|---|---|---|---|---|---|\n");
+    for (const DraftCase& c : cases)
+        for (int n : c.ns) {
+            const std::vector<float> ts = sorted_event_ms(s, 3, 15, [&](int) {
+                if (c.t == BF) gpu::matmul(x, n, c.in, (const gpu::wtype*)W, c.out, y, false, s);
+                else gpu::matmul_quant(x, n, c.in, W, c.t, c.out, y, c.out, false, s);
+            });
+            const double ms = ts[ts.size() / 2], bytes = double(dtype_row_bytes(c.t, size_t(c.in))) * c.out;
+            printf("| %s | %s | %d x %d | %d | %.4f | %.0f |\n", c.matrix, dtype_name(c.t), c.out, c.in, n, ms,
+                   bytes / (ms * 1e6));
+            fflush(stdout);
+        }
+    GPU_CHECK(gpuGetLastError());
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+    const bool draft = argc > 1 && std::string(argv[1]) == "--draft";
     gpuDeviceProp prop;
     GPU_CHECK(gpuSetDevice(0));
     GPU_CHECK(gpuGetDeviceProperties(&prop, 0));
@@ -51,6 +96,10 @@ int main(int argc, char** argv) {
     gpu::DeviceContext ctx(0);
     gpu::ContextScope bind(ctx);
     gpu::decode_setup(0);
+    if (draft) {
+        printf("lucebench-gemm-bench --draft on %s (%d SMs)\n\n", prop.name, prop.multiProcessorCount);
+        return draft_cases(s);
+    }
     const DType BF = gpu::kWtypeDType;
     const Case cases[] = {
         {"27B", "ffn gate_up", DType::Q4_K, 2 * 17408, 5120}, {"27B", "ffn down", DType::Q4_K, 5120, 17408},

@@ -10,7 +10,8 @@ CUPTI injection library. Then:
      all layers in one launch against the CPU references and, bitwise, against the one-row-a-block kernel;
   2. lucebench-verify-gpu-check (after): GPU verify + commit == AR (scripted trees);
   3. lucebench-dflash-gpu-check (after): the GPU draft's kernels (draft_top_k among them) and forward against
-     DraftModelCpu;
+     DraftModelCpu; lucebench-gemm-bench --draft: the draft's matrices at 8 / 9 / 16 rows and the LM head at
+     15, alone (ms, GB/s of W);
   4. DFlash lossless on the synthetic 0.8B (after): dflash greedy tokens == ar's, chain and budgets 8 / 22,
      KV bf16 and q8_0 (check_dflash_gpu.py's lossless: a divergence passes only at a near-tie of ar);
   5. forced AL 8.31 on the synthetic 27B Q4_K_M, budgets 8 and 22, prompt 64, n_gen 256, 1 warm-up + 2 reps
@@ -131,6 +132,15 @@ def check_binary(name: str, args: list[str], show, tail: int = 6) -> int:
     return rc
 
 
+def gemm_draft() -> None:
+    """The draft's bf16 matrices at 8 / 9 / 16 rows and the q6_K LM head at 15 rows, alone: GB/s of W."""
+    p = subprocess.run([str(AFTER / "lucebench-gemm-bench"), "--draft"], capture_output=True, text=True, timeout=120)
+    (OUT / "gemm_draft.md").write_text(p.stdout + p.stderr)
+    R["gemm_draft"] = p.stdout
+    log(f"the round's small-n matrices alone (lucebench-gemm-bench --draft, rc {p.returncode}):\n{p.stdout.strip()}")
+    save()
+
+
 def lossless_08b() -> None:
     exe = {"ar": AFTER / "lucebench-ar", "dflash": AFTER / "lucebench-dflash"}
     rng = random.Random(0)
@@ -231,13 +241,17 @@ def timeline(paths: dict, build_dir: Path, key: str) -> None:
     e.gen(R["prompt_27b"], 64, ignore_eos=True)
     r = e.gen(R["prompt_27b"], 160, ignore_eos=True)
     e.close()
-    sp = r["spec"]
-    host = {k: v / sp["draft_steps"] for k, v in sp["time_ms"].items()}
     import csv as csvmod
 
     with open(csv_path) as f:
         recs = sorted(({"start": int(x["start_ns"]), "end": int(x["end_ns"]), "grid": int(x["grid"]),
                         "name": short(x["name"])} for x in csvmod.DictReader(f)), key=lambda x: x["start"])
+    summarize(recs, r["spec"], key)
+
+
+def summarize(recs: list[dict], sp: dict, key: str) -> None:
+    """The rounds of the traced generation (its spec: rounds and host-timed phases) -> timeline_<key>.md."""
+    host = {k: v / sp["draft_steps"] for k, v in sp["time_ms"].items()}
     rounds = phase_split(recs)
     # the last generation's rounds, whole ones (the next round's draft follows), less the first two
     rounds = [(a, b) for a, b in zip(rounds, rounds[1:]) if all(a[p] for p in ("draft", "verify", "commit"))]
@@ -304,7 +318,7 @@ def main() -> int:
     paths: dict = {}
     threads = [guarded(build, ROOT / "engines", AFTER,
                        ["lucebench-ar", "lucebench-dflash", "lucebench-verify-gpu-check", "lucebench-verify-kernels-check",
-                        "lucebench-dflash-gpu-check"], max(2, nproc * 5 // 8), "after"),
+                        "lucebench-dflash-gpu-check", "lucebench-gemm-bench"], max(2, nproc * 5 // 8), "after"),
                guarded(build, src, BEFORE, ["lucebench-dflash"], max(2, nproc * 3 // 8), "before"),
                guarded(synth_27b, paths), guarded(synth_08b), guarded(cq.build_timeline_lib)]
     for th in threads:
@@ -327,7 +341,7 @@ def main() -> int:
         extra = []
     check_binary("lucebench-dflash-gpu-check", [str(ROOT / "tests/fixtures/reference-models/draft"), str(DRAFT_08B), *extra],
                  lambda ln: "top" in ln.lower())
-    for fn, *a in ((lossless_08b,), (speed, paths), (timeline, paths, AFTER, "after")):
+    for fn, *a in ((gemm_draft,), (lossless_08b,), (speed, paths), (timeline, paths, AFTER, "after")):
         try:
             fn(*a)
         except Exception as exc:  # noqa: BLE001
