@@ -172,11 +172,13 @@ __global__ void delta_tree_kernel(const float* qkv, int ld, int n, int hk, int h
     }
 }
 
-// The split form of delta_tree_kernel, for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates, the
-// pair coefficients and the per-column solve as three kernels, the solve spread over hv * dv / 16 blocks
-// instead of hv (the one-block-a-head kernel above leaves most of the GPU idle and is serial over rows).
+// The split form of delta_tree_kernel, for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates with
+// the pair coefficients (one kernel; the gates alone first beyond ~6,700 rows), then the per-column solve, spread
+// over hv * dv / 16 blocks instead of hv (the one-block-a-head kernel above leaves most of the GPU idle and is
+// serial over rows).
 
-// One thread per value head: gamma_t = gamma_parent + g_t, in row order (parents come first).
+// One thread per value head: gamma_t = gamma_parent + g_t, in row order (parents come first). Only where
+// delta_tree_pairs_kernel cannot fold these sums in (its shared memory).
 __global__ void delta_tree_gamma_kernel(int n, int hv, const float* g, const int* parent, float* gamma) {
     const int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= hv) return;
@@ -185,9 +187,15 @@ __global__ void delta_tree_gamma_kernel(int n, int hv, const float* g, const int
 }
 
 // grid (n, hv), one warp per pair: row t of A and B (delta_tree_kernel's), zero outside the row's ancestors
-// (so the solve sums without the mask), and the k copy for commit.
-__global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk, const float* beta,
-                                        const unsigned char* visible, const float* gamma, float* k_keep, float* scratch) {
+// (so the solve sums without the mask), and the k copy for commit. fold: the block also forms the cumulative
+// gates of row t's ancestors (delta_tree_gamma_kernel's sums: its ancestors are the visible rows, and in row
+// order they are its path from the root, so the same additions in the same order) and writes row t's; the
+// separate kernel was one block walking the rows through dependent loads. Dynamic shared memory: n floats
+// and n bytes when folding.
+__global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk, const float* g,
+                                        const float* beta, const unsigned char* visible, float* gamma,
+                                        float* k_keep, float* scratch, int fold) {
+    extern __shared__ float gam_s[];  // fold: [n] the ancestors' cumulative gates, then [n] bytes: visible row
     const int t = blockIdx.x, h = blockIdx.y, kh = h / (hv / hk), kd = hk * dk;
     const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP, nw = blockDim.x / LB_WARP;
     float* A = scratch + size_t(h) * 2 * n * n + size_t(t) * n;
@@ -196,7 +204,23 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
     const float* kt = qkv + size_t(t) * ld + kd + kh * dk;
     if (h % (hv / hk) == 0)  // one value head per key head keeps the k copy
         for (int i = threadIdx.x; i < dk; i += blockDim.x) k_keep[size_t(t) * kd + kh * dk + i] = kt[i];
-    const float gt = gamma[size_t(t) * hv + h], bt = beta[size_t(t) * hv + h];
+    if (fold) {
+        unsigned char* vis_s = (unsigned char*)(gam_s + n);
+        for (int s = threadIdx.x; s <= t; s += blockDim.x) {  // the loads in parallel, the sums in order
+            vis_s[s] = visible[size_t(t) * n + s];
+            gam_s[s] = vis_s[s] ? g[size_t(s) * hv + h] : 0.f;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float acc = 0.f;  // gamma_root = 0 + g_root, then gamma_c = gamma_parent + g_c down the path
+            for (int s = 0; s <= t; ++s)
+                if (vis_s[s]) gam_s[s] = acc = acc + gam_s[s];
+            gamma[size_t(t) * hv + h] = acc;  // row t is its own last ancestor
+        }
+        __syncthreads();
+    }
+    auto gamma_of = [&](int s) { return fold ? gam_s[s] : gamma[size_t(s) * hv + h]; };
+    const float gt = gamma_of(t), bt = beta[size_t(t) * hv + h];
     for (int s = warp; s < n; s += nw) {
         if (s > t || !visible[size_t(t) * n + s]) {
             if (lane == 0) { A[s] = 0.f; B[s] = 0.f; }
@@ -208,7 +232,7 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
         a = warp_sum(a);
         b = warp_sum(b);
         if (lane == 0) {
-            const float decay = expf(gt - gamma[size_t(s) * hv + h]);
+            const float decay = expf(gt - gamma_of(s));
             A[s] = s < t ? bt * a * decay : 0.f;
             B[s] = b * decay;
         }
@@ -384,8 +408,12 @@ void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
                 float* gamma, float* k_keep, float* scratch, gpuStream_t s) {
     if (dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
-        delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
-        delta_tree_pairs_kernel<<<dim3(n, hv), 128, 0, s>>>(qkv, ld, n, hk, hv, dk, beta, visible, gamma, k_keep, scratch);
+        // the gates' sums in the pairs kernel where its row of them fits the default shared memory
+        const size_t fold_smem = size_t(n) * (sizeof(float) + 1);
+        const bool fold = fold_smem <= 32 * 1024;
+        if (!fold) delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
+        delta_tree_pairs_kernel<<<dim3(n, hv), 128, fold ? fold_smem : 0, s>>>(qkv, ld, n, hk, hv, dk, g, beta, visible,
+                                                                             gamma, k_keep, scratch, fold ? 1 : 0);
         delta_tree_cols_kernel<<<dim3(hv, dv / (256 / DT_LANES)), 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma,
                                                                              state, scratch, out, u);
         return;
