@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "device"))
 OUT = Path(os.environ.get("OUT", "/tmp/out")) / "dstep"
 OUT.mkdir(parents=True, exist_ok=True)
-import check_quant_gpu as cq  # noqa: E402  (synthetic GGUF, CUPTI library; it points OUT at .../gq)
 import check_dflash_gpu as cdg  # noqa: E402  (the lossless check)
+import check_quant_gpu as cq  # noqa: E402  (synthetic GGUF, CUPTI library; it points OUT at .../gq)
 
 os.environ["OUT"] = str(OUT)  # engine_client's logs
 cq.OUT = OUT
@@ -162,7 +161,8 @@ def speed(paths: dict) -> None:
     flags = ["--max-ctx", "1024"]
     ar = Engine(AFTER / "lucebench-ar", target, *flags)
     vocab = int(ar.ready["model"]["vocab_size"])
-    prompt = [random.Random(1).randrange(vocab // 8, vocab // 2) for _ in range(64)]
+    rng = random.Random(1)
+    prompt = [rng.randrange(vocab // 8, vocab // 2) for _ in range(64)]
     R["prompt_27b"] = prompt
     ar.gen(prompt, N_GEN, ignore_eos=True)
     rs = [ar.gen(prompt, N_GEN, ignore_eos=True) for _ in range(2)]
