@@ -162,7 +162,8 @@ public:
         fail("unsupported", "the " + name() + " backend has no verify forward");
     }
     // Appends the rows `path` of the last verify to the sequence: path[0] is a row with parent -1, each
-    // next row a child of the previous, at positions length(), length() + 1, ... (checked).
+    // next row a child of the previous, at positions length(), length() + 1, ... (checked). A GPU backend
+    // returns without waiting for the device: its later operations run after the commit on its stream.
     virtual void commit(const std::vector<int>& path) {
         fail("unsupported", "the " + name() + " backend has no verify forward");
     }
