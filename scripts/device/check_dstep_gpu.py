@@ -18,7 +18,8 @@ CUPTI injection library. Then:
      (the faster kept): ar (after) and dflash before / after, with draft / tree / verify / commit ms a round;
      the output tokens of before and after compared (the commit is bitwise the same and the draft's
      arithmetic unchanged, so a forced run's tokens must be identical);
-  6. the CUPTI breakdown of a round (budget 8, after, then before as time allows): kernels on the GPU clock
+  6. the CUPTI breakdown of a round (budget 8, after; as time allows, the verify's cost per row count
+     (lucebench-verify-gpu-check --time-model) and the before build's round): kernels on the GPU clock
      split into draft (its block embed .. draft_top_k), verify (embed .. argmax_rows) and commit (the rest:
      KV / DeltaNet / conv commit, the draft's context rows), per phase the GPU time, the span and the
      kernels; the idle time between phases is the host's (tree, walk, waits).
@@ -203,6 +204,18 @@ def speed(paths: dict) -> None:
     log("SYNTHETIC 27B Q4_K_M, forced AL 8.31, prompt 64, n_gen 256:\n" + "\n".join(lines))
 
 
+def verify_time(paths: dict) -> None:
+    """lucebench-verify-gpu-check --time-model on the 27B (after): the verify of B + 1 rows against a decode
+    step, and one DeltaNet layer's delta_tree alone."""
+    p = subprocess.run([str(AFTER / "lucebench-verify-gpu-check"), "--time-model", str(paths["27b"])],
+                       capture_output=True, text=True, timeout=150)
+    (OUT / "verify_time_27b.txt").write_text(p.stdout + p.stderr)
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("|") or "decode step" in ln or "delta_tree" in ln]
+    R["verify_time_27b"] = rows
+    log("27B Q4_K_M verify cost (after, lucebench-verify-gpu-check --time-model):\n" + "\n".join(rows))
+    save()
+
+
 def phase_split(rows: list[dict]) -> list[dict]:
     """Kernel records (sorted by start) -> rounds: {"draft": [...], "verify": [...], "commit": [...]}. A round
     starts at the embed of the draft's block (the first embed after a commit) and its draft ends at
@@ -306,7 +319,7 @@ def summarize(recs: list[dict], sp: dict, key: str) -> None:
 
 def main() -> int:
     log(f"card: {cq.record_card()}")
-    R["card"] = cq.R.get("card")
+    R["card"] = cq.R.get("card") or "?"
     src = ROOT / ".carry" / "dstep" / "before" / "engines"
     mark = src.parent / "COMMIT"
     if not (src / "CMakeLists.txt").is_file():
@@ -348,13 +361,16 @@ def main() -> int:
             errors.append(f"{fn.__name__}: {exc!r}")
             log(f"FAILED {fn.__name__}: {exc!r}")
         save()
-    if time.time() - T0 < DEADLINE_S - 45:
+    # as time allows (each ~30-40 s): the verify's cost per row count with its DeltaNet layer alone, then the
+    # before build's CUPTI round
+    for fn, *a in ((verify_time, paths), (timeline, paths, BEFORE, "before")):
+        if time.time() - T0 > DEADLINE_S - 45:
+            log(f"skipped {fn.__name__} {a[-1] if len(a) > 1 else ''}: {time.time() - T0:.0f} s gone")
+            continue
         try:
-            timeline(paths, BEFORE, "before")
+            fn(*a)
         except Exception as exc:  # noqa: BLE001
-            log(f"timeline (before) failed: {exc!r}")
-    else:
-        log(f"skipped the before timeline: {time.time() - T0:.0f} s gone")
+            log(f"{fn.__name__} failed: {exc!r}")
     R["errors"] = errors
     R["wall_s"] = round(time.time() - T0, 1)
     save()
