@@ -16,8 +16,9 @@ CUPTI injection library. Then:
      KV bf16 and q8_0 (check_dflash_gpu.py's lossless: a divergence passes only at a near-tie of ar);
   5. forced AL 8.31 on the synthetic 27B Q4_K_M, budgets 8 and 22, prompt 64, n_gen 256, 1 warm-up + 2 reps
      (the faster kept): ar (after) and dflash before / after, with draft / tree / verify / commit ms a round;
-     the output tokens of before and after compared (the commit is bitwise the same and the draft's
-     arithmetic unchanged, so a forced run's tokens must be identical);
+     the output tokens of before and after compared, and the logits after a 164-token prompt (a chain
+     verify of 163 rows, its commit, a one-row verify) bitwise: verify and commit keep their arithmetic and
+     the draft's is unchanged, so both must be identical;
   6. the CUPTI breakdown of a round (budget 8, after; as time allows, the verify's cost per row count
      (lucebench-verify-gpu-check --time-model) and the before build's round): kernels on the GPU clock
      split into draft (its block embed .. draft_top_k), verify (embed .. argmax_rows) and commit (the rest:
@@ -172,7 +173,7 @@ def speed(paths: dict) -> None:
     ar_ms = 1e3 / ar_tps
     R["ar_27b"] = {"tok_s": ar_tps, "step_ms": ar_ms}
     lines = [f"ar (after): {ar_tps:.1f} tok/s ({ar_ms:.3f} ms a step)",
-             "| budget | build | AL | tok/s | x ar | round ms | draft ms | tree ms | verify ms | commit ms | tokens = before |",
+             "| budget | build | AL | tok/s | x ar | round ms | draft ms | tree ms | verify ms | commit ms | = before |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = {}
     for b in (8, 22):
@@ -181,6 +182,9 @@ def speed(paths: dict) -> None:
                        "--force-accept-length", str(FORCED_AL))
             e.gen(prompt, N_GEN, ignore_eos=True)  # warm-up
             rs = [e.gen(prompt, N_GEN, ignore_eos=True) for _ in range(2)]
+            # the logits after a 164-token prompt (prefill: a chain verify of 163 rows, its commit, a one-row
+            # verify): bitwise the same in both builds when verify and commit keep their arithmetic
+            lg = e.gen(prompt + rs[0]["output_ids"][:100], 1, return_logits=True)["last_logits"]
             e.close()
             best = max(rs, key=lambda r: (len(r["output_ids"]) - 1) / r["timing"]["decode_ms"])
             sp = best["spec"]
@@ -189,16 +193,22 @@ def speed(paths: dict) -> None:
             tps = (len(best["output_ids"]) - 1) / best["timing"]["decode_ms"] * 1e3
             rows[(b, key)] = {"al": sp["acceptance_length"], "tok_s": tps, "per_round_ms": per,
                               "round_ms": best["timing"]["decode_ms"] / steps, "output_ids": best["output_ids"],
+                              "logits": lg,
                               "runs_tok_s": [(len(r["output_ids"]) - 1) / r["timing"]["decode_ms"] * 1e3 for r in rs]}
-            same = "" if key == "before" else str(best["output_ids"] == rows[(b, "before")]["output_ids"])
-            if key == "after" and not same == "True":
-                d = cdg.first_divergence(best["output_ids"], rows[(b, "before")]["output_ids"])
-                same = f"DIFFER at {d}"
-                errors.append(f"forced AL budget {b}: after's tokens differ from before's at {d}")
+            same = ""
+            if key == "after":
+                ref = rows[(b, "before")]
+                d = cdg.first_divergence(best["output_ids"], ref["output_ids"])
+                diff = max((abs(x - y) for x, y in zip(lg, ref["logits"])), default=float("inf"))
+                same = ("tokens " + ("identical" if d is None else f"DIFFER at {d}") + "; logits " +
+                        ("bitwise" if lg == ref["logits"] else f"DIFFER (max abs {diff:.2e})"))
+                if d is not None or lg != ref["logits"]:
+                    errors.append(f"forced AL budget {b}: after differs from before ({same})")
             r = rows[(b, key)]
             lines.append(f"| {b} | {key} | {r['al']:.2f} | {tps:.1f} | {tps / ar_tps:.2f} | {r['round_ms']:.3f} | "
                          f"{per['draft']:.3f} | {per['tree']:.3f} | {per['verify']:.3f} | {per['commit']:.3f} | {same} |")
-            R["speed"] = {f"{k[0]}_{k[1]}": {kk: vv for kk, vv in v.items() if kk != "output_ids"} for k, v in rows.items()}
+            R["speed"] = {f"{k[0]}_{k[1]}": {kk: vv for kk, vv in v.items() if kk not in ("output_ids", "logits")}
+                          for k, v in rows.items()}
             save()
     (OUT / "speed.md").write_text("\n".join(lines) + "\n")
     log("SYNTHETIC 27B Q4_K_M, forced AL 8.31, prompt 64, n_gen 256:\n" + "\n".join(lines))

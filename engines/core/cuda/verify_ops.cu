@@ -245,37 +245,57 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
 //   o_t = e^{gamma_t} S^T q_t + sum_{s <= t} B[t][s] u_s
 // with the sums over s split across the lanes (lane l takes s = l mod 16, and keeps those u_s: it wrote them).
 constexpr int DT_LANES = 16;
+// MAXPER: dk / 16 at most (8: dk <= 128, 16: dk <= 256), the state rows a lane keeps in registers.
+template <int MAXPER>
 __global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
                                                               int dv, const float* beta, const float* gamma,
                                                               const float* state, const float* scratch, float* out,
                                                               float* u) {
     const int h = blockIdx.x, kh = h / (hv / hk), kd = hk * dk;
     const int lane = threadIdx.x % DT_LANES, j = blockIdx.y * (256 / DT_LANES) + threadIdx.x / DT_LANES;
-    const int per = dk / DT_LANES;  // <= 16
+    const int per = dk / DT_LANES;  // <= MAXPER
     const float* A = scratch + size_t(h) * 2 * n * n;
     const float* B = A + size_t(n) * n;
-    float sr[256 / DT_LANES];
-    for (int m = 0; m < 256 / DT_LANES; ++m)
+    float sr[MAXPER];
+#pragma unroll
+    for (int m = 0; m < MAXPER; ++m)
         sr[m] = m < per ? state[(size_t(h) * dk + lane + DT_LANES * m) * dv + j] : 0.f;
     auto group_sum = [&](float v) {
         for (int o = DT_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
         return v;
     };
-    for (int t = 0; t < n; ++t) {
+    // Row t's k and q elements of this lane, its beta, gamma and v: loaded as soon as row t - 1's S^T k and
+    // S^T q are summed, so that the loads run under the rest of row t - 1 (the rows are serial: u_t needs
+    // u_s, s < t). Registers only (unrolled loops); the arithmetic is the same, in the same order.
+    float kr[MAXPER], qr[MAXPER], br = 0.f, gr = 0.f, vr = 0.f;
+    auto load_row = [&](int t) {
         const float* qt = qkv + size_t(t) * ld + kh * dk;
-        const float* kt = qkv + size_t(t) * ld + kd + kh * dk;
-        float sk = 0, sq = 0;
-        for (int m = 0; m < per; ++m) {
-            const int i = lane + DT_LANES * m;
-            sk += sr[m] * kt[i];
-            sq += sr[m] * qt[i];
+        const float* kt = qt + kd;
+#pragma unroll
+        for (int m = 0; m < MAXPER; ++m) {
+            kr[m] = m < per ? kt[lane + DT_LANES * m] : 0.f;
+            qr[m] = m < per ? qt[lane + DT_LANES * m] : 0.f;
         }
+        br = beta[size_t(t) * hv + h];
+        gr = gamma[size_t(t) * hv + h];
+        vr = qkv[size_t(t) * ld + 2 * kd + h * dv + j];
+    };
+    load_row(0);
+    for (int t = 0; t < n; ++t) {
+        float sk = 0, sq = 0;
+#pragma unroll
+        for (int m = 0; m < MAXPER; ++m)
+            if (m < per) {
+                sk += sr[m] * kr[m];
+                sq += sr[m] * qr[m];
+            }
+        const float bt = br, eg = expf(gr), vt = vr;
+        if (t + 1 < n) load_row(t + 1);
         sk = group_sum(sk);
         sq = group_sum(sq);
-        const float bt = beta[size_t(t) * hv + h], eg = expf(gamma[size_t(t) * hv + h]);
         float sub = 0;
         for (int s = lane; s < t; s += DT_LANES) sub += A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
-        const float ut = bt * qkv[size_t(t) * ld + 2 * kd + h * dv + j] - bt * eg * sk - group_sum(sub);
+        const float ut = bt * vt - bt * eg * sk - group_sum(sub);
         if (lane == t % DT_LANES) u[(size_t(t) * hv + h) * dv + j] = ut;
         float acc = lane == t % DT_LANES ? B[size_t(t) * n + t] * ut : 0.f;
         for (int s = lane; s < t; s += DT_LANES) acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
@@ -414,8 +434,11 @@ void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
         if (!fold) delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
         delta_tree_pairs_kernel<<<dim3(n, hv), 128, fold ? fold_smem : 0, s>>>(qkv, ld, n, hk, hv, dk, g, beta, visible,
                                                                              gamma, k_keep, scratch, fold ? 1 : 0);
-        delta_tree_cols_kernel<<<dim3(hv, dv / (256 / DT_LANES)), 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma,
-                                                                             state, scratch, out, u);
+        const dim3 grid(hv, dv / (256 / DT_LANES));
+        if (dk <= 8 * DT_LANES)
+            delta_tree_cols_kernel<8><<<grid, 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma, state, scratch, out, u);
+        else
+            delta_tree_cols_kernel<16><<<grid, 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma, state, scratch, out, u);
         return;
     }
     delta_tree_kernel<<<hv, threads_for(dv), 0, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, parent, visible, state, out,
