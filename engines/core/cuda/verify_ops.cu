@@ -245,12 +245,18 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
 //   o_t = e^{gamma_t} S^T q_t + sum_{s <= t} B[t][s] u_s
 // with the sums over s split across the lanes (lane l takes s = l mod 16, and keeps those u_s: it wrote them).
 constexpr int DT_LANES = 16;
-// MAXPER: dk / 16 at most (8: dk <= 128, 16: dk <= 256), the state rows a lane keeps in registers.
+constexpr int DT_UREG = 4;  // earlier rows whose u a lane keeps in registers: s = lane + 16 q, q < DT_UREG (s < 64)
+// MAXPER: dk / 16 at most (8: dk <= 128, 16: dk <= 256), the state rows a lane keeps in registers. At 8, three
+// blocks a multiprocessor (<= 85 registers): the 27B's 384 blocks (48 heads x 8) run as one wave.
+// The rows are serial (u_t needs u_s, s < t), so what a row waits on is paid n times. Row t + 1's loads (its k
+// and q elements of this lane, beta, gamma, v, and A[t + 1][s], B[t + 1][s] at this lane's s) are issued as
+// soon as row t's S^T k and S^T q are summed, and run under the rest of row t; the u_s a lane sums over are
+// the ones it wrote (s = lane mod 16), kept in registers for s < 64. Every sum is the same, in the same order.
 template <int MAXPER>
-__global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
-                                                              int dv, const float* beta, const float* gamma,
-                                                              const float* state, const float* scratch, float* out,
-                                                              float* u) {
+__global__ void __launch_bounds__(256, MAXPER <= 8 ? 3 : 1) delta_tree_cols_kernel(const float* qkv, int ld, int n, int hk, int hv,
+                                                                 int dk, int dv, const float* beta, const float* gamma,
+                                                                 const float* state, const float* scratch, float* out,
+                                                                 float* u) {
     const int h = blockIdx.x, kh = h / (hv / hk), kd = hk * dk;
     const int lane = threadIdx.x % DT_LANES, j = blockIdx.y * (256 / DT_LANES) + threadIdx.x / DT_LANES;
     const int per = dk / DT_LANES;  // <= MAXPER
@@ -264,10 +270,8 @@ __global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, 
         for (int o = DT_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
         return v;
     };
-    // Row t's k and q elements of this lane, its beta, gamma and v: loaded as soon as row t - 1's S^T k and
-    // S^T q are summed, so that the loads run under the rest of row t - 1 (the rows are serial: u_t needs
-    // u_s, s < t). Registers only (unrolled loops); the arithmetic is the same, in the same order.
-    float kr[MAXPER], qr[MAXPER], br = 0.f, gr = 0.f, vr = 0.f;
+    // row t's values (the next row's once prefetched)
+    float kr[MAXPER], qr[MAXPER], br = 0.f, gr = 0.f, vr = 0.f, ar[DT_UREG], bsr[DT_UREG], bdr = 0.f;
     auto load_row = [&](int t) {
         const float* qt = qkv + size_t(t) * ld + kh * dk;
         const float* kt = qt + kd;
@@ -279,7 +283,17 @@ __global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, 
         br = beta[size_t(t) * hv + h];
         gr = gamma[size_t(t) * hv + h];
         vr = qkv[size_t(t) * ld + 2 * kd + h * dv + j];
+#pragma unroll
+        for (int q = 0; q < DT_UREG; ++q) {
+            const int s = lane + DT_LANES * q;
+            ar[q] = s < t ? A[size_t(t) * n + s] : 0.f;
+            bsr[q] = s < t ? B[size_t(t) * n + s] : 0.f;
+        }
+        bdr = B[size_t(t) * n + t];
     };
+    float uo[DT_UREG];
+#pragma unroll
+    for (int q = 0; q < DT_UREG; ++q) uo[q] = 0.f;
     load_row(0);
     for (int t = 0; t < n; ++t) {
         float sk = 0, sq = 0;
@@ -289,16 +303,35 @@ __global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, 
                 sk += sr[m] * kr[m];
                 sq += sr[m] * qr[m];
             }
-        const float bt = br, eg = expf(gr), vt = vr;
+        const float bt = br, eg = expf(gr), vt = vr, bd = bdr;
+        float at[DT_UREG], bst[DT_UREG];
+#pragma unroll
+        for (int q = 0; q < DT_UREG; ++q) {
+            at[q] = ar[q];
+            bst[q] = bsr[q];
+        }
         if (t + 1 < n) load_row(t + 1);
         sk = group_sum(sk);
         sq = group_sum(sq);
-        float sub = 0;
-        for (int s = lane; s < t; s += DT_LANES) sub += A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+        float sub = 0;  // over s = lane, lane + 16, ... < t in order: registers, then memory from s = 64
+#pragma unroll
+        for (int q = 0; q < DT_UREG; ++q)
+            if (lane + DT_LANES * q < t) sub += at[q] * uo[q];
+        for (int s = lane + DT_LANES * DT_UREG; s < t; s += DT_LANES)
+            sub += A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
         const float ut = bt * vt - bt * eg * sk - group_sum(sub);
-        if (lane == t % DT_LANES) u[(size_t(t) * hv + h) * dv + j] = ut;
-        float acc = lane == t % DT_LANES ? B[size_t(t) * n + t] * ut : 0.f;
-        for (int s = lane; s < t; s += DT_LANES) acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+        if (lane == t % DT_LANES) {
+            u[(size_t(t) * hv + h) * dv + j] = ut;
+#pragma unroll
+            for (int q = 0; q < DT_UREG; ++q)
+                if (q == t / DT_LANES) uo[q] = ut;
+        }
+        float acc = lane == t % DT_LANES ? bd * ut : 0.f;
+#pragma unroll
+        for (int q = 0; q < DT_UREG; ++q)
+            if (lane + DT_LANES * q < t) acc += bst[q] * uo[q];
+        for (int s = lane + DT_LANES * DT_UREG; s < t; s += DT_LANES)
+            acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
         acc = group_sum(acc);
         if (lane == 0) out[(size_t(t) * hv + h) * dv + j] = eg * sq + acc;
     }
