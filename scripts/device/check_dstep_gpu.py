@@ -19,8 +19,8 @@ CUPTI injection library. Then:
      the output tokens of before and after compared, and the logits after a 164-token prompt (a chain
      verify of 163 rows, its commit, a one-row verify) bitwise: verify and commit keep their arithmetic and
      the draft's is unchanged, so both must be identical;
-  6. the CUPTI breakdown of a round (budget 8, after; as time allows, the verify's cost per row count
-     (lucebench-verify-gpu-check --time-model) and the before build's round): kernels on the GPU clock
+  6. the CUPTI breakdown of a round (budget 8, after; as time allows the before build's round, then the
+     verify's cost per row count, lucebench-verify-gpu-check --time-model): kernels on the GPU clock
      split into draft (its block embed .. draft_top_k), verify (embed .. argmax_rows) and commit (the rest:
      KV / DeltaNet / conv commit, the draft's context rows), per phase the GPU time, the span and the
      kernels; the idle time between phases is the host's (tree, walk, waits).
@@ -371,9 +371,9 @@ def main() -> int:
             errors.append(f"{fn.__name__}: {exc!r}")
             log(f"FAILED {fn.__name__}: {exc!r}")
         save()
-    # as time allows (each ~30-40 s): the verify's cost per row count with its DeltaNet layer alone, then the
-    # before build's CUPTI round
-    for fn, *a in ((verify_time, paths), (timeline, paths, BEFORE, "before")):
+    # as time allows (each ~30-40 s): the before build's CUPTI round (the per-kernel before / after), then the
+    # verify's cost per row count with its DeltaNet layer alone
+    for fn, *a in ((timeline, paths, BEFORE, "before"), (verify_time, paths)):
         if time.time() - T0 > DEADLINE_S - 45:
             log(f"skipped {fn.__name__} {a[-1] if len(a) > 1 else ''}: {time.time() - T0:.0f} s gone")
             continue
