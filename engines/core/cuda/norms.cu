@@ -21,11 +21,12 @@ __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, c
     float* yr = y + size_t(blockIdx.x) * dim;
     float ss = 0;
     if constexpr (PER > 0) {
-        float v[PER];
+        float v[PER], gv[PER];  // the gains loaded with the row, not after the sum: one round trip a row
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
             const int i = threadIdx.x + kNormThreads * k;
             v[k] = i < dim ? xr[i] : 0.f;
+            gv[k] = i < dim ? gain[i] : 0.f;
         }
 #pragma unroll
         for (int k = 0; k < PER; ++k) ss += v[k] * v[k];
@@ -33,7 +34,7 @@ __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, c
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
             const int i = threadIdx.x + kNormThreads * k;
-            if (i < dim) yr[i] = v[k] * inv * gain[i];
+            if (i < dim) yr[i] = v[k] * inv * gv[k];
         }
     } else {
         for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += xr[i] * xr[i];
