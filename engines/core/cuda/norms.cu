@@ -50,6 +50,14 @@ __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, co
     const float* zr = z + size_t(t) * ldz + size_t(h) * dim;
     float* yr = y + size_t(blockIdx.x) * dim;
     float ss = 0;
+    if (dim <= int(blockDim.x)) {  // a head of at most one element a thread: z and the gain loaded with x
+        const int i = threadIdx.x;
+        const float xv = i < dim ? xr[i] : 0.f, zv = i < dim ? zr[i] : 0.f, gv = i < dim ? gain[i] : 0.f;
+        if (i < dim) ss += xv * xv;
+        const float inv = rsqrtf(block_sum(ss) / dim + eps);
+        if (i < dim) yr[i] = gv * (xv * inv) * silu(zv);
+        return;
+    }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = gain[i] * (xr[i] * inv) * silu(zr[i]);
