@@ -655,18 +655,35 @@ struct QmmaRaw<DType::Q6_K> {
     }
 };
 
-// The 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs.
-template <DType T>
+// The 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs. LOP: q4_K by
+// nibble position (below; the kernel at up to 4 tiles, where it needs no more registers), else through bytes_f:
+// the same values either way.
+template <DType T, bool LOP>
 __device__ __forceinline__ void qmma_chunk(const QmmaRaw<T>& w, int c, const float sc[4], const float mn[4],
                                            uint32_t* p01, uint32_t* p23) {
     float v[4];
-    if constexpr (T == DType::Q4_K) {
+    if constexpr (T == DType::Q4_K && !LOP) {
         const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
         const uint32_t word = c < 8 ? (src[c] & 0x0F0F0F0Fu) : ((src[c - 8] >> 4) & 0x0F0F0F0Fu);
         unpack4(word, 0.f, v);
-        const int j = c < 8 ? 0 : 1;  // sub-block 2q or 2q + 1
+        const int j = c < 8 ? 0 : 2;  // sub-block 2q or 2q + 1 (scales sc[0], sc[2]: qmma_scales)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e] - mn[j];
+        for (int e = 0; e < 4; ++e) v[e] = __fmaf_rn(sc[j], v[e], -mn[j / 2]);
+    } else if constexpr (T == DType::Q4_K) {
+        // A nibble at bit p (p = 0, 4, 8, 12 of w or of w >> 16) is made the float 2^23 + q 2^p by one
+        // LOP3 ((w & mask) | the exponent), 2^23 comes off exactly and one FMA with d sc 2^-p (qmma_scales)
+        // gives fl(d sc q - dmin m), the value ggml's (and the other kernels') d sc * q - dmin m: d sc q is
+        // exact either way (17 + 4 bits). Three instructions a weight and a half (the bf16 pack), one byte
+        // permute and a nibble mask a word fewer than the bytes_f route.
+        const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
+        const uint32_t wl = src[c & 7], wh = wl >> 16;
+        const int hi = c < 8 ? 0 : 1;  // sub-block 2q (low nibbles) or 2q + 1 (high): scales sc[2 hi], + 1
+        const uint32_t m0 = 0x0Fu << (4 * hi), m1 = 0x0F00u << (4 * hi);
+        const uint32_t b[4] = {(wl & m0) | 0x4B000000u, (wl & m1) | 0x4B000000u, (wh & m0) | 0x4B000000u,
+                               (wh & m1) | 0x4B000000u};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            v[e] = __fmaf_rn(__fadd_rn(__uint_as_float(b[e]), -8388608.f), sc[2 * hi + (e & 1)], -mn[hi]);
     } else {
         const int j = c >> 2, m = c & 3;
         uint32_t word;
@@ -683,18 +700,25 @@ __device__ __forceinline__ void qmma_chunk(const QmmaRaw<T>& w, int c, const flo
     *p23 = *(uint32_t*)&b;
 }
 
-// Per-run scales of the lane's run: q4_K: d sc and dmin m of sub-blocks 2q, 2q + 1; q6_K: d sc of runs j.
-template <DType T>
+// Per-run scales of the lane's run: q4_K: dmin m of sub-blocks 2q, 2q + 1 (mn[0], mn[1]) and d sc of them in
+// sc[0], sc[2]; for qmma_chunk's LOP route by nibble position: d sc of 2q times 1, 2^-8 (sc[0], sc[1]), of
+// 2q + 1 times 2^-4, 2^-12 (sc[2], sc[3]); q6_K: d sc of runs j.
+template <DType T, bool LOP>
 __device__ __forceinline__ void qmma_scales(const QmmaRaw<T>& w, int q, float sc[4], float mn[4]) {
     if constexpr (T == DType::Q4_K) {
         const float d = h2f(uint16_t(w.dm & 0xFFFF)), dmin = h2f(uint16_t(w.dm >> 16));
         uint32_t sc2, mn2;  // the 6-bit scales and mins of sub-blocks 2q, 2q + 1 (no branch on the lane's q)
         q4k_sm_pair(q, w.s0, w.s1, w.s2, &sc2, &mn2);
-        sc[0] = d * small_f(sc2 & 0xFFu);
+        // qmma_chunk's scales by nibble position: sub-block 2q at bits 0 and 8, 2q + 1 at bits 4 and 12
+        // (exact powers of two: d sc >= 2^-24, or zero)
+        const float s0 = d * small_f(sc2 & 0xFFu), s1 = d * small_f(sc2 >> 8);
+        sc[0] = s0;
+        sc[1] = s0 * 0x1p-8f;
+        sc[2] = LOP ? s1 * 0x1p-4f : s1;
+        sc[3] = s1 * 0x1p-12f;
         mn[0] = dmin * small_f(mn2 & 0xFFu);
-        sc[1] = d * small_f(sc2 >> 8);
         mn[1] = dmin * small_f(mn2 >> 8);
-        sc[2] = sc[3] = mn[2] = mn[3] = 0.f;
+        mn[2] = mn[3] = 0.f;
     } else {
         const float d = h2f(w.d);
 #pragma unroll
@@ -724,6 +748,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                                                                 int per, int chunk, int iters,
                                                                 float* __restrict__ part) {
     constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT;
+    constexpr bool kLop = NT <= 4;  // qmma_chunk's route (ptxas -v: no spills at 128 registers up to 4 tiles)
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     __nv_bfloat16* xs = (__nv_bfloat16*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)]
     const int rs = qmma_row_elems(chunk);
@@ -800,18 +825,18 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
             if (++pj == nsb) pj = 0, pg += wstride;
             if (grp < groups) {
                 float sa[4], ma[4], sbv[4], mbv[4];
-                qmma_scales<T>(ca, q, sa, ma);
-                qmma_scales<T>(cb, q, sbv, mbv);
+                qmma_scales<T, kLop>(ca, q, sa, ma);
+                qmma_scales<T, kLop>(cb, q, sbv, mbv);
                 const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
 #pragma unroll
                 for (int c = 0; c < 16; c += 2) {
                     // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
                     // {row g + 8}
                     uint32_t a0[4], a1[4];
-                    qmma_chunk<T>(ca, c, sa, ma, &a0[0], &a0[2]);
-                    qmma_chunk<T>(cb, c, sbv, mbv, &a0[1], &a0[3]);
-                    qmma_chunk<T>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
-                    qmma_chunk<T>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
+                    qmma_chunk<T, kLop>(ca, c, sa, ma, &a0[0], &a0[2]);
+                    qmma_chunk<T, kLop>(cb, c, sbv, mbv, &a0[1], &a0[3]);
+                    qmma_chunk<T, kLop>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
+                    qmma_chunk<T, kLop>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
 #pragma unroll
                     for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
                         const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
