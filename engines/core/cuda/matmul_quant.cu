@@ -594,7 +594,9 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
 // partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
 // row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
-// warp or block takes it: the grid is not part of the numerics, the split count is.
+// warp or block takes it, except a last round's groups split over several warps (below, at up to 3 tiles): the
+// split count and, for those groups, the grid are part of the numerics (both fixed for a device and a shape:
+// identical run to run).
 // One block of 16 warps a multiprocessor (128 registers a thread: the whole register file), so that all of its
 // warps share one staged slice, as long a slice as the shared memory holds.
 constexpr int kQmmaWarps = 16;
@@ -748,7 +750,9 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                                                                 int per, int chunk, int iters,
                                                                 float* __restrict__ part) {
     constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT;
-    constexpr bool kLop = NT <= 4;  // qmma_chunk's route (ptxas -v: no spills at 128 registers up to 4 tiles)
+    // qmma_chunk's route by nibble position at up to 4 tiles, the last round's split over warps (below) at up to
+    // 3: above, their registers would spill (ptxas -v, sm_90: 128 registers and no spills at 1-4 tiles)
+    constexpr bool kLop = NT <= 4, kTail = NT <= 3;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     __nv_bfloat16* xs = (__nv_bfloat16*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)]
     const int rs = qmma_row_elems(chunk);
@@ -795,78 +799,156 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+    // The last round: `ta` of the block's warps hold a group (warps 0 .. ta - 1: groups are numbered across
+    // the blocks first). Where they are few, each of those groups is split over `ts` warps of the block, each a
+    // contiguous K run of the split's super-blocks, summed in shared memory in run order after the loop
+    // (qmma_tail): the round then runs on ta ts warps, not ta alone. One warp streaming by itself runs at its
+    // own latency, not at the multiprocessor's share of the bandwidth; by qmma_plan the 27B's gate_up at 4 rows
+    // leaves one group of 20 steps to a lone warp on 64 of 132 multiprocessors after a full round, at 9 and 23
+    // rows one of 10 steps, ssm_out 4 warps of 3 steps. Not in a chunked split (its barriers need every warp
+    // on the same super-block). The split depends on the grid (ta, ts): fixed for a device and a shape.
+    const int last = iters - 1, left_b = groups - last * wstride - int(blockIdx.x);
+    const int ta = left_b <= 0 ? 0 : min(kQmmaWarps, (left_b + int(gridDim.x) - 1) / int(gridDim.x));
+    const int ts = (!kTail || chunked || ta == 0 || ta == kQmmaWarps) ? 1 : min(kQmmaWarps / ta, nsb);
+    // round it of this warp: its group and super-blocks [j0, j1) of the split
+    auto range = [&](int it, int& grp, int& j0, int& j1) {
+        grp = wid + it * wstride;
+        j0 = 0;
+        j1 = nsb;
+        if (it == last && ts > 1) {
+            if (warp < ta * ts) {
+                const int p = warp % ts;
+                grp = (warp / ts) * int(gridDim.x) + int(blockIdx.x) + it * wstride;
+                j0 = nsb * p / ts;
+                j1 = nsb * (p + 1) / ts;
+            } else {
+                grp = groups;
+                j0 = j1 = 0;
+            }
+        } else if (kTail && grp >= groups && !chunked) {
+            j0 = j1 = 0;  // nothing to stream (a chunked split's warps all take every step: its barriers)
+        }
+    };
+    // step s (>= 1) after super-block j of round it (group grp, super-blocks up to j1) asked of L2: in this
+    // round, else in the next (a hint: not further)
+    auto prefetch_ahead = [&](int it, int grp, int j, int j1, int s) {
+        int pj = j + s;
+        if (pj < j1) return prefetch(grp, pj);
+        if (it + 1 >= iters) return;
+        int g2, a2, b2;
+        range(it + 1, g2, a2, b2);
+        pj = a2 + pj - j1;
+        if (pj < b2) prefetch(g2, pj);
+    };
     QmmaRaw<T> ca, cb, na, nb;
-    // the first step's weights and the next kQmmaAhead asked of memory before the staging; (pg, pj): the step
-    // asked of L2 next, kQmmaAhead + 1 ahead of the one computed
-    if (wid < groups) load(ca, cb, wid, 0);
-    int pg = wid, pj = 0;
-    for (int s = 1; s <= kQmmaAhead + 1; ++s) {
-        if (++pj == nsb) pj = 0, pg += wstride;
-        if (s <= kQmmaAhead) prefetch(pg, pj);
+    // a warp's steps in order: round it (group grp), super-blocks j .. j1 - 1; rounds without steps skipped;
+    // it == iters: done. The first step's weights and the next kQmmaAhead asked of memory before the staging.
+    int it = 0, grp = 0, j = 0, j1 = 0;
+    for (; it < iters; ++it) {
+        range(it, grp, j, j1);
+        if (j < j1) break;
     }
+    if (it < iters && grp < groups) load(ca, cb, grp, j);
+    if (it < iters)
+        for (int s = 1; s <= kQmmaAhead; ++s) prefetch_ahead(it, grp, j, j1, s);
     // launched with programmatic dependent launch (launch_k): the weights above are requested while the kernel
     // before still runs; x, y and the partials are touched only after the wait
     griddep_launch();
     griddep_wait();
-    for (int it = 0; it < iters; ++it) {
-        const int grp = wid + it * wstride;
-        for (int j = 0; j < nsb; ++j) {
-            if (j % chunk == 0 && (chunked || (it == 0 && j == 0))) {
-                __syncthreads();  // every warp done with the previous chunk
-                stage(j, min(chunk, nsb - j));
-                __syncthreads();
+    if (!chunked) {  // the split's slice at once
+        stage(0, nsb);
+        __syncthreads();
+    }
+    float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
+    // the group's sums over this split (C fragment: acc[t][0, 1]: row g, tokens 8t + 2q, + 1; acc[t][2, 3]:
+    // row g + 8) to y or the split's partials
+    auto put = [&](int grp, int t, int e, float v) {
+        const int tok = 8 * t + 2 * q + (e & 1), row = 16 * grp + g + (e < 2 ? 0 : 8);
+        if (grp < groups && tok < n && row < out) {
+            if (pz) {
+                pz[size_t(tok) * out + row] = v;
+            } else {
+                float* dst = y + size_t(tok) * ldy + row;
+                *dst = accumulate ? *dst + v : v;
             }
-            if (j + 1 < nsb) {
-                if (grp < groups) load(na, nb, grp, j + 1);
-            } else if (grp + wstride < groups) {
-                load(na, nb, grp + wstride, 0);
-            }
-            prefetch(pg, pj);
-            if (++pj == nsb) pj = 0, pg += wstride;
-            if (grp < groups) {
-                float sa[4], ma[4], sbv[4], mbv[4];
-                qmma_scales<T, kLop>(ca, q, sa, ma);
-                qmma_scales<T, kLop>(cb, q, sbv, mbv);
-                const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
-#pragma unroll
-                for (int c = 0; c < 16; c += 2) {
-                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
-                    // {row g + 8}
-                    uint32_t a0[4], a1[4];
-                    qmma_chunk<T, kLop>(ca, c, sa, ma, &a0[0], &a0[2]);
-                    qmma_chunk<T, kLop>(cb, c, sbv, mbv, &a0[1], &a0[3]);
-                    qmma_chunk<T, kLop>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
-                    qmma_chunk<T, kLop>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
-#pragma unroll
-                    for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
-                        const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
-                        mma_bf16_16816(acc[t], a0, bx.x, bx.y);
-                        mma_bf16_16816(acc[t], a1, bx.z, bx.w);
-                    }
-                }
-            }
-            ca = na;
-            cb = nb;
         }
-        // the group's sums over this split: C fragment out (acc[t][0, 1]: row g, tokens 8t + 2q, + 1;
-        // acc[t][2, 3]: row g + 8), accumulators cleared
-        const int row_a = 16 * grp + g, row_b = row_a + 8;
-        float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * t + 2 * q + (e & 1), row = e < 2 ? row_a : row_b;
-                if (grp < groups && tok < n && row < out) {
-                    if (pz) {
-                        pz[size_t(tok) * out + row] = acc[t][e];
-                    } else {
-                        float* dst = y + size_t(tok) * ldy + row;
-                        *dst = accumulate ? *dst + acc[t][e] : acc[t][e];
-                    }
-                }
-                acc[t][e] = 0.f;
+    };
+    while (it < iters) {
+        if (chunked && j % chunk == 0) {  // every warp is on the same super-block here (no tail split)
+            __syncthreads();              // every warp done with the previous chunk
+            stage(j, min(chunk, nsb - j));
+            __syncthreads();
+        }
+        // the next step, its weights loaded before this step's arithmetic
+        int nit = it, ngrp = grp, nj = j + 1, nj1 = j1;
+        if (nj >= j1)
+            for (++nit; nit < iters; ++nit) {
+                range(nit, ngrp, nj, nj1);
+                if (nj < nj1) break;
             }
+        if (nit < iters && ngrp < groups) load(na, nb, ngrp, nj);
+        prefetch_ahead(it, grp, j, j1, kQmmaAhead + 1);
+        if (grp < groups) {
+            float sa[4], ma[4], sbv[4], mbv[4];
+            qmma_scales<T, kLop>(ca, q, sa, ma);
+            qmma_scales<T, kLop>(cb, q, sbv, mbv);
+            const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
+#pragma unroll
+            for (int c = 0; c < 16; c += 2) {
+                // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
+                // {row g + 8}
+                uint32_t a0[4], a1[4];
+                qmma_chunk<T, kLop>(ca, c, sa, ma, &a0[0], &a0[2]);
+                qmma_chunk<T, kLop>(cb, c, sbv, mbv, &a0[1], &a0[3]);
+                qmma_chunk<T, kLop>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
+                qmma_chunk<T, kLop>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
+                    const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
+                    mma_bf16_16816(acc[t], a0, bx.x, bx.y);
+                    mma_bf16_16816(acc[t], a1, bx.z, bx.w);
+                }
+            }
+        }
+        ca = na;
+        cb = nb;
+        if (nit != it && !(it == last && ts > 1)) {  // a whole group done: out, cleared
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    put(grp, t, e, acc[t][e]);
+                    acc[t][e] = 0.f;
+                }
+        }
+        it = nit;
+        grp = ngrp;
+        j = nj;
+        j1 = nj1;
+    }
+    if (ts > 1) {  // qmma_tail: the last round's K runs, summed in run order by the group's first warp
+        // [kQmmaWarps][NT][4][32] over the staged activations: 8 KB NT <= qmma_smem_bytes(NT, chunk), as a split
+        // of ts >= 2 super-blocks staged at once has chunk >= 2
+        float* red = (float*)qmma_smem;
+        __syncthreads();                 // every warp done with them
+        if (warp < ta * ts)
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) red[((warp * NT + t) * 4 + e) * 32 + lane] = acc[t][e];
+        __syncthreads();
+        if (warp < ta * ts && warp % ts == 0) {
+            const int grp = (warp / ts) * int(gridDim.x) + int(blockIdx.x) + last * wstride;
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float v = acc[t][e];
+                    for (int p = 1; p < ts; ++p) v = __fadd_rn(v, red[(((warp + p) * NT + t) * 4 + e) * 32 + lane]);
+                    put(grp, t, e, v);
+                }
+        }
     }
 }
 #endif
