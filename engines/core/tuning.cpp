@@ -32,7 +32,6 @@ const Knob kKnobs[] = {
     {"LB_GPU_MLP_PER_SM", "mlp_blocks_per_sm", nullptr, &Tuning::mlp_blocks_per_sm, nullptr, 1, 64},
     {"LB_GPU_ATTN_SHORT", "attn_short_ctx", nullptr, &Tuning::attn_short_ctx, nullptr, 0, 1 << 30},
     {"LB_ATT_SPLITS", "attn_decode_blocks", nullptr, &Tuning::attn_decode_blocks, nullptr, 1, 256},
-    {"LB_GPU_ATTN_SPLIT", "attn_split", &Tuning::attn_split},
     {"LB_GPU_FUSED_ATTN", "fused_attn", &Tuning::fused_attn},
     {"LB_GPU_FUSED_DELTA", "fused_delta", &Tuning::fused_delta},
     {"LB_GPU_DELTA_OUT", "delta_out", &Tuning::delta_out},

@@ -24,9 +24,6 @@ struct Tuning {
     int attn_short_ctx = -1;      // LB_GPU_ATTN_SHORT: largest context for the short-context decode attention
                                   // kernel (0: never; -1: the kernel's default, 256)
     int attn_decode_blocks = 0;   // LB_ATT_SPLITS: decode attention blocks a KV head (0: one wave of the GPU)
-    bool attn_split = true;       // LB_GPU_ATTN_SPLIT: split-KV attention where the single pass leaves the GPU idle:
-                                  // flash-decoding for the unfused one-token step, key ranges for a few rows
-                                  // (verify, short chunks) at a long context (0: the single-pass kernels)
     bool fused_attn = true;       // LB_GPU_FUSED_ATTN: decode attention layers through the fused kernels (0: off)
     bool fused_delta = true;      // LB_GPU_FUSED_DELTA: DeltaNet decode step in one kernel, fused graph and unfused
                                   // (GGUF blocks) decode (0: off)

@@ -21,20 +21,22 @@
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { ++failures; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
 
-// The split-KV attention's range count (core/cuda/attention_split.h): the single pass below 4K keys or where
-// its blocks fill half the GPU; otherwise one wave at most (splits x blocks <= SMs), ranges of >= 32 key tiles.
+// The split-KV attention's range count (core/cuda/attention_split.h): one range where the blocks fill half
+// the GPU or the context is under 8 key tiles; otherwise one wave at most (splits x blocks <= SMs), ranges of
+// >= 4 key tiles.
 static void test_kv_split_count() {
     using lb::gpu::kv_split_count;
     const int sms = 132;  // H100 SXM
     // a 27B verify (23 rows, G 6: 2 query tiles x 4 KV heads = 8 blocks)
-    CHECK(kv_split_count(8, 512 / 64, sms) == 1, "512 keys: single pass");
-    CHECK(kv_split_count(8, 4000 / 64, sms) == 1, "4000 keys: single pass");
-    CHECK(kv_split_count(8, 4096 / 64, sms) == 2, "4096 keys: 2 ranges");
-    CHECK(kv_split_count(8, 65536 / 64, sms) == 16, "64K keys: one wave (132 / 8)");
+    CHECK(kv_split_count(8, 448 / 64, sms) == 1, "448 keys: one range");
+    CHECK(kv_split_count(8, 512 / 64, sms) == 2, "512 keys: 2 ranges");
+    CHECK(kv_split_count(8, 1024 / 64, sms) == 4, "1024 keys: 4 ranges");
+    CHECK(kv_split_count(8, 4096 / 64, sms) == 16, "4096 keys: one wave (132 / 8)");
+    CHECK(kv_split_count(8, 65536 / 64, sms) == 16, "64K keys: one wave");
     CHECK(kv_split_count(4, 131072 / 64, sms) == 33, "128K keys, 4 blocks: 33 ranges");
     CHECK(kv_split_count(66, 131072 / 64, sms) == 2, "66 blocks: 2 ranges");
-    CHECK(kv_split_count(67, 131072 / 64, sms) == 1, "blocks fill half the GPU: single pass");
-    CHECK(kv_split_count(8, 65536 / 64, 0) == 1, "no device limits known: single pass");
+    CHECK(kv_split_count(67, 131072 / 64, sms) == 1, "blocks fill half the GPU: one range");
+    CHECK(kv_split_count(8, 65536 / 64, 0) == 1, "no device limits known: one range");
     for (int blocks = 1; blocks <= 80; ++blocks)
         for (int tiles = 0; tiles <= 4096; tiles += 37) {
             const int k = kv_split_count(blocks, tiles, sms);

@@ -791,6 +791,24 @@ void check_silu_mul(Rng& r, int n, int I) {
     report("silu_mul", "silu_mul_kernel", shape({{"n", n}, {"I", I}}), rel_err(dout.down(), ref), 1e-5);
 }
 
+// The verify's argmax of each row of logits: vocab % 4 == 0 (the float4 path; 248,320 is the 27B's) and not
+// (the scalar path), each row with a tie at its maximum (the lowest index wins) and one row all equal.
+void check_argmax_rows(Rng& r, int n, int vocab) {
+    auto x = r.vec(size_t(n) * vocab);
+    for (int t = 0; t + 1 < n; ++t) {
+        const int a = int((r.uni() + 1.f) * 0.5f * float(vocab - 1)), b = int((r.uni() + 1.f) * 0.5f * float(vocab - 1));
+        x[size_t(t) * vocab + a] = x[size_t(t) * vocab + b] = 7.f;
+    }
+    std::fill_n(&x[size_t(n - 1) * vocab], vocab, 0.25f);  // every index ties: 0
+    Dev<float> dx(x);
+    Dev<int> out{size_t(n)};
+    gpu::argmax_rows(dx.p, n, vocab, out.p, g_s);
+    const std::vector<int> got = out.down();
+    int wrong = 0;
+    for (int t = 0; t < n; ++t) wrong += got[size_t(t)] != cpu::argmax(&x[size_t(t) * vocab], vocab);
+    report("argmax_rows", "argmax_rows_kernel (ties: lowest index)", shape({{"n", n}, {"vocab", vocab}}), wrong, 0);
+}
+
 void check_argmax_pos(Rng& r) {
     const int n = 100003;
     auto x = r.vec(n);
@@ -1094,6 +1112,7 @@ void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int 
     Dev<unsigned char> dvis(masked ? vis : std::vector<unsigned char>(1));
     if (masked && splits == 0) splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
     std::string path;
+    bool fp32_path = false;
     auto run = [&]() {
         if (splits > 0) {
             gpu::attention_split(dq.p, ld, n, nh, nkv, hd, masked ? nullptr : dpos.p, pos0, dkc.p, t, dvc.p, t,
@@ -1103,10 +1122,13 @@ void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int 
         } else {
             gpu::attention(dq.p, ld, n, nh, nkv, hd, dpos.p, dkc.p, t, dvc.p, t, dout.p, g_s, gated, nullptr, &sc, pos0);
             const int auto_splits = gpu::attention_splits(n, nh, nkv, hd, ld, pos0);
-            path = n == 1 && gpu::attention_decode_ok(nh, nkv, hd) ? "attention(): attention_decode"
+            const gpu::AttentionKernel single = gpu::attention_kernel_for(n, nh, nkv, hd, ld);
+            const bool decode = n == 1 && gpu::attention_decode_ok(nh, nkv, hd);
+            path = decode ? "attention(): attention_decode"
                    : auto_splits > 1 ? "attention(): split, " + std::to_string(auto_splits) + " ranges"
-                                     : std::string("attention(): ") +
-                                           attention_kernel_name(gpu::attention_kernel_for(n, nh, nkv, hd, ld));
+                                     : std::string("attention(): ") + attention_kernel_name(single);
+            fp32_path = decode || (auto_splits <= 1 && (single == gpu::AttentionKernel::Rows ||
+                                                        single == gpu::AttentionKernel::Tiled));
         }
         return dout.down();
     };
@@ -1128,11 +1150,8 @@ void check_attention_split(Rng& r, int n, int nh, int nkv, int hd, DType t, int 
     } else {
         ref = cpu_attention(qkv, ld, n, nh, nkv, hd, pos0, c.k, c.v, t, gated);
     }
-    // one row: the fp32 flash-decoding kernel (5e-4, as attention_decode's own check); more rows: bf16 tensor
-    // cores in the ranges (2e-2, as the prefill kernel's)
-    const bool fp32_path = path.find("attention_decode") != std::string::npos ||
-                           path.find("attention_kernel") != std::string::npos ||
-                           path.find("tiled") != std::string::npos;
+    // the fp32 kernels (one row's flash-decoding, attention_kernel, the tiled kernel: 5e-4, as their own
+    // checks); the bf16 tensor-core flash kernel, single pass or in ranges (2e-2, as the prefill kernel's)
     report("attention_split", path + (gated ? " (" : ", no gate (") + dtype_name(t) + ")" + (same ? "" : " NOT REPEATABLE"),
            shape({{"n", n}, {"nh", nh}, {"nkv", nkv}, {"hd", hd}, {"pos0", pos0}}), same ? rel_err(first, ref) : 1.0,
            fp32_path ? 5e-4 : 2e-2);
@@ -1229,7 +1248,7 @@ void time_quant() {
 }
 
 // `--time-attention` (CUDA bf16 builds): the long-context attention shapes, the kernel each ran before the split
-// forms against the path it takes now, at 1K .. 128K cached keys before the rows: median of 10 launches after 2
+// forms against the path it takes now, at 256 .. 128K cached keys before the rows: median of 10 launches after 2
 // (CUDA events), caches of zero bytes (the times do not depend on the values), timing only. The 27B's unfused
 // decode step (attention_kernel -> attention_decode), its verify of 23 rows under a chain mask
 // (tree_attention_kernel -> attention_split) with bf16 and q8_0 KV, the z-lab 27B draft's 16-row block over an
@@ -1245,11 +1264,11 @@ void time_attention() {
                           {"27B verify B = 22", 23, 24, 4, 256, true, DType::Q8_0, kVerify},
                           {"z-lab 27B draft block", 16, 32, 8, 128, false, DType::F32, kDraft},
                           {"27B 23-row chunk", 23, 24, 4, 256, true, DType::BF16, kChunk}};
-    const int ctxs[] = {1024, 4096, 16384, 65536, 131072};
+    const int ctxs[] = {256, 1024, 4096, 16384, 65536, 131072};
     printf("| shape | KV | keys | before: kernel | us | after: path | us | before / after |\n"
            "|---|---|---|---|---|---|---|---|\n");
     for (const Case& c : cases) {
-        const int max_ctx = ctxs[4] + c.n, ld = ((c.gated ? 2 : 1) * c.nh + 2 * c.nkv) * c.hd;
+        const int max_ctx = ctxs[5] + c.n, ld = ((c.gated ? 2 : 1) * c.nh + 2 * c.nkv) * c.hd;
         const size_t kv_bytes = size_t(max_ctx) * c.nkv * dtype_row_bytes(c.t, size_t(c.hd));
         Dev<uint8_t> kc(kv_bytes), vc(kv_bytes);
         Rng r(7);
@@ -1272,10 +1291,12 @@ void time_attention() {
                 return 1e3 * ts[ts.size() / 2];
             };
             const int splits = gpu::attention_splits(c.n, c.nh, c.nkv, c.hd, ld, ctx);
-            std::string bk, ak = splits > 1 ? "split, " + std::to_string(splits) + " ranges" : "single pass";
+            // the verify takes the split form at any count (verify_layers), the draft and a chunk from 2 ranges
+            const bool split = c.kind == kVerify ? splits >= 1 : splits > 1;
+            std::string bk, ak = split ? "split, " + std::to_string(splits) + " ranges" : "single pass";
             double tb = 0, ta = 0;
             auto split_or = [&](auto&& single) {
-                if (splits > 1)
+                if (split)
                     gpu::attention_split(q.p, ld, c.n, c.nh, c.nkv, c.hd, nullptr, ctx, kc.p, c.t, vc.p, c.t, vis.p,
                                          splits, sc, out.p, g_s, c.gated);
                 else
@@ -1547,6 +1568,8 @@ int main(int argc, char** argv) {
     check_attention(r, 20, 6, 2, 64, DType::Q4_0, gpu::AttentionKernel::Auto, 5e-4, true, 9, " (hd 64)");
     check_silu_mul(r, 3, 1001);
     check_argmax_pos(r);
+    check_argmax_rows(r, 23, 248320);
+    check_argmax_rows(r, 9, 100003);
     check_gemv_fused(r);
     check_transpose_mlp(r, 1024, 3584);
     check_transpose_mlp(r, 1000, 777);

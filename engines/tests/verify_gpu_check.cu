@@ -375,13 +375,13 @@ void timing(const TensorSource& src, const char* what) {
 // `--time-verify PATH CTX[,CTX...] [B]`: at each context (a random prompt of CTX tokens, prefilled once),
 // one verify forward of a DDTree-like tree of B + 1 rows (default B = 22) through Backend::verify (median of
 // 8 after 2 warm-ups), then 16 decode steps of the backend's decode path (mean step); one table row a
-// context, with the verify's first argmax ids (to compare two runs, e.g. LB_GPU_ATTN_SPLIT=0 and 1, whose
-// attention differs only in the order of the sums).
+// context, with the verify's first argmax ids (to compare two builds whose attention differs only in the
+// order of the sums).
 void time_verify(const TensorSource& src, const std::vector<int>& ctxs, int B) {
     const ModelConfig cfg = config_from_source(src);
     const int max_ctx = *std::max_element(ctxs.begin(), ctxs.end()) + B + 64;
     auto be = gpu_backend(src, cfg, max_ctx);
-    printf("weights on the GPU: %s; attn_split %d\n", be->weight_dtype().c_str(), int(tuning().attn_split));
+    printf("weights on the GPU: %s\n", be->weight_dtype().c_str());
     printf("| context | B | rows | prefill s | verify ms | decode step ms | verify argmax (first 8 rows) |\n"
            "|---|---|---|---|---|---|---|\n");
     for (int ctx : ctxs) {

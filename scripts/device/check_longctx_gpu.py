@@ -13,16 +13,16 @@ synthetic Qwen3.5-27B Q4_K_M GGUF. Then:
      chunk) at 1K .. 128K keys, the kernel it ran before against the path it takes now (~10 s);
   2. 27B `ar` decode after a random prompt of 1K, 16K, 64K and 128K tokens (32 tokens a run; the median of
      3 / 2 / 1 / 1 runs: each run prefills again), after;
-  3. the 27B verify forward of a DDTree-like tree at B = 22 (23 rows) at contexts 1K and 64K, and the decode
-     step after it (lucebench-verify-gpu-check --time-verify, after), with LB_GPU_ATTN_SPLIT=1, then =0 at
-     64K only (the single-pass tree attention the before build runs; at 1K both run the single pass);
+  3. the 27B verify forward of a DDTree-like tree at B = 22 (23 rows) at contexts 256, 1K, 4K and 64K, and
+     the decode step after it (lucebench-verify-gpu-check --time-verify, after; the single-pass tree
+     attention the before build ran took 1,274 ms a verify at 64K on an H100, 2026-11-27);
   4. the same decode, before (1K, 16K, 64K, 128K; at 64K and 128K 16 tokens, ~11 / ~23 s at the issue's
      1.4 / 0.7 tok/s; 128K, ~64 s with its ~41 s prefill, only with BEFORE_128K_S (100) seconds left before
      DEADLINE_S, and not with LONGCTX_BEFORE_128K=0), each context's tokens compared with after's (first
      divergence over the shorter run; for prompts up to 16K the before build's relative top-2 margin there,
      so that a divergence at a near-tie reads as one).
 Prints a table; writes $OUT/longctx/: check_longctx_gpu.json, table.md, op_check.md, attention_time.md,
-verify_split{1,0}.txt, build logs, engine-logs/. About 6-7 minutes on a fresh H100 (cold builds ~65 s, each
+verify_time.txt, build logs, engine-logs/. About 6-7 minutes on a fresh H100 (cold builds ~65 s, each
 27B engine load ~19 s).
 DEADLINE_S (default 470) only gates the before 128K run.
 """
@@ -156,16 +156,15 @@ def decode_runs(name: str, exe: Path, path: Path, contexts: list[int], reps: dic
         e.close()
 
 
-def verify_time(split: int, contexts: str) -> None:
-    name = f"verify_split{split}.txt"
-    env = dict(os.environ, LB_GPU_ATTN_SPLIT=str(split))
+def verify_time(contexts: str) -> None:
+    name = "verify_time.txt"
     with (OUT / name).open("w") as f:
         rc = subprocess.run([str(AFTER_BUILD / "lucebench-verify-gpu-check"), "--time-verify", str(PATHS["27b"]),
-                             contexts, "22"], stdout=f, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
+                             contexts, "22"], stdout=f, stderr=subprocess.STDOUT, timeout=300).returncode
     txt = (OUT / name).read_text()
     rows = [ln for ln in txt.splitlines() if ln.startswith("| ") and ln[2:3].isdigit()]
-    R[f"verify_split{split}"] = {"rc": rc, "rows": rows}
-    log(f"27B verify B = 22, LB_GPU_ATTN_SPLIT={split} (after build), rc {rc}:\n" + "\n".join(rows))
+    R["verify_time"] = {"rc": rc, "rows": rows}
+    log(f"27B verify B = 22 (after build), rc {rc}:\n" + "\n".join(rows))
     save()
     if rc != 0:
         raise RuntimeError(f"lucebench-verify-gpu-check --time-verify exited {rc} (see {name})")
@@ -192,16 +191,11 @@ def table() -> str:
                 tks += f" (margin {tk['before_rel_margin']:.1e}{', near-tie' if tk['near_tie'] else ''})"
         lines.append(f"| {L} | {f'{mb:.2f}' if mb else 'not run'} | {f'{ma:.2f}' if ma else 'not run'} | "
                      f"{f'{ma / mb:.1f}' if ma and mb else '-'} | {LLAMACPP_TOK_S.get(L, '-')} | {tks} |")
-    v1 = {r.split("|")[1].strip(): r for r in R.get("verify_split1", {}).get("rows", [])}
-    v0 = {r.split("|")[1].strip(): r for r in R.get("verify_split0", {}).get("rows", [])}
-    lines += ["", "| verify context | B | split verify ms | single-pass verify ms | decode step ms (split) | "
-                  "decode step ms (single pass) |", "|---|---|---|---|---|---|"]
-    for ctx in sorted(set(v1) | set(v0), key=int):
-        c1 = v1.get(ctx, "").split("|")
-        c0 = v0.get(ctx, "").split("|")
-        lines.append(f"| {ctx} | 22 | {c1[5].strip() if len(c1) > 5 else '-'} | "
-                     f"{c0[5].strip() if len(c0) > 5 else ('= split (single pass)' if ctx == '1024' else '-')} | "
-                     f"{c1[6].strip() if len(c1) > 6 else '-'} | {c0[6].strip() if len(c0) > 6 else '-'} |")
+    lines += ["", "| verify context | B | verify ms | decode step ms | verify / step |", "|---|---|---|---|---|"]
+    for r in R.get("verify_time", {}).get("rows", []):
+        c = [x.strip() for x in r.split("|")]
+        if len(c) > 6:
+            lines.append(f"| {c[1]} | {c[2]} | {c[5]} | {c[6]} | {float(c[5]) / float(c[6]):.2f} |")
     return "\n".join(lines)
 
 
@@ -234,8 +228,7 @@ def main() -> int:
         return 1
     steps = [("decode after", lambda: decode_runs("after", AFTER_BUILD / "lucebench-ar", PATHS["27b"], CONTEXTS,
                                                    REPS_AFTER, {})),
-             ("verify split", lambda: verify_time(1, "1024,65536")),
-             ("verify single pass", lambda: verify_time(0, "65536"))]
+             ("verify", lambda: verify_time("256,1024,4096,65536"))]
     for what, fn in steps:
         try:
             fn()

@@ -971,10 +971,11 @@ namespace {
 // attention_split itself), attention() first takes the split forms where the single pass leaves the GPU idle:
 //   attn_decode_flash_kernel         one row (attention_decode_ok: hd 128 / 256, G <= 8; HIP too): the
 //                                    context in chunks over one wave of blocks, merged in order;
-//   flash_attention_kernel, split    a few rows at a long context (attention_splits > 1: the single pass's
-//     + attention_split_merge_kernel query tiles x nkv fill at most half the SMs and the keys before the rows
-//                                    span >= 64 key tiles): key ranges over one wave, then the rows' own keys (causal,
-//                                    or the verify tree's mask) and the ranges merged in order.
+//   flash_attention_kernel, split    a few rows after 8 or more key tiles (attention_splits > 1: the single
+//     + attention_split_merge_kernel pass's query tiles x nkv fill at most half the SMs): key ranges over one
+//                                    wave, then the rows' own keys (causal, or the verify tree's mask) and the
+//                                    ranges merged in order. verify_layers takes this form at any context
+//                                    (one range below 8 tiles): its single pass would be tree_attention_kernel.
 AttentionKernel attention_choice(int n, int nh, int nkv, int hd, int ld) {
 #if defined(LB_CUDA)
     const int G = nkv > 0 ? nh / nkv : 0;
@@ -1041,15 +1042,15 @@ bool block_sparse_select(const float* qkv, int ld, int n, int nh, int nkv, int h
 
 int attention_splits(int n, int nh, int nkv, int hd, int ld, int len) {
 #if defined(LB_CUDA) && !defined(LB_GPU_FP16)
-    if (!tuning().attn_split || n < 1 || nkv < 1 || nh % nkv != 0 || ld % 4 != 0 || (hd != 128 && hd != 256)) return 1;
+    if (n < 1 || nkv < 1 || nh % nkv != 0 || ld % 4 != 0 || (hd != 128 && hd != 256)) return 0;
     const int G = nh / nkv;
     const size_t fa = hd == 128 ? flash_attention_smem<128>() : flash_attention_smem<256>();
-    if (G > FA_MAX_G || fa > size_t(smem_optin_limit())) return 1;
+    if (G > FA_MAX_G || fa > size_t(smem_optin_limit())) return 0;
     const int rows = FA_BM / G, blocks = (n + rows - 1) / rows * nkv;
     return std::min(kv_split_count(blocks, (len + FA_BN - 1) / FA_BN, dec().sms), KS_MAX_SPLITS);
 #else
     (void)n; (void)nh; (void)nkv; (void)hd; (void)ld; (void)len;
-    return 1;  // the split form runs flash_attention_kernel (bf16 tensor cores): CUDA bf16 builds only
+    return 0;  // the split form runs flash_attention_kernel (bf16 tensor cores): CUDA bf16 builds only
 #endif
 }
 
@@ -1105,7 +1106,7 @@ void attention_split(const float* qkv, int ld, int n, int nh, int nkv, int hd, c
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out, gpuStream_t s, bool gated, const BlockSparse* sparse,
                const AttnScratch* split, int len) {
-    if (split && split->part && !sparse && tuning().attn_split) {
+    if (split && split->part && !sparse) {
         if (n == 1 && attention_decode_ok(nh, nkv, hd) &&
             attention_decode_scratch(nh, hd, split->decode_blocks) <= split->floats)
             return attention_decode(qkv, nh, nkv, hd, d_pos, kcache, kt, vcache, vt, split->decode_blocks, split->part,

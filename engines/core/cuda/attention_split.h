@@ -6,13 +6,14 @@
 
 namespace lb::gpu {
 
-// Key tiles (64 keys each) a range takes at least: below 2 x 32 tiles (4032 keys or fewer) the single pass
-// stays, so short contexts run the kernels they ran before (the threshold is not yet tuned on a GPU:
-// scripts/device/check_longctx_gpu.sh measures 1K and 64K).
-constexpr int kSplitMinTiles = 32;
+// Key tiles (64 keys each) a range takes at least. A block of flash_attention_kernel walks a tile in ~5 us
+// (27B, 23 rows, H100: 2 ranges of 32 tiles at 4K keys took 167 us, the single pass at 1K 103 us), so
+// even short contexts gain from spreading the few blocks of a verify or a short chunk over the GPU; 4 tiles
+// keeps a range's work well above the merge's.
+constexpr int kSplitMinTiles = 4;
 
 // blocks: the single pass's blocks (query tiles x KV heads); key_tiles: the key tiles before the rows;
-// sms: the device's multiprocessors. 1 (the single pass) when the blocks already fill half the GPU or the
+// sms: the device's multiprocessors. 1 (one range) when the blocks already fill half the GPU or the
 // context is short; else as many ranges as keep the blocks within one wave (splits x blocks <= sms), each of
 // at least kSplitMinTiles tiles.
 inline int kv_split_count(int blocks, int key_tiles, int sms) {

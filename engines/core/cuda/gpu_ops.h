@@ -162,7 +162,7 @@ struct AttnScratch {
 size_t attention_scratch_floats(int nh, int nkv, int hd);  // after decode_setup
 // Causal GQA attention (online softmax) of the q heads in qkv over cache rows [0, *d_pos + t], times
 // sigmoid(gate) when gated; out [n, nh * hd]. sparse: the tile lists block_sparse_select filled (else dense).
-// split (dense only; Tuning::attn_split): one row takes attention_decode, a few rows at a long context
+// split (dense only): one row takes attention_decode, a few rows at a long context
 // attention_split with attention_splits(n, ..., len) ranges, where len is the host's *d_pos (a guess that
 // only sets the split count: the kernels read *d_pos). Null: the single-pass kernels.
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
@@ -173,8 +173,8 @@ void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const i
 // every row), writes a partial (O, m, l) per row and head to sc.part; then one block per row and head takes
 // the rows' own keys p0 + j (j <= t, or visible[t * n + j] where visible, the verify tree's [n, n] mask, is
 // given) and merges the ranges in order. p0 = *d_pos, or len where d_pos is null. CUDA bf16 builds, head_dim
-// 128 / 256, G <= 16. attention_splits: the ranges for n rows after len cached keys (1: the single pass is
-// the better form, or the split form does not take the shape; 1 also when Tuning::attn_split is off).
+// 128 / 256, G <= 16. attention_splits: the ranges for n rows after len cached keys (1: one range, the single
+// pass being as good where the caller has it; 0: the split form does not take the shape or the build).
 int attention_splits(int n, int nh, int nkv, int hd, int ld, int len);
 size_t attention_split_scratch(int n, int nh, int hd, int splits);
 void attention_split(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, int len,

@@ -69,10 +69,11 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
             matmul(ws.h, n, L.attn_qkv, ws.big, false, s);
             attn_prep_tree(ws.big, rows, n, nh, nkv, hd, gated, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm),
                            cfg.eps, ws.positions, len, c.k[li], c.kt, c.v[li], c.vt, s);
-            // at a long context the committed keys go in ranges over the GPU (attention_split, its merge
-            // applies the tree mask to the rows' own keys); otherwise one block a row and head walks them all
+            // the committed keys in ranges over the GPU (attention_split; one range at a short context), the
+            // merge applying the tree mask to the rows' own keys; tree_attention (a block a row and head, each
+            // walking every key: 13 ms a 27B verify of 23 rows at 1K keys) only where the split form is absent
             const int splits = attention_splits(n, nh, nkv, hd, rows, len);
-            if (splits > 1)
+            if (splits >= 1 && attention_split_scratch(n, nh, hd, splits) <= ws.attn.floats)
                 attention_split(ws.big, rows, n, nh, nkv, hd, nullptr, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible,
                                 splits, ws.attn, ws.o, s, gated);
             else
