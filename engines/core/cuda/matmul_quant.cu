@@ -1029,9 +1029,13 @@ __global__ __launch_bounds__(128) void qgemm_kernel(const float* __restrict__ x,
     }
 }
 
-// y[t][c] (+)= sum over z of part[z][t][c], in split order.
+// y[t][c] (+)= sum over z of part[z][t][c], in split order. After qmma_kernel launched with programmatic
+// dependent launch (launch_k), so that its launch overlaps the GEMM's last round; the partials and y are read
+// only after the wait.
 __global__ void qsplit_sum_kernel(const float* __restrict__ part, int splits, int n, int out, float* __restrict__ y,
                                   int ldy, bool accumulate) {
+    griddep_launch();
+    griddep_wait();
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x, count = size_t(n) * out;
     if (i >= count) return;
     const size_t t = i / out, c = i % out;
@@ -1177,7 +1181,8 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
              in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
     if (p.splits > 1) {
         const size_t count = size_t(n) * out;
-        qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, p.splits, n, out, y, ldy, accumulate);
+        launch_k(qsplit_sum_kernel, dim3(unsigned((count + 255) / 256)), dim3(256), 0, s, (const float*)part, p.splits,
+                 n, out, y, ldy, accumulate);
     }
 }
 
