@@ -780,17 +780,39 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         prefetch_l2((const void*)a, size_t(((p + BB + 15) & ~uintptr_t(15)) - a));
     };
     // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
-    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row
-    auto stage = [&](int j0, int cnt) {
-        const int per_tok = cnt * 64;  // float4s a token
-#pragma unroll 4  // loads in flight
-        for (int i = threadIdx.x; i < NTOK * per_tok; i += kQmmaWarps * 32) {
-            const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
-            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
-                                                      4 * qmma_k4<T>(p4))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-            __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
+    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row;
+    // U (a std::integral_constant) float4s a thread loaded before any is stored, U round trips of L2 in flight;
+    // U = 0: a loop unrolled by 4 (fewer registers: the chunked split restages inside the K loop)
+    auto stage = [&](int j0, int cnt, auto u) {
+        constexpr int U = decltype(u)::value, kT = kQmmaWarps * 32;
+        const int per_tok = cnt * 64, total = NTOK * per_tok;  // float4s a token, in all
+        if constexpr (U == 0) {
+#pragma unroll 4
+            for (int i = threadIdx.x; i < total; i += kT) {
+                const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
+                const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
+                                                          4 * qmma_k4<T>(p4))
+                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+                __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+                *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
+            }
+        } else {
+            for (int i0 = threadIdx.x; i0 < total; i0 += U * kT) {
+                float4 v[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
+                    const size_t at = size_t(t) * in + size_t(sb_lo + j0 + (r >> 6)) * 256 + 4 * qmma_k4<T>(r & 63);
+                    v[k] = i < total && t < n ? *(const float4*)(x + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
+                    __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v[k].x, v[k].y),
+                                           __floats2bfloat162_rn(v[k].z, v[k].w)};
+                    if (i < total) *(uint2*)&xs[size_t(t) * rs + 256 * (r >> 6) + 4 * (r & 63)] = *(const uint2*)p;
+                }
+            }
         }
     };
 
@@ -856,8 +878,8 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     // before still runs; x, y and the partials are touched only after the wait
     griddep_launch();
     griddep_wait();
-    if (!chunked) {  // the split's slice at once
-        stage(0, nsb);
+    if (!chunked) {  // the split's slice at once (23 rows, 10 super-blocks: 30 float4s a thread, 4 round trips)
+        stage(0, nsb, std::integral_constant<int, NT <= 4 ? 8 : 0>());
         __syncthreads();
     }
     float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
@@ -877,7 +899,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     while (it < iters) {
         if (chunked && j % chunk == 0) {  // every warp is on the same super-block here (no tail split)
             __syncthreads();              // every warp done with the previous chunk
-            stage(j, min(chunk, nsb - j));
+            stage(j, min(chunk, nsb - j), std::integral_constant<int, 0>());
             __syncthreads();
         }
         // the next step, its weights loaded before this step's arithmetic
