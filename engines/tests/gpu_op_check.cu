@@ -1211,7 +1211,9 @@ void time_quant() {
         // before them: docs/engines.md's "tried and superseded" figures): qgemv_kernel (8) at n <= 4, the
         // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows; qmv_kernel at one token also with
         // 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
+        // (qmv_kernel and qmma_kernel at 2..4 rows: where one overtakes the other)
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {2, 1}, {2, 2}, {3, 1}, {3, 2}, {4, 8},
+                                            {4, 1}, {4, 2}, {8, 1}, {8, 2},
                                             {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
                                             {33, -1}, {33, 2}, {41, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {

@@ -10,8 +10,8 @@ draft in parallel at the start (check_dec_gpu.py's helpers), then, most importan
      K split (the graph-capture path), the last round's groups split over warps, and the two q4_K routes'
      weights equal (bitwise);
   2. --time-quant of both builds: per matrix ms and weight GB/s, before / after (time_quant_cmp.md), and
-     qmma at 4 / 9 / 17 / 23 / 33 / 65 rows before / after and against the same build's one-row qmv_kernel
-     (qmma_vs_qmv.md, printed);
+     qmma at 4 / 9 / 17 / 23 / 33 / 65 rows before / after and against the same build's one-row qmv_kernel,
+     and qmv against qmma at 2 / 3 / 4 rows (the dispatch's crossover; qmma_vs_qmv.md, printed);
   3. lucebench-verify-gpu-check (after): the GPU verify + commit equal to AR decoding;
   4. the verify cost of B + 1 rows against a decode step on the 27B (--time-model, after);
   5. as time allows (DEADLINE_S): DFlash forced AL 8.31 at budgets 8 and 22 (after), the whole op check
@@ -112,6 +112,13 @@ def qmma_vs_qmv() -> None:
                        f"{ratio(b, qb)} | {ratio(a, qa)} |")
             if a and qa:
                 summary[f"{m} n={n}"] = round(a / qa, 3)
+    # the dispatch's crossover: qmv_kernel (the engines' kernel up to kQuantGemvMax = 4 rows) against qmma_kernel
+    out += ["", "| matrix (after) | qmv 1 row us | rows | qmv us | qmma us | qmma / qmv |", "|---|---|---|---|---|---|"]
+    for m in mats:
+        qa = rows["after"].get((m, "1 (qmv)"))
+        for n in (2, 3, 4):
+            v, a = rows["after"].get((m, f"{n} (qmv)")), rows["after"].get((m, f"{n} (qmma)"))
+            out.append(f"| {m} | {fmt(qa)} | {n} | {fmt(v)} | {fmt(a)} | {f'{a / v:.2f}x' if a and v else '-'} |")
     txt = "\n".join(out) + "\n"
     (OUT / "qmma_vs_qmv.md").write_text(txt)
     R["qmma_vs_qmv"] = txt
