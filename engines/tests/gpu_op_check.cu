@@ -535,6 +535,55 @@ std::vector<float> decode_rows(const std::vector<uint8_t>& c, DType t, size_t ro
     return f;
 }
 
+// The verify's tree delta rule (verify_ops.h delta_tree) on normalised q, k rows against cpu::delta_rule_tree:
+// a random tree (parents first) or a chain, outputs starting as NaN (an element not written fails); `kernel`
+// as delta_tree's (0 the launcher's choice, 1 fused, 2 split, 3 one block a head). Run twice: bit-identical.
+void check_delta_tree(Rng& r, int n, int hk, int hv, int dk, int dv, bool chain, int kernel, const char* variant) {
+    const int kd = hk * dk, vd = hv * dv, ld = 2 * kd + vd + 3;
+    std::vector<int> parent(static_cast<size_t>(n));
+    std::vector<unsigned char> vis(size_t(n) * n, 0);
+    for (int i = 0; i < n; ++i) {
+        parent[size_t(i)] = chain ? i - 1 : i == 0 ? -1 : std::min(i - 1, int((r.uni() + 1.f) * 0.5f * float(i)));
+        for (int a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i) * n + a] = 1;
+    }
+    auto qkv = r.vec(size_t(n) * ld);
+    std::vector<float> g(size_t(n) * hv), beta(size_t(n) * hv), q(size_t(n) * kd), k(size_t(n) * kd), v(size_t(n) * vd);
+    for (auto& e : g) e = -1.5f * (r.uni() + 1.f);
+    for (auto& e : beta) e = 0.5f * (r.uni() + 1.f);
+    for (int t = 0; t < n; ++t) {
+        float* row = &qkv[size_t(t) * ld];
+        cpu::l2norm(row, 2 * hk, dk, 1e-6f);
+        for (int i = 0; i < kd; ++i) row[i] *= 1.f / std::sqrt(float(dk));
+        std::copy(row, row + kd, &q[size_t(t) * kd]);
+        std::copy(row + kd, row + 2 * kd, &k[size_t(t) * kd]);
+        std::copy(row + 2 * kd, row + 2 * kd + vd, &v[size_t(t) * vd]);
+    }
+    const auto state = r.vec(size_t(hv) * dk * dv, 0.3f);
+    std::vector<float> out(size_t(n) * vd), u(size_t(n) * vd), gamma(size_t(n) * hv);
+    cpu::delta_rule_tree(q.data(), k.data(), v.data(), g.data(), beta.data(), n, hk, hv, dk, dv, parent.data(),
+                         state.data(), out.data(), u.data(), gamma.data());
+    const std::vector<float> nan_out(out.size(), NAN), nan_gamma(gamma.size(), NAN), nan_k(k.size(), NAN);
+    Dev<float> dq(qkv), dg(g), db(beta), ds(state), dout(nan_out), du(nan_out), dgam(nan_gamma), dkk(nan_k),
+        dscr(gpu::delta_tree_scratch(n, hv));
+    Dev<int> dp(parent);
+    Dev<unsigned char> dvis(vis);
+    auto run = [&] {
+        gpu::delta_tree(dq.p, ld, n, hk, hv, dk, dv, dg.p, db.p, dp.p, dvis.p, ds.p, dout.p, du.p, dgam.p, dkk.p, dscr.p,
+                        g_s, kernel);
+        return std::vector<std::vector<float>>{dout.down(), du.down(), dgam.down(), dkk.down()};
+    };
+    const auto first = run(), again = run();
+    bool same = true;
+    for (size_t i = 0; i < first.size(); ++i)
+        same = same && memcmp(first[i].data(), again[i].data(), first[i].size() * sizeof(float)) == 0;
+    const std::string name = std::string(variant) + (chain ? ", chain" : ", tree") + (same ? "" : " NOT REPEATABLE");
+    const std::string sh = shape({{"n", n}, {"hk", hk}, {"hv", hv}, {"dk", dk}, {"dv", dv}});
+    report("delta_tree", name + " (out)", sh, same ? rel_err(first[0], out) : INFINITY, 5e-4);
+    report("delta_tree", name + " (u)", sh, rel_err(first[1], u), 5e-4);
+    report("delta_tree", name + " (gamma)", sh, rel_err(first[2], gamma), 1e-6);
+    report("delta_tree", name + " (k kept)", sh, rel_err(first[3], k), 0);
+}
+
 void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant, bool gated = true) {
     const int qs = gated ? 2 : 1;
     const int ld = (qs * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
@@ -1447,6 +1496,20 @@ int main(int argc, char** argv) {
     check_delta_rule(r, 20, 1, 1, 320, 32, "delta_rule_kernel (dk > 256)");
     printf("| %-17s | %-38s | %-30s | not selectable here: the 32-token column kernel fits (dk <= 256) |\n", "delta_rule",
            "cols<16,16>", "small shared memory only");
+    // the verify's tree form: the 27B's 23 rows (fused, with programmatic dependent launch), 9 rows, 41 and 65
+    // rows (fused above 48 KB of shared memory), dk 256; the fallbacks named; 129 rows: the launcher's choice,
+    // the split kernels (the fused kernel's shared memory does not fit)
+    for (bool chain : {false, true}) {
+        check_delta_tree(r, 23, 2, 6, 128, 128, chain, 0, "fused");
+        check_delta_tree(r, 9, 2, 6, 128, 128, chain, 0, "fused");
+        check_delta_tree(r, 41, 1, 3, 128, 128, chain, 0, "fused, > 48 KB");
+        check_delta_tree(r, 65, 1, 2, 128, 64, chain, 0, "fused, > 48 KB");
+        check_delta_tree(r, 17, 1, 2, 256, 32, chain, 1, "fused");
+        check_delta_tree(r, 23, 2, 6, 128, 128, chain, 2, "split");
+        check_delta_tree(r, 23, 1, 3, 128, 128, chain, 3, "one block a head");
+        check_delta_tree(r, 13, 1, 3, 48, 32, chain, 0, "auto (dk % 32 != 0: split)");
+    }
+    check_delta_tree(r, 129, 1, 2, 128, 128, false, 0, "auto (129 rows: split)");
     check_attn_prep(r, 5, 8, 2, 256, 64, DType::BF16, "attn_prep_kernel<bf16>");
     check_attn_prep(r, 3, 4, 2, 128, 32, DType::BF16, "attn_prep_kernel<bf16>");
     for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0})

@@ -3,7 +3,8 @@ PYTHONPATH=.). SYNTHETIC (random) weights: the full-shape Qwen3.5-27B Q4_K_M GGU
 
 In parallel at the start: the CUDA build of this tree (lucebench-gpu-op-check, lucebench-verify-gpu-check),
 the synthetic GGUF (check_quant_gpu.synth) and the CUPTI injection library. Then:
-  1. lucebench-gpu-op-check: its summary, every failed row, the attention_split rows;
+  1. lucebench-gpu-op-check: its summary, every failed row, the attention_split rows; then
+     lucebench-verify-kernels-check and lucebench-verify-gpu-check (verify + commit == AR greedy on the GPU);
   2. --time-attention: one attention layer of each shape at 256 .. 128K keys, before's kernel against now's;
   3. --time-verify at contexts 256, 1024, 4096 for B = 22 and at 256, 1024 for B = 8: verify ms against the
      unfused decode step after it;
@@ -11,7 +12,7 @@ the synthetic GGUF (check_quant_gpu.synth) and the CUPTI injection library. Then
      forwards are the kernel runs from an embed to the next that hold delta_tree; per kernel (name, grid):
      launches a verify, the time it adds (its end minus the previous kernel's end: idle charged to the kernel
      after it) and its median duration, medians over the last 8 verifies; summed by class.
-Writes $OUT/vprof/ (profile.json, *.txt, *.md) and prints the key tables. About 4-5 minutes on a fresh H100.
+Writes $OUT/vprof/ (profile.json, *.txt, *.md) and prints the key tables. About 5-6 minutes on a fresh H100.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def build() -> None:
                         f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release"], check=True, stdout=f,
                        stderr=subprocess.STDOUT)
         subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 16), "--target",
-                        "lucebench-gpu-op-check", "lucebench-verify-gpu-check"], check=True, stdout=f,
+                        "lucebench-gpu-op-check", "lucebench-verify-gpu-check", "lucebench-verify-kernels-check"],
+                       check=True, stdout=f,
                        stderr=subprocess.STDOUT)
 
 
@@ -134,6 +136,7 @@ def profile(path: Path, B: int) -> None:
 def main() -> int:
     log(f"card: {cq.record_card()}")
     errors: list[str] = []
+    late_errors: list[str] = []
     paths: dict = {}
     th = [cq.start_guarded(errors, build), cq.start_guarded(errors, cq.build_timeline_lib),
           cq.start_guarded(errors, lambda: paths.update({"27b": cq.synth("qwen3.5-27b")}))]
@@ -147,6 +150,20 @@ def main() -> int:
     log(f"op check: rc {rc}, {summary}")
     print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "NOT REPEATABLE" in ln
                     or ln.startswith("| attention_split")), flush=True)
+    # the verify path's exactness: its kernels against the CPU reference, verify + commit == AR greedy
+    # through the GPU backend (random Qwen3.5 / Qwen3 models), a verify's outputs against the CPU backend's
+    for exe, name in (("lucebench-verify-kernels-check", "verify_kernels_check.txt"),
+                      ("lucebench-verify-gpu-check", "verify_gpu_check.txt")):
+        try:
+            rc, txt = run([str(BUILD / exe)], name, timeout=240)
+        except subprocess.TimeoutExpired:
+            rc, txt = 124, "timed out after 240 s"
+        R[name.split(".")[0]] = {"rc": rc, "tail": txt.splitlines()[-3:]}
+        log(f"{exe}: rc {rc}; " + " / ".join(txt.splitlines()[-2:]))
+        print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "fail" in ln), flush=True)
+        if rc != 0:  # recorded at the end: the timings below still run
+            late_errors.append(f"{exe} rc {rc}")
+    save()
     rc, txt = run([str(BUILD / "lucebench-gpu-op-check"), "--time-attention"], "attention_time.md")
     print("\n".join(ln for ln in txt.splitlines() if ln.startswith("|") and "decode step" not in ln), flush=True)
     for t in th[1:]:
@@ -174,6 +191,7 @@ def main() -> int:
                 log(f"FAILED profile B = {B}: {exc!r}")
     else:
         log(f"no CUPTI profile: {R.get('timeline_lib')}")
+    errors += late_errors
     R["errors"] = errors
     R["wall_s"] = round(time.time() - T0, 1)
     save()

@@ -172,7 +172,8 @@ __global__ void delta_tree_kernel(const float* qkv, int ld, int n, int hk, int h
     }
 }
 
-// The split form of delta_tree_kernel, for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates, the
+// The split form of delta_tree_kernel (where the fused kernel below does not take the shape: dk % 32 != 0, or a tree
+// too long for its shared memory), for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates, the
 // pair coefficients and the per-column solve as three kernels, the solve spread over hv * dv / 16 blocks
 // instead of hv (the one-block-a-head kernel above leaves most of the GPU idle and is serial over rows).
 
@@ -257,6 +258,189 @@ __global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, 
         for (int s = lane; s < t; s += DT_LANES) acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
         acc = group_sum(acc);
         if (lane == 0) out[(size_t(t) * hv + h) * dv + j] = eg * sq + acc;
+    }
+}
+
+// The fused form, for dk % 32 == 0, dk <= 256, dv % 16 == 0 (every Qwen3.5 shape) while its shared memory
+// fits: one kernel, grid (hv, dv / 16), 128 threads; block (h, c) owns state columns 16c .. 16c + 15 of value
+// head h, 8 lanes a column. The split kernels above walk the rows one after another with every step's loads
+// from global memory (a chain of dependent L2 round trips a row: 52 us a 27B layer at 23 rows, and a single
+// block for the gates); here every global load is issued at once up front and the rest runs in shared memory:
+//   1. stage S0's 16 columns, the key head's k and q rows, v's 16 columns, g, beta and the ancestor mask;
+//   2. gamma_t = the sum of g over t's ancestors and t in row order (the CPU's gamma_parent + g_t, the same
+//      additions in the same order); the ancestor pairs (s, t), s <= t, listed row by row, s ascending;
+//   3. the pair coefficients A[t][s], B[t][s] (16 groups of 8 lanes, a row's k and q held while its
+//      ancestors' k are read) and, independent of them, S0^T k_t and S0^T q_t for every row (a lane holds
+//      dk / 8 state rows of its column; an 8-lane sum);
+//   4. the forward substitution u_t = beta_t v_t - beta_t e^{gamma_t} S0^T k_t - sum_{s anc t} A[t][s] u_s
+//      (a thread a column, rows in order, only the ancestors' terms: a row costs its depth, not t);
+//   5. o_t = e^{gamma_t} S0^T q_t + sum_{s anc-or-self t} B[t][s] u_s, every (t, column) at once.
+// The redundant work (each of the dv / 16 column blocks of a head, and the hv / hk heads of a key head,
+// form the same pairs) is a few KB of shared-memory reads; it buys the absence of a second launch and of a
+// global round trip between them. Sums in a fixed order: identical run to run.
+constexpr int DTF_COLS = 16, DTF_LANES = 8, DTF_THREADS = DTF_COLS * DTF_LANES;
+constexpr int DTF_SLD = DTF_COLS + 1;  // the staged state's row stride: lanes of a column hit distinct banks
+
+size_t delta_tree_fused_smem(int n, int dk) {
+    const size_t N = size_t(n), P = N * (N + 1) / 2;
+    return sizeof(float) * (2 * N * dk + size_t(dk) * DTF_SLD + 4 * N * DTF_COLS + 4 * N + 2 * P) +
+           sizeof(int) * (P + 2 * N + 1) + N * N;
+}
+
+__global__ void __launch_bounds__(DTF_THREADS) delta_tree_fused_kernel(
+    const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
+    const unsigned char* visible, const float* state, float* out, float* u, float* gamma, float* k_keep) {
+    extern __shared__ __align__(16) float sm[];  // k and q rows are read as float4
+    const int P = n * (n + 1) / 2;
+    float* Ks = sm;                       // [n][dk]
+    float* Qs = Ks + n * dk;              // [n][dk]
+    float* Ss = Qs + n * dk;              // [dk][DTF_SLD]  S0's columns c0 ..
+    float* Vs = Ss + dk * DTF_SLD;        // [n][16]
+    float* Rs = Vs + n * DTF_COLS;        // [n][16]  beta (v - e^gamma S0^T k)
+    float* QSs = Rs + n * DTF_COLS;       // [n][16]  S0^T q
+    float* Us = QSs + n * DTF_COLS;       // [n][16]
+    float* gin = Us + n * DTF_COLS;       // [n] g of this head
+    float* gam = gin + n;                 // [n]
+    float* eg = gam + n;                  // [n] e^gamma
+    float* bet = eg + n;                  // [n]
+    float* pa = bet + n;                  // [P] A of pair p (0 for s = t)
+    float* pb = pa + P;                   // [P] B of pair p
+    int* ps = (int*)(pb + P);             // [P] s of pair p
+    int* cnt = ps + P;                    // [n] pairs of row t
+    int* off = cnt + n;                   // [n + 1] row t's pairs: off[t] .. off[t + 1] - 1, the last one s = t
+    unsigned char* vis = (unsigned char*)(off + n + 1);  // [n][n]
+    const int h = blockIdx.x, c0 = blockIdx.y * DTF_COLS, kh = h / (hv / hk), kd = hk * dk, tid = threadIdx.x;
+    // the state was written by an earlier forward's commit: read before the wait for the kernel before
+    for (int e = tid; e < dk * DTF_COLS; e += DTF_THREADS)
+        Ss[(e / DTF_COLS) * DTF_SLD + e % DTF_COLS] = state[(size_t(h) * dk + e / DTF_COLS) * dv + c0 + e % DTF_COLS];
+    griddep_wait();
+    for (int e = tid; e < n * dk; e += DTF_THREADS) {
+        const float* row = qkv + size_t(e / dk) * ld + kh * dk + e % dk;
+        Qs[e] = row[0];
+        Ks[e] = row[kd];
+    }
+    for (int e = tid; e < n * DTF_COLS; e += DTF_THREADS)
+        Vs[e] = qkv[size_t(e / DTF_COLS) * ld + 2 * kd + size_t(h) * dv + c0 + e % DTF_COLS];
+    for (int e = tid; e < n * n; e += DTF_THREADS) vis[e] = visible[e];
+    for (int t = tid; t < n; t += DTF_THREADS) {
+        gin[t] = g[size_t(t) * hv + h];
+        bet[t] = beta[size_t(t) * hv + h];
+    }
+    __syncthreads();
+    if (blockIdx.y == 0 && h % (hv / hk) == 0)  // one block per key head keeps the k copy
+        for (int e = tid; e < n * dk; e += DTF_THREADS) k_keep[size_t(e / dk) * kd + kh * dk + e % dk] = Ks[e];
+    for (int t = tid; t < n; t += DTF_THREADS) {
+        float acc = 0.f;
+        int c = 0;
+        for (int s = 0; s <= t; ++s)
+            if (vis[t * n + s]) { acc += gin[s]; ++c; }
+        gam[t] = acc;
+        eg[t] = expf(acc);
+        cnt[t] = c;
+        if (blockIdx.y == 0) gamma[size_t(t) * hv + h] = acc;
+    }
+    __syncthreads();
+    if (tid < LB_WARP) {  // off: exclusive prefix of cnt, a contiguous range of rows a lane
+        const int per = (n + LB_WARP - 1) / LB_WARP, a = min(n, tid * per), b = min(n, a + per);
+        int local = 0;
+        for (int t = a; t < b; ++t) local += cnt[t];
+        int incl = local;
+        for (int o = 1; o < LB_WARP; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (tid >= o) incl += y;
+        }
+        int run = incl - local;
+        for (int t = a; t < b; ++t) { off[t] = run; run += cnt[t]; }
+        if (tid == LB_WARP - 1) off[n] = incl;
+    }
+    __syncthreads();
+    for (int t = tid; t < n; t += DTF_THREADS) {
+        int p = off[t];
+        for (int s = 0; s <= t; ++s)
+            if (vis[t * n + s]) ps[p++] = s;
+    }
+    __syncthreads();
+    const int sub = tid % DTF_LANES, grp = tid / DTF_LANES, np = dk / 32;  // lane sub: elements 32m + 4 sub + e
+    // the 8 lanes of a group (groups of one warp take rows with different pair counts: the group's mask)
+    const unsigned gmask = 0xffu << ((tid % 32) & ~(DTF_LANES - 1));
+    auto lanes_sum = [gmask](float v) {
+#pragma unroll
+        for (int o = DTF_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(gmask, v, o, DTF_LANES);
+        return v;
+    };
+    // 3a. pair coefficients: group grp takes rows grp, grp + 16, ...
+    for (int t = grp; t < n; t += DTF_THREADS / DTF_LANES) {
+        float kt[32], qt[32];
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+            if (m < np) {
+                const float4 a = *(const float4*)&Ks[t * dk + 32 * m + 4 * sub];
+                const float4 b = *(const float4*)&Qs[t * dk + 32 * m + 4 * sub];
+                kt[4 * m] = a.x; kt[4 * m + 1] = a.y; kt[4 * m + 2] = a.z; kt[4 * m + 3] = a.w;
+                qt[4 * m] = b.x; qt[4 * m + 1] = b.y; qt[4 * m + 2] = b.z; qt[4 * m + 3] = b.w;
+            }
+        for (int p = off[t]; p < off[t + 1]; ++p) {
+            const int s = ps[p];
+            float kk = 0.f, qk = 0.f;
+#pragma unroll
+            for (int m = 0; m < 8; ++m)
+                if (m < np) {
+                    const float4 a = *(const float4*)&Ks[s * dk + 32 * m + 4 * sub];
+                    kk += kt[4 * m] * a.x + kt[4 * m + 1] * a.y + kt[4 * m + 2] * a.z + kt[4 * m + 3] * a.w;
+                    qk += qt[4 * m] * a.x + qt[4 * m + 1] * a.y + qt[4 * m + 2] * a.z + qt[4 * m + 3] * a.w;
+                }
+            kk = lanes_sum(kk);
+            qk = lanes_sum(qk);
+            if (sub == 0) {
+                const float d = expf(gam[t] - gam[s]);
+                pa[p] = s < t ? bet[t] * kk * d : 0.f;
+                pb[p] = qk * d;
+            }
+        }
+    }
+    // 3b. S0^T k_t, S0^T q_t: lane sub of column grp holds S0 rows 32m + 4 sub + e
+    {
+        float sr[32];
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sr[4 * m + e] = m < np ? Ss[(32 * m + 4 * sub + e) * DTF_SLD + grp] : 0.f;
+        for (int t = 0; t < n; ++t) {
+            float sk = 0.f, sq = 0.f;
+#pragma unroll
+            for (int m = 0; m < 8; ++m)
+                if (m < np) {
+                    const float4 a = *(const float4*)&Ks[t * dk + 32 * m + 4 * sub];
+                    const float4 b = *(const float4*)&Qs[t * dk + 32 * m + 4 * sub];
+                    sk += sr[4 * m] * a.x + sr[4 * m + 1] * a.y + sr[4 * m + 2] * a.z + sr[4 * m + 3] * a.w;
+                    sq += sr[4 * m] * b.x + sr[4 * m + 1] * b.y + sr[4 * m + 2] * b.z + sr[4 * m + 3] * b.w;
+                }
+            sk = lanes_sum(sk);
+            sq = lanes_sum(sq);
+            if (sub == t % DTF_LANES) {
+                Rs[t * DTF_COLS + grp] = bet[t] * Vs[t * DTF_COLS + grp] - bet[t] * eg[t] * sk;
+                QSs[t * DTF_COLS + grp] = sq;
+            }
+        }
+    }
+    __syncthreads();
+    // 4. forward substitution, a thread a column (the pair list's last entry of a row is the row itself)
+    if (tid < DTF_COLS) {
+        for (int t = 0; t < n; ++t) {
+            float ut = Rs[t * DTF_COLS + tid];
+            for (int p = off[t]; p < off[t + 1] - 1; ++p) ut -= pa[p] * Us[ps[p] * DTF_COLS + tid];
+            Us[t * DTF_COLS + tid] = ut;
+        }
+    }
+    __syncthreads();
+    // 5. outputs and u for commit
+    for (int e = tid; e < n * DTF_COLS; e += DTF_THREADS) {
+        const int t = e / DTF_COLS, j = e % DTF_COLS;
+        float o = eg[t] * QSs[e];
+        for (int p = off[t]; p < off[t + 1]; ++p) o += pb[p] * Us[ps[p] * DTF_COLS + j];
+        const size_t at = (size_t(t) * hv + h) * dv + c0 + j;
+        out[at] = o;
+        u[at] = Us[e];
     }
 }
 
@@ -354,8 +538,23 @@ size_t delta_tree_scratch(int n, int hv) { return size_t(hv) * 2 * n * n; }
 
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
-                float* gamma, float* k_keep, float* scratch, gpuStream_t s) {
-    if (dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s, int kernel) {
+    const size_t fused_smem = delta_tree_fused_smem(n, dk);
+    if ((kernel == 0 || kernel == 1) && dk % 32 == 0 && dk <= 256 && dv % DTF_COLS == 0 &&
+        fused_smem <= size_t(smem_optin_limit())) {
+        const dim3 grid(hv, dv / DTF_COLS), block(DTF_THREADS);
+        // up to the default 48 KB (dk 128: to 26 rows): with programmatic dependent launch, so that
+        // the state slice is read while the kernel before finishes
+        if (fused_smem <= 48 * 1024)
+            launch_k(delta_tree_fused_kernel, grid, block, fused_smem, s, qkv, ld, n, hk, hv, dk, dv, g, beta, visible,
+                     state, out, u, gamma, k_keep);
+        else
+            launch_smem(delta_tree_fused_kernel, grid, block, fused_smem, s, qkv, ld, n, hk, hv, dk, dv, g, beta,
+                        visible, state, out, u, gamma, k_keep);
+        return;
+    }
+    if (kernel == 1) lb::fail("unsupported", "delta_tree: the fused kernel does not take this shape");
+    if (kernel != 3 && dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
         delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
         delta_tree_pairs_kernel<<<dim3(n, hv), 128, 0, s>>>(qkv, ld, n, hk, hv, dk, beta, visible, gamma, k_keep, scratch);
         delta_tree_cols_kernel<<<dim3(hv, dv / (256 / DT_LANES)), 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma,
