@@ -398,28 +398,46 @@ __global__ void __launch_bounds__(DTF_THREADS) delta_tree_fused_kernel(
             }
         }
     }
-    // 3b. S0^T k_t, S0^T q_t: lane sub of column grp holds S0 rows 32m + 4 sub + e
+    // 3b. S0^T k_t, S0^T q_t: lane sub of column grp holds S0 rows 32m + 4 sub + e; 8 rows at a time, their
+    // 8-lane sums reduce-scattered (7 exchanges for 8 sums, not 24) so that lane sub ends with row t0 + sub's
     {
         float sr[32];
 #pragma unroll
         for (int m = 0; m < 8; ++m)
 #pragma unroll
             for (int e = 0; e < 4; ++e) sr[4 * m + e] = m < np ? Ss[(32 * m + 4 * sub + e) * DTF_SLD + grp] : 0.f;
-        for (int t = 0; t < n; ++t) {
-            float sk = 0.f, sq = 0.f;
+        for (int t0 = 0; t0 < n; t0 += DTF_LANES) {
+            float sk[DTF_LANES], sq[DTF_LANES];
 #pragma unroll
-            for (int m = 0; m < 8; ++m)
-                if (m < np) {
-                    const float4 a = *(const float4*)&Ks[t * dk + 32 * m + 4 * sub];
-                    const float4 b = *(const float4*)&Qs[t * dk + 32 * m + 4 * sub];
-                    sk += sr[4 * m] * a.x + sr[4 * m + 1] * a.y + sr[4 * m + 2] * a.z + sr[4 * m + 3] * a.w;
-                    sq += sr[4 * m] * b.x + sr[4 * m + 1] * b.y + sr[4 * m + 2] * b.z + sr[4 * m + 3] * b.w;
+            for (int r = 0; r < DTF_LANES; ++r) {
+                const int t = min(t0 + r, n - 1);  // rows past n: any row, its sums unused
+                float a = 0.f, b = 0.f;
+#pragma unroll
+                for (int m = 0; m < 8; ++m)
+                    if (m < np) {
+                        const float4 kv = *(const float4*)&Ks[t * dk + 32 * m + 4 * sub];
+                        const float4 qv = *(const float4*)&Qs[t * dk + 32 * m + 4 * sub];
+                        a += sr[4 * m] * kv.x + sr[4 * m + 1] * kv.y + sr[4 * m + 2] * kv.z + sr[4 * m + 3] * kv.w;
+                        b += sr[4 * m] * qv.x + sr[4 * m + 1] * qv.y + sr[4 * m + 2] * qv.z + sr[4 * m + 3] * qv.w;
+                    }
+                sk[r] = a;
+                sq[r] = b;
+            }
+#pragma unroll
+            for (int o = DTF_LANES / 2; o > 0; o >>= 1) {
+                const bool up = sub & o;  // keep the upper half of the o * 2 sums, send the lower
+#pragma unroll
+                for (int i = 0; i < o; ++i) {
+                    const float ks = up ? sk[i] : sk[i + o], qs = up ? sq[i] : sq[i + o];
+                    const float kk = up ? sk[i + o] : sk[i], qk = up ? sq[i + o] : sq[i];
+                    sk[i] = kk + __shfl_xor_sync(gmask, ks, o, DTF_LANES);
+                    sq[i] = qk + __shfl_xor_sync(gmask, qs, o, DTF_LANES);
                 }
-            sk = lanes_sum(sk);
-            sq = lanes_sum(sq);
-            if (sub == t % DTF_LANES) {
-                Rs[t * DTF_COLS + grp] = bet[t] * Vs[t * DTF_COLS + grp] - bet[t] * eg[t] * sk;
-                QSs[t * DTF_COLS + grp] = sq;
+            }
+            const int t = t0 + sub;
+            if (t < n) {
+                Rs[t * DTF_COLS + grp] = bet[t] * Vs[t * DTF_COLS + grp] - bet[t] * eg[t] * sk[0];
+                QSs[t * DTF_COLS + grp] = sq[0];
             }
         }
     }
@@ -428,6 +446,7 @@ __global__ void __launch_bounds__(DTF_THREADS) delta_tree_fused_kernel(
     if (tid < DTF_COLS) {
         for (int t = 0; t < n; ++t) {
             float ut = Rs[t * DTF_COLS + tid];
+#pragma unroll 4
             for (int p = off[t]; p < off[t + 1] - 1; ++p) ut -= pa[p] * Us[ps[p] * DTF_COLS + tid];
             Us[t * DTF_COLS + tid] = ut;
         }
@@ -437,6 +456,7 @@ __global__ void __launch_bounds__(DTF_THREADS) delta_tree_fused_kernel(
     for (int e = tid; e < n * DTF_COLS; e += DTF_THREADS) {
         const int t = e / DTF_COLS, j = e % DTF_COLS;
         float o = eg[t] * QSs[e];
+#pragma unroll 4
         for (int p = off[t]; p < off[t + 1]; ++p) o += pb[p] * Us[ps[p] * DTF_COLS + j];
         const size_t at = (size_t(t) * hv + h) * dv + c0 + j;
         out[at] = o;
