@@ -811,6 +811,24 @@ void check_silu_mul(Rng& r, int n, int I) {
     report("silu_mul", "silu_mul_kernel", shape({{"n", n}, {"I", I}}), rel_err(dout.down(), ref), 1e-5);
 }
 
+// The verify's argmax of each row of logits: vocab % 4 == 0 (the float4 path; 248,320 is the 27B's) and not
+// (the scalar path), each row with a tie at its maximum (the lowest index wins) and one row all equal.
+void check_argmax_rows(Rng& r, int n, int vocab) {
+    auto x = r.vec(size_t(n) * vocab);
+    for (int t = 0; t + 1 < n; ++t) {
+        const int a = int((r.uni() + 1.f) * 0.5f * float(vocab - 1)), b = int((r.uni() + 1.f) * 0.5f * float(vocab - 1));
+        x[size_t(t) * vocab + a] = x[size_t(t) * vocab + b] = 7.f;
+    }
+    std::fill_n(&x[size_t(n - 1) * vocab], vocab, 0.25f);  // every index ties: 0
+    Dev<float> dx(x);
+    Dev<int> out{size_t(n)};
+    gpu::argmax_rows(dx.p, n, vocab, out.p, g_s);
+    const std::vector<int> got = out.down();
+    int wrong = 0;
+    for (int t = 0; t < n; ++t) wrong += got[size_t(t)] != cpu::argmax(&x[size_t(t) * vocab], vocab);
+    report("argmax_rows", "argmax_rows_kernel (ties: lowest index)", shape({{"n", n}, {"vocab", vocab}}), wrong, 0);
+}
+
 void check_argmax_pos(Rng& r) {
     const int n = 100003;
     auto x = r.vec(n);
@@ -1581,6 +1599,8 @@ int main(int argc, char** argv) {
     check_attention(r, 20, 6, 2, 64, DType::Q4_0, gpu::AttentionKernel::Auto, 5e-4, true, 9, " (hd 64)");
     check_silu_mul(r, 3, 1001);
     check_argmax_pos(r);
+    check_argmax_rows(r, 23, 248320);
+    check_argmax_rows(r, 9, 100003);
     check_gemv_fused(r);
     check_transpose_mlp(r, 1024, 3584);
     check_transpose_mlp(r, 1000, 777);

@@ -1,18 +1,24 @@
 """Where a 27B DFlash verify spends its time, on CUDA (run on the device machine from the repository root,
 PYTHONPATH=.). SYNTHETIC (random) weights: the full-shape Qwen3.5-27B Q4_K_M GGUF; speed only.
 
-In parallel at the start: the CUDA build of this tree (lucebench-gpu-op-check, lucebench-verify-gpu-check),
-the synthetic GGUF (check_quant_gpu.synth) and the CUPTI injection library. Then:
+In parallel at the start: the CUDA build of this tree (into check_dflash_gpu.sh's build folder, with its
+source hash, so that its parts below find the engines built), the synthetic GGUF (check_quant_gpu.synth), a
+random z-lab-shaped draft for it and the CUPTI injection library. Then:
   1. lucebench-gpu-op-check: its summary, every failed row, the attention_split rows; then
-     lucebench-verify-kernels-check and lucebench-verify-gpu-check (verify + commit == AR greedy on the GPU);
+     lucebench-verify-gpu-check (verify + commit == AR greedy through the GPU backend, states after commit);
   2. --time-attention: one attention layer of each shape at 256 .. 128K keys, before's kernel against now's;
   3. --time-verify at contexts 256, 1024, 4096 for B = 22 and at 256, 1024 for B = 8: verify ms against the
      unfused decode step after it;
   4. the verify forward on the GPU clock (CUPTI, --time-verify at context 512, B = 22 and B = 8): the verify
      forwards are the kernel runs from an embed to the next that hold delta_tree; per kernel (name, grid):
      launches a verify, the time it adds (its end minus the previous kernel's end: idle charged to the kernel
-     after it) and its median duration, medians over the last 8 verifies; summed by class.
-Writes $OUT/vprof/ (profile.json, *.txt, *.md) and prints the key tables. About 5-6 minutes on a fresh H100.
+     after it) and its median duration, medians over the last 8 verifies; summed by class;
+  5. with DFLASH_PARTS (default "lossless-synth speed"; empty: none): check_dflash_gpu.sh's parts: dflash ==
+     ar greedy on the synthetic 0.8B (chain and tree, budgets 8/22/40, KV bf16 and q8_0), and the 27B's
+     speed at a forced AL of 8.31, budgets 8 and 22 (FORCED ACCEPTANCE, benchmark only), draft / verify /
+     commit ms a step.
+Writes $OUT/vprof/ (profile.json, *.txt, *.md; dg/ for step 5) and prints the key tables. About 5-6 minutes
+on a fresh H100, 7-8 with step 5.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ import check_quant_gpu as cq  # noqa: E402  (synth, CUPTI library, card)
 cq.OUT = OUT
 os.environ["OUT"] = str(OUT)
 ARCH = os.environ.get("ARCH", "90")
-BUILD = Path("/tmp/vprof-build")
+BUILD = Path("/tmp/lb-dflash-build")  # check_dflash_gpu.sh's, same flags and hash: its parts reuse the build
+DFLASH_PARTS = os.environ.get("DFLASH_PARTS", "lossless-synth speed").strip()
 T0 = time.time()
 R = cq.R
 R.update({"label": "SYNTHETIC weights (random): speed figures only"})
@@ -52,12 +59,40 @@ def save() -> None:
 def build() -> None:
     with (OUT / "build.log").open("w") as f:
         subprocess.run(["cmake", "-S", str(ROOT / "engines"), "-B", str(BUILD), "-DLUCEBENCH_BACKEND=cuda",
-                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release"], check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
+                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release",
+                        "-DLUCEBENCH_SOURCE_HASH=dflash"], check=True, stdout=f, stderr=subprocess.STDOUT)
         subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 16), "--target",
-                        "lucebench-gpu-op-check", "lucebench-verify-gpu-check", "lucebench-verify-kernels-check"],
-                       check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
+                        "lucebench-gpu-op-check", "lucebench-verify-gpu-check", "lucebench-ar", "lucebench-dflash"],
+                       check=True, stdout=f, stderr=subprocess.STDOUT)
+
+
+def synth(paths: dict) -> None:
+    """The 27B GGUF and, for the DFlash speed part, a random z-lab-shaped draft for it."""
+    paths["27b"] = cq.synth("qwen3.5-27b")
+    if "speed" not in DFLASH_PARTS.split():
+        return
+    from lucebench.models.dflash_draft import synthesize_draft
+    from lucebench.models.shapes import get_shape
+
+    cfg, draft = Path("/tmp/vprof-t27cfg"), Path("/tmp/vprof-d27")
+    cfg.mkdir(exist_ok=True)
+    (cfg / "config.json").write_text(json.dumps(get_shape("qwen3.5-27b").config))
+    if not (draft / "model.safetensors").is_file():
+        synthesize_draft(cfg, draft, seed=1)
+    paths["draft"] = draft
+
+
+def dflash_parts(paths: dict) -> None:
+    env = dict(os.environ, OUT=str(OUT), PARTS=DFLASH_PARTS, DFLASH_TARGET=str(paths["27b"]),
+               DFLASH_DRAFT=str(paths["draft"]), DFLASH_BUDGETS="8,22", DFLASH_N_GEN="256", ARCH=ARCH)
+    rc, txt = run(["bash", "scripts/device/check_dflash_gpu.sh"], "dflash.log", env, timeout=400)
+    rows = [ln for ln in txt.splitlines()
+            if ln.strip().startswith("|") or " ar: " in ln or "FAIL" in ln or "lossless" in ln.lower()]
+    print("\n".join(rows[-60:]), flush=True)
+    R["dflash"] = {"rc": rc, "parts": DFLASH_PARTS, "rows": rows}
+    log(f"check_dflash_gpu.sh PARTS='{DFLASH_PARTS}': rc {rc}")
+    if rc != 0:
+        raise RuntimeError(f"check_dflash_gpu.sh exited {rc}")
 
 
 def run(args: list[str], name: str, env: dict | None = None, timeout: int = 300) -> tuple[int, str]:
@@ -139,7 +174,7 @@ def main() -> int:
     late_errors: list[str] = []
     paths: dict = {}
     th = [cq.start_guarded(errors, build), cq.start_guarded(errors, cq.build_timeline_lib),
-          cq.start_guarded(errors, lambda: paths.update({"27b": cq.synth("qwen3.5-27b")}))]
+          cq.start_guarded(errors, synth, paths)]
     th[0].join()
     if errors:
         log("FAILED: " + "; ".join(errors))
@@ -150,19 +185,17 @@ def main() -> int:
     log(f"op check: rc {rc}, {summary}")
     print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "NOT REPEATABLE" in ln
                     or ln.startswith("| attention_split")), flush=True)
-    # the verify path's exactness: its kernels against the CPU reference, verify + commit == AR greedy
-    # through the GPU backend (random Qwen3.5 / Qwen3 models), a verify's outputs against the CPU backend's
-    for exe, name in (("lucebench-verify-kernels-check", "verify_kernels_check.txt"),
-                      ("lucebench-verify-gpu-check", "verify_gpu_check.txt")):
-        try:
-            rc, txt = run([str(BUILD / exe)], name, timeout=240)
-        except subprocess.TimeoutExpired:
-            rc, txt = 124, "timed out after 240 s"
-        R[name.split(".")[0]] = {"rc": rc, "tail": txt.splitlines()[-3:]}
-        log(f"{exe}: rc {rc}; " + " / ".join(txt.splitlines()[-2:]))
-        print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "fail" in ln), flush=True)
-        if rc != 0:  # recorded at the end: the timings below still run
-            late_errors.append(f"{exe} rc {rc}")
+    # the verify path's exactness through the GPU backend: verify + commit == AR greedy on random Qwen3.5 /
+    # Qwen3 models, the states after commit, a verify's outputs against the CPU backend's
+    try:
+        rc, txt = run([str(BUILD / "lucebench-verify-gpu-check")], "verify_gpu_check.txt", timeout=240)
+    except subprocess.TimeoutExpired:
+        rc, txt = 124, "timed out after 240 s"
+    R["verify_gpu_check"] = {"rc": rc, "tail": txt.splitlines()[-3:]}
+    log(f"lucebench-verify-gpu-check: rc {rc}; " + " / ".join(txt.splitlines()[-2:]))
+    print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "fail" in ln), flush=True)
+    if rc != 0:  # recorded at the end: the timings below still run
+        late_errors.append(f"lucebench-verify-gpu-check rc {rc}")
     save()
     rc, txt = run([str(BUILD / "lucebench-gpu-op-check"), "--time-attention"], "attention_time.md")
     print("\n".join(ln for ln in txt.splitlines() if ln.startswith("|") and "decode step" not in ln), flush=True)
@@ -191,6 +224,12 @@ def main() -> int:
                 log(f"FAILED profile B = {B}: {exc!r}")
     else:
         log(f"no CUPTI profile: {R.get('timeline_lib')}")
+    if DFLASH_PARTS:
+        try:
+            dflash_parts(paths)
+        except Exception as exc:
+            errors.append(f"dflash: {exc!r}")
+            log(f"FAILED dflash: {exc!r}")
     errors += late_errors
     R["errors"] = errors
     R["wall_s"] = round(time.time() - T0, 1)
