@@ -584,6 +584,48 @@ void check_delta_tree(Rng& r, int n, int hk, int hv, int dk, int dv, bool chain,
     report("delta_tree", name + " (k kept)", sh, rel_err(first[3], k), 0);
 }
 
+// The verify's conv + DeltaNet prologue in one launch (verify_ops.h conv_tree_prep) against the CPU's
+// causal_conv1d_silu_tree then cpu_deltanet_prep on a random tree, and against the GPU's two kernels
+// (conv_tree, deltanet_prep): the same operations, so bit-identical.
+void check_conv_tree_prep(Rng& r, int n, int hk, int dk, int hv, int dv, int K) {
+    const int C = 2 * hk * dk + hv * dv, ldx = C + 2 * hv + 7, b_off = C + 5;
+    std::vector<int> parent(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) parent[size_t(i)] = i == 0 ? -1 : std::min(i - 1, int((r.uni() + 1.f) * 0.5f * float(i)));
+    auto x = r.vec(size_t(n) * ldx, 2.f), w = r.vec(size_t(C) * K, 0.5f), state = r.vec(size_t(C) * (K - 1));
+    auto negA = r.vec(hv), dt = r.vec(hv);
+    for (float& a : negA) a = -std::fabs(a) - 0.1f;
+    std::vector<float> xc(size_t(n) * C), y(size_t(n) * C), g(size_t(n) * hv), beta(size_t(n) * hv);
+    for (int t = 0; t < n; ++t) std::copy(&x[size_t(t) * ldx], &x[size_t(t) * ldx] + C, &xc[size_t(t) * C]);
+    cpu::causal_conv1d_silu_tree(xc.data(), n, C, K, w.data(), state.data(), parent.data(), y.data());
+    cpu_deltanet_prep(y, C, x, ldx, b_off, negA, dt, n, hk, dk, hv, &g, &beta);
+    Dev<float> dx(x), dw(w), ds(state), dn(negA), ddt(dt);
+    Dev<int> dp(parent);
+    auto gpu_run = [&](bool fused) {
+        Dev<float> dy(std::vector<float>(y.size(), NAN)), dkeep(std::vector<float>(xc.size(), NAN)),
+            dg(std::vector<float>(g.size(), NAN)), db(std::vector<float>(beta.size(), NAN));
+        if (fused) {
+            gpu::conv_tree_prep(dx.p, ldx, n, K, dw.p, ds.p, dp.p, dy.p, dkeep.p, hk, dk, hv, dv, b_off, dn.p, ddt.p, dg.p,
+                                db.p, g_s);
+        } else {
+            gpu::conv_tree(dx.p, ldx, n, C, K, dw.p, ds.p, dp.p, dy.p, dkeep.p, g_s);
+            gpu::deltanet_prep(dy.p, C, dx.p, ldx, b_off, dn.p, ddt.p, n, hk, dk, hv, dg.p, db.p, g_s);
+        }
+        return std::vector<std::vector<float>>{dy.down(), dkeep.down(), dg.down(), db.down()};
+    };
+    const auto got = gpu_run(true), two = gpu_run(false);
+    bool same = true;
+    for (size_t i = 0; i < got.size(); ++i)
+        same = same && memcmp(got[i].data(), two[i].data(), got[i].size() * sizeof(float)) == 0;
+    const std::string sh = shape({{"n", n}, {"hk", hk}, {"dk", dk}, {"hv", hv}, {"dv", dv}, {"K", K}});
+    const std::string name = std::string("conv_tree_prep_kernel") + (same ? "" : " NOT EQUAL TO conv_tree + prep");
+    report("conv_tree_prep", name + " (y)", sh, same ? rel_err(got[0], y) : INFINITY, 1e-5);
+    report("conv_tree_prep", name + " (kept x)", sh, rel_err(got[1], xc), 0);
+    std::vector<float> gb = got[2], want = g;
+    gb.insert(gb.end(), got[3].begin(), got[3].end());
+    want.insert(want.end(), beta.begin(), beta.end());
+    report("conv_tree_prep", name + " (g, beta)", sh, rel_err(gb, want), 1e-5);
+}
+
 void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant, bool gated = true) {
     const int qs = gated ? 2 : 1;
     const int ld = (qs * nh + 2 * nkv) * hd, pos0 = 3, ctx = pos0 + n + 2;
@@ -1528,6 +1570,9 @@ int main(int argc, char** argv) {
         check_delta_tree(r, 13, 1, 3, 48, 32, chain, 0, "auto (dk % 32 != 0: split)");
     }
     check_delta_tree(r, 129, 1, 2, 128, 128, false, 0, "auto (129 rows: split)");
+    check_conv_tree_prep(r, 23, 2, 128, 6, 128, 4);  // the 27B's heads (16 / 48) in fewer
+    check_conv_tree_prep(r, 9, 1, 256, 3, 64, 3);
+    check_conv_tree_prep(r, 7, 2, 48, 5, 40, 4);
     check_attn_prep(r, 5, 8, 2, 256, 64, DType::BF16, "attn_prep_kernel<bf16>");
     check_attn_prep(r, 3, 4, 2, 128, 32, DType::BF16, "attn_prep_kernel<bf16>");
     for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0})

@@ -94,10 +94,9 @@ __global__ void tree_attention_kernel(const float* qkv, int ld, int n, int nh, i
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
-__global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, const float* w, const float* state,
-                                 const int* parent, float* y, float* keep) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
-    if (c >= C) return;
+// Channel c of row t: SiLU of the causal conv along the row's ancestors.
+__device__ __forceinline__ float conv_tree_at(const float* x, int ldx, int t, int c, int K, const float* w,
+                                              const float* state, const int* parent) {
     // window, oldest first: ancestors' inputs (nearest last), then the state's newest slots before them
     float win[16];
     int r = t, j = K - 1;
@@ -105,8 +104,62 @@ __global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, c
     for (int slot = K - 2; j >= 0; --j, --slot) win[j] = state[size_t(c) * (K - 1) + slot];
     float acc = 0;
     for (int i = 0; i < K; ++i) acc += w[size_t(c) * K + i] * win[i];
-    y[size_t(t) * C + c] = silu_f(acc);
+    return silu_f(acc);
+}
+
+__global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, const float* w, const float* state,
+                                 const int* parent, float* y, float* keep) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c >= C) return;
+    y[size_t(t) * C + c] = conv_tree_at(x, ldx, t, c, K, w, state, parent);
     keep[size_t(t) * C + c] = x[size_t(t) * ldx + c];
+}
+
+// conv_tree_kernel and deltanet_prep_kernel (delta_rule.cu) in one launch: grid (n, 2 hk + vd / 128 rounded up
+// + 1), 128 threads (deltanet_prep_kernel's: its block sums, so the same values). Blocks y < 2 hk take a q or k
+// head (dk <= 256 channels): conv, then the head's L2 norm (q also scaled by dk^-1/2); then the v channels, 128 a
+// block; the last block computes g and beta. Launch_dependents at once: delta_tree's fused kernel reads its
+// state slice while this runs and waits for it before reading anything this writes.
+constexpr int CTP_THREADS = 128;
+__global__ void __launch_bounds__(CTP_THREADS) conv_tree_prep_kernel(
+    const float* x, int ldx, int K, const float* w, const float* state, const int* parent, float* y, float* keep,
+    int hk, int dk, int vd, int hv, int b_off, const float* negA, const float* dt_bias, float* g, float* beta) {
+    griddep_launch();
+    const int t = blockIdx.x, b = blockIdx.y, C = 2 * hk * dk + vd;
+    const float* row = x + size_t(t) * ldx;
+    if (b == int(gridDim.y) - 1) {
+        for (int i = threadIdx.x; i < hv; i += CTP_THREADS) {
+            const float a = row[b_off + hv + i] + dt_bias[i];
+            beta[size_t(t) * hv + i] = sigmoidf(row[b_off + i]);
+            g[size_t(t) * hv + i] = negA[i] * softplus(a);
+        }
+        return;
+    }
+    if (b < 2 * hk) {
+        float v[2];
+        float ss = 0;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const int i = threadIdx.x + CTP_THREADS * m, c = b * dk + i;
+            if (i < dk) {
+                v[m] = conv_tree_at(x, ldx, t, c, K, w, state, parent);
+                keep[size_t(t) * C + c] = row[c];
+                ss += v[m] * v[m];
+            }
+        }
+        float inv = rsqrtf(block_sum(ss) + 1e-6f);
+        if (b < hk) inv *= rsqrtf(float(dk));
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const int i = threadIdx.x + CTP_THREADS * m;
+            if (i < dk) y[size_t(t) * C + b * dk + i] = v[m] * inv;
+        }
+        return;
+    }
+    const int c = 2 * hk * dk + (b - 2 * hk) * CTP_THREADS + threadIdx.x;
+    if (c >= C) return;
+    y[size_t(t) * C + c] = conv_tree_at(x, ldx, t, c, K, w, state, parent);
+    keep[size_t(t) * C + c] = row[c];
 }
 
 // One block per value head; thread j owns column j of the head's state and of every row's u and output.
@@ -580,6 +633,20 @@ void conv_tree(const float* x, int ldx, int n, int C, int K, const float* w, con
                float* y, float* keep, gpuStream_t s) {
     if (K > 16) lb::fail("unsupported", "conv kernel wider than 16");
     conv_tree_kernel<<<dim3((C + 127) / 128, n), 128, 0, s>>>(x, ldx, n, C, K, w, state, parent, y, keep);
+}
+
+void conv_tree_prep(const float* x, int ldx, int n, int K, const float* w, const float* state, const int* parent,
+                    float* y, float* keep, int hk, int dk, int hv, int dv, int b_off, const float* negA,
+                    const float* dt_bias, float* g, float* beta, gpuStream_t s) {
+    const int C = 2 * hk * dk + hv * dv;
+    if (K <= 16 && dk <= 2 * CTP_THREADS) {
+        const dim3 grid(n, 2 * hk + (hv * dv + CTP_THREADS - 1) / CTP_THREADS + 1);
+        conv_tree_prep_kernel<<<grid, CTP_THREADS, 0, s>>>(x, ldx, K, w, state, parent, y, keep, hk, dk, hv * dv, hv,
+                                                           b_off, negA, dt_bias, g, beta);
+        return;
+    }
+    conv_tree(x, ldx, n, C, K, w, state, parent, y, keep, s);
+    deltanet_prep(y, C, x, ldx, b_off, negA, dt_bias, n, hk, dk, hv, g, beta, s);
 }
 
 size_t delta_tree_scratch(int n, int hv) { return size_t(hv) * 2 * n * n; }
