@@ -369,16 +369,27 @@ void check_rmsnorm(Rng& r, int rows, int dim) {
     report("rmsnorm", "rmsnorm_kernel", shape({{"rows", rows}, {"dim", dim}}), rel_err(dy.down(), ref), 1e-5);
 }
 
-void check_gated_rmsnorm(Rng& r, int n, int heads, int dim) {
+// tiled_nk > 0: the heads written in heads_to_tiled's order (the verify's tiled out_proj input), against the
+// CPU norm's rows with their heads so permuted.
+void check_gated_rmsnorm(Rng& r, int n, int heads, int dim, int tiled_nk = 0) {
     const int ldz = heads * dim + 16;
     auto x = r.vec(size_t(n) * heads * dim, 2.f), z = r.vec(size_t(n) * ldz, 3.f), g = r.vec(dim);
     Dev<float> dx(x), dz(z), dg(g), dy(x.size());
-    gpu::gated_rmsnorm(dx.p, dz.p, ldz, dg.p, dy.p, n, heads, dim, 1e-6f, g_s);
+    gpu::gated_rmsnorm(dx.p, dz.p, ldz, dg.p, dy.p, n, heads, dim, 1e-6f, g_s, tiled_nk);
     std::vector<float> zc(x.size()), ref(x.size());
     for (int t = 0; t < n; ++t) std::copy_n(&z[size_t(t) * ldz], heads * dim, &zc[size_t(t) * heads * dim]);
     cpu::gated_rmsnorm(x.data(), zc.data(), g.data(), ref.data(), n * heads, dim, 1e-6f);
-    report("gated_rmsnorm", "gated_rmsnorm_kernel", shape({{"n", n}, {"heads", heads}, {"dim", dim}, {"ldz", ldz}}),
-           rel_err(dy.down(), ref), 1e-5);
+    if (tiled_nk > 0) {
+        const int rr = heads / tiled_nk;
+        std::vector<float> perm(ref.size());
+        for (int t = 0; t < n; ++t)
+            for (int h = 0; h < heads; ++h)
+                std::copy_n(&ref[(size_t(t) * heads + h) * dim], dim,
+                            &perm[(size_t(t) * heads + (h % rr) * tiled_nk + h / rr) * dim]);
+        ref = perm;
+    }
+    report("gated_rmsnorm", tiled_nk > 0 ? "gated_rmsnorm_kernel (tiled heads)" : "gated_rmsnorm_kernel",
+           shape({{"n", n}, {"heads", heads}, {"dim", dim}, {"ldz", ldz}, {"nk", tiled_nk}}), rel_err(dy.down(), ref), 1e-5);
 }
 
 void check_conv1d(Rng& r, int n, int C, int K) {
@@ -1546,6 +1557,7 @@ int main(int argc, char** argv) {
     check_rmsnorm(r, 2, 8192);  // registers, full
     check_rmsnorm(r, 2, 9000);  // the strided loop
     check_gated_rmsnorm(r, 3, 4, 128);
+    check_gated_rmsnorm(r, 5, 12, 128, 4);  // the 27B's 48 value heads over 16 key heads, in fewer
     for (int K = 1; K <= 8; ++K) check_conv1d(r, 13, 300, K);
     check_deltanet_prep(r);
     // first, while the two-pass form's chunk buffer is empty: under capture it cannot grow

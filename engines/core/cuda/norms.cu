@@ -54,11 +54,13 @@ __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, c
 }
 
 __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, const float* gain, float* y, int heads,
-                                     int dim, float eps) {
+                                     int dim, float eps, int tiled_nk) {
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const float* xr = x + size_t(blockIdx.x) * dim;
     const float* zr = z + size_t(t) * ldz + size_t(h) * dim;
-    float* yr = y + size_t(blockIdx.x) * dim;
+    const int r = tiled_nk > 0 ? heads / tiled_nk : 1;
+    const int ho = tiled_nk > 0 ? (h % r) * tiled_nk + h / r : h;  // heads_to_tiled's order
+    float* yr = y + (size_t(t) * heads + ho) * dim;
     float ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
@@ -79,8 +81,8 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 }
 
 void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, float* y, int n, int heads, int dim,
-                   float eps, gpuStream_t s) {
-    gated_rmsnorm_kernel<<<n * heads, 128, 0, s>>>(x, z, ldz, gain, y, heads, dim, eps);
+                   float eps, gpuStream_t s, int tiled_nk) {
+    gated_rmsnorm_kernel<<<n * heads, 128, 0, s>>>(x, z, ldz, gain, y, heads, dim, eps, tiled_nk);
 }
 
 }  // namespace lb::gpu
