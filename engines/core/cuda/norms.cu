@@ -12,13 +12,16 @@ constexpr int kNormThreads = 256;
 // step runs 129 of these on a single row, each on the critical path); the sums are the same as the loop's
 // (the same elements in the same order, the padding adds 0), so the output is too. PER = 0: the loop.
 // Launched with programmatic dependent launch. The gain (a weight: no kernel writes it) is read before the
-// wait, while the kernel before finishes. The next kernel is let in only once the row's loads are back: in a
-// verify it is a quantised GEMM whose blocks ask for their first weights at once, and this kernel's loads,
-// queued behind that burst, made a 23-row norm 13 us long (CUPTI, 27B, H100), with the GEMM's main loop
-// waiting on it anyway.
+// wait, while the kernel before finishes. One row (a decode step): the next kernel is let in at once, so that
+// its weights stream while this runs. More rows (a verify, a draft block): only once the rows' loads are back:
+// in a verify the next kernel is a quantised GEMM whose blocks ask for their first weights at once, and this
+// kernel's loads, queued behind that burst, made a 23-row norm 13 us long (CUPTI, 27B, H100), with the GEMM's
+// main loop waiting on it anyway.
 template <int PER>
 __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, const float* gain, float* y, int dim,
                                                                float eps) {
+    const bool early = gridDim.x == 1;
+    if (early) griddep_launch();
     const float* xr = x + size_t(blockIdx.x) * dim;
     float* yr = y + size_t(blockIdx.x) * dim;
     float ss = 0;
@@ -38,7 +41,7 @@ __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, c
 #pragma unroll
         for (int k = 0; k < PER; ++k) ss += v[k] * v[k];
         const float inv = rsqrtf(block_sum(ss) / dim + eps);
-        griddep_launch();
+        if (!early) griddep_launch();
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
             const int i = threadIdx.x + kNormThreads * k;
@@ -48,7 +51,7 @@ __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, c
         griddep_wait();
         for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += xr[i] * xr[i];
         const float inv = rsqrtf(block_sum(ss) / dim + eps);
-        griddep_launch();
+        if (!early) griddep_launch();
         for (int i = threadIdx.x; i < dim; i += kNormThreads) yr[i] = xr[i] * inv * gain[i];
     }
 }
