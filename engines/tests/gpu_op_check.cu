@@ -274,6 +274,27 @@ void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out,
     }
 }
 
+// qmma_kernel's two routes to the q4_K weights (qmma_chunk: by nibble position at up to 4 tiles of 8 tokens,
+// through bytes_f above) must give the same bf16 weights: a token's sums do not depend on the other tiles, so
+// the first `na` rows of an `nb`-row product (nb > 32) equal the `na`-row product (na <= 32) bitwise, both in
+// one K split (the split count is part of the numerics, the tile count is not).
+void check_qmma_routes(Rng& r, DType t, int na, int nb, int in, int out, const char* variant) {
+    std::vector<float> Wf;
+    std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
+    Dev<uint8_t> dw(raw);
+    Dev<float> dx(r.vec(size_t(nb) * in)), dya(std::vector<float>(size_t(na) * out)),
+        dyb(std::vector<float>(size_t(nb) * out));
+    gpu::matmul_quant(dx.p, na, in, dw.p, t, out, dya.p, out, false, g_s, 5);
+    gpu::matmul_quant(dx.p, nb, in, dw.p, t, out, dyb.p, out, false, g_s, 5);
+    const std::vector<float> a = dya.down(), b = dyb.down();
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    report("matmul_quant",
+           std::string(dtype_name(t)) + ", " + variant + ": " + std::to_string(na) + " rows = the first of " +
+               std::to_string(nb) + " (values differing)",
+           shape({{"in", in}, {"out", out}}), double(differ), 0);
+}
+
 // `--qmma`: qmma_kernel alone, on the 27B's shapes (the LM head's rows cut to 20,000) at a verify's row counts
 // and on odd shapes (rows not a multiple of 16, one super-block, a column offset of a wider y, accumulate).
 void check_qmma_all(Rng& r) {
@@ -287,6 +308,14 @@ void check_qmma_all(Rng& r) {
         check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 1280, 1000, false, 0, 1000, "1000 rows, 5 super-blocks");
         check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 256, 77, true, 3, 90, "77 rows, 1 super-block, at column 3");
         check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 17408, 309, true, 0, 309, "309 rows, 68 super-blocks");
+    }
+    check_qmma_routes(r, DType::Q4_K, 23, 33, 5120, 2000, "qmma_kernel by nibble position = through bytes_f");
+    check_qmma_routes(r, DType::Q4_K, 5, 72, 1280, 1000, "qmma_kernel by nibble position = through bytes_f");
+    // the last round's groups split over several warps each (qmma_kernel's tail): one round (5 groups of 3
+    // warps), and two rounds (2 super-blocks: 2 warps a group)
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        check_qmma(r, t, {9, 33}, 1024, 77, true, 2, 80, "77 rows, the last round's groups over 3 warps");
+        check_qmma(r, t, {9, 41}, 512, 40000, false, 0, 40000, "40000 rows, the last round's groups over 2 warps");
     }
 }
 #endif
@@ -1284,7 +1313,9 @@ void time_quant() {
         // before them: docs/engines.md's "tried and superseded" figures): qgemv_kernel (8) at n <= 4, the
         // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows; qmv_kernel at one token also with
         // 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
+        // (qmv_kernel and qmma_kernel at 2..4 rows: where one overtakes the other)
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {2, 1}, {2, 2}, {3, 1}, {3, 2}, {4, 8},
+                                            {4, 1}, {4, 2}, {8, 1}, {8, 2},
                                             {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
                                             {33, -1}, {33, 2}, {41, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {
@@ -1499,6 +1530,9 @@ int main(int argc, char** argv) {
     // qmma_kernel against its bf16 contract, run to run, and in one K split (`--qmma`: the 27B's shapes)
     check_qmma(r, DType::Q4_K, {23}, 5120, 2000, false, 0, 2000, "qmma_kernel, 23 rows");
     check_qmma(r, DType::Q6_K, {41}, 17408, 700, true, 5, 720, "qmma_kernel, 68 super-blocks, at column 5");
+    check_qmma_routes(r, DType::Q4_K, 23, 33, 5120, 2000, "qmma_kernel by nibble position = through bytes_f");
+    check_qmma(r, DType::Q4_K, {9}, 1024, 77, true, 2, 80, "qmma_kernel, the last round's groups over 3 warps");
+    check_qmma(r, DType::Q6_K, {9}, 512, 40000, false, 0, 40000, "qmma_kernel, the last round's groups over 2 warps");
 #endif
     // qmv_kernel's grid is one round of resident blocks, each warp taking groups of rows in turn: matrices of
     // many groups a warp (the 27B's gate_up and a q6_K LM head's shape, cut to 60,000 rows), the last group part

@@ -594,7 +594,9 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
 // partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
 // row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
-// warp or block takes it: the grid is not part of the numerics, the split count is.
+// warp or block takes it, except a last round's groups split over several warps (below, at up to 3 tiles): the
+// split count and, for those groups, the grid are part of the numerics (both fixed for a device and a shape:
+// identical run to run).
 // One block of 16 warps a multiprocessor (128 registers a thread: the whole register file), so that all of its
 // warps share one staged slice, as long a slice as the shared memory holds.
 constexpr int kQmmaWarps = 16;
@@ -655,18 +657,35 @@ struct QmmaRaw<DType::Q6_K> {
     }
 };
 
-// The 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs.
-template <DType T>
+// The 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs. LOP: q4_K by
+// nibble position (below; the kernel at up to 4 tiles, where it needs no more registers), else through bytes_f:
+// the same values either way.
+template <DType T, bool LOP>
 __device__ __forceinline__ void qmma_chunk(const QmmaRaw<T>& w, int c, const float sc[4], const float mn[4],
                                            uint32_t* p01, uint32_t* p23) {
     float v[4];
-    if constexpr (T == DType::Q4_K) {
+    if constexpr (T == DType::Q4_K && !LOP) {
         const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
         const uint32_t word = c < 8 ? (src[c] & 0x0F0F0F0Fu) : ((src[c - 8] >> 4) & 0x0F0F0F0Fu);
         unpack4(word, 0.f, v);
-        const int j = c < 8 ? 0 : 1;  // sub-block 2q or 2q + 1
+        const int j = c < 8 ? 0 : 2;  // sub-block 2q or 2q + 1 (scales sc[0], sc[2]: qmma_scales)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e] - mn[j];
+        for (int e = 0; e < 4; ++e) v[e] = __fmaf_rn(sc[j], v[e], -mn[j / 2]);
+    } else if constexpr (T == DType::Q4_K) {
+        // A nibble at bit p (p = 0, 4, 8, 12 of w or of w >> 16) is made the float 2^23 + q 2^p by one
+        // LOP3 ((w & mask) | the exponent), 2^23 comes off exactly and one FMA with d sc 2^-p (qmma_scales)
+        // gives fl(d sc q - dmin m), the value ggml's (and the other kernels') d sc * q - dmin m: d sc q is
+        // exact either way (17 + 4 bits). Three instructions a weight and a half (the bf16 pack), one byte
+        // permute and a nibble mask a word fewer than the bytes_f route.
+        const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
+        const uint32_t wl = src[c & 7], wh = wl >> 16;
+        const int hi = c < 8 ? 0 : 1;  // sub-block 2q (low nibbles) or 2q + 1 (high): scales sc[2 hi], + 1
+        const uint32_t m0 = 0x0Fu << (4 * hi), m1 = 0x0F00u << (4 * hi);
+        const uint32_t b[4] = {(wl & m0) | 0x4B000000u, (wl & m1) | 0x4B000000u, (wh & m0) | 0x4B000000u,
+                               (wh & m1) | 0x4B000000u};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            v[e] = __fmaf_rn(__fadd_rn(__uint_as_float(b[e]), -8388608.f), sc[2 * hi + (e & 1)], -mn[hi]);
     } else {
         const int j = c >> 2, m = c & 3;
         uint32_t word;
@@ -683,18 +702,25 @@ __device__ __forceinline__ void qmma_chunk(const QmmaRaw<T>& w, int c, const flo
     *p23 = *(uint32_t*)&b;
 }
 
-// Per-run scales of the lane's run: q4_K: d sc and dmin m of sub-blocks 2q, 2q + 1; q6_K: d sc of runs j.
-template <DType T>
+// Per-run scales of the lane's run: q4_K: dmin m of sub-blocks 2q, 2q + 1 (mn[0], mn[1]) and d sc of them in
+// sc[0], sc[2]; for qmma_chunk's LOP route by nibble position: d sc of 2q times 1, 2^-8 (sc[0], sc[1]), of
+// 2q + 1 times 2^-4, 2^-12 (sc[2], sc[3]); q6_K: d sc of runs j.
+template <DType T, bool LOP>
 __device__ __forceinline__ void qmma_scales(const QmmaRaw<T>& w, int q, float sc[4], float mn[4]) {
     if constexpr (T == DType::Q4_K) {
         const float d = h2f(uint16_t(w.dm & 0xFFFF)), dmin = h2f(uint16_t(w.dm >> 16));
         uint32_t sc2, mn2;  // the 6-bit scales and mins of sub-blocks 2q, 2q + 1 (no branch on the lane's q)
         q4k_sm_pair(q, w.s0, w.s1, w.s2, &sc2, &mn2);
-        sc[0] = d * small_f(sc2 & 0xFFu);
+        // qmma_chunk's scales by nibble position: sub-block 2q at bits 0 and 8, 2q + 1 at bits 4 and 12
+        // (exact powers of two: d sc >= 2^-24, or zero)
+        const float s0 = d * small_f(sc2 & 0xFFu), s1 = d * small_f(sc2 >> 8);
+        sc[0] = s0;
+        sc[1] = s0 * 0x1p-8f;
+        sc[2] = LOP ? s1 * 0x1p-4f : s1;
+        sc[3] = s1 * 0x1p-12f;
         mn[0] = dmin * small_f(mn2 & 0xFFu);
-        sc[1] = d * small_f(sc2 >> 8);
         mn[1] = dmin * small_f(mn2 >> 8);
-        sc[2] = sc[3] = mn[2] = mn[3] = 0.f;
+        mn[2] = mn[3] = 0.f;
     } else {
         const float d = h2f(w.d);
 #pragma unroll
@@ -724,6 +750,9 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                                                                 int per, int chunk, int iters,
                                                                 float* __restrict__ part) {
     constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT;
+    // qmma_chunk's route by nibble position at up to 4 tiles, the last round's split over warps (below) at up to
+    // 3: above, their registers would spill (ptxas -v, sm_90: 128 registers and no spills at 1-4 tiles)
+    constexpr bool kLop = NT <= 4, kTail = NT <= 3;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
     __nv_bfloat16* xs = (__nv_bfloat16*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)]
     const int rs = qmma_row_elems(chunk);
@@ -751,17 +780,39 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         prefetch_l2((const void*)a, size_t(((p + BB + 15) & ~uintptr_t(15)) - a));
     };
     // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
-    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row
-    auto stage = [&](int j0, int cnt) {
-        const int per_tok = cnt * 64;  // float4s a token
-#pragma unroll 4  // loads in flight
-        for (int i = threadIdx.x; i < NTOK * per_tok; i += kQmmaWarps * 32) {
-            const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
-            const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
-                                                      4 * qmma_k4<T>(p4))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-            __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
+    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row;
+    // U (a std::integral_constant) float4s a thread loaded before any is stored, U round trips of L2 in flight;
+    // U = 0: a loop unrolled by 4 (fewer registers: the chunked split restages inside the K loop)
+    auto stage = [&](int j0, int cnt, auto u) {
+        constexpr int U = decltype(u)::value, kT = kQmmaWarps * 32;
+        const int per_tok = cnt * 64, total = NTOK * per_tok;  // float4s a token, in all
+        if constexpr (U == 0) {
+#pragma unroll 4
+            for (int i = threadIdx.x; i < total; i += kT) {
+                const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
+                const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
+                                                          4 * qmma_k4<T>(p4))
+                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+                __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+                *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
+            }
+        } else {
+            for (int i0 = threadIdx.x; i0 < total; i0 += U * kT) {
+                float4 v[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
+                    const size_t at = size_t(t) * in + size_t(sb_lo + j0 + (r >> 6)) * 256 + 4 * qmma_k4<T>(r & 63);
+                    v[k] = i < total && t < n ? *(const float4*)(x + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
+                    __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v[k].x, v[k].y),
+                                           __floats2bfloat162_rn(v[k].z, v[k].w)};
+                    if (i < total) *(uint2*)&xs[size_t(t) * rs + 256 * (r >> 6) + 4 * (r & 63)] = *(const uint2*)p;
+                }
+            }
         }
     };
 
@@ -770,78 +821,156 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+    // The last round: `ta` of the block's warps hold a group (warps 0 .. ta - 1: groups are numbered across
+    // the blocks first). Where they are few, each of those groups is split over `ts` warps of the block, each a
+    // contiguous K run of the split's super-blocks, summed in shared memory in run order after the loop
+    // (qmma_tail): the round then runs on ta ts warps, not ta alone. One warp streaming by itself runs at its
+    // own latency, not at the multiprocessor's share of the bandwidth; by qmma_plan the 27B's gate_up at 4 rows
+    // leaves one group of 20 steps to a lone warp on 64 of 132 multiprocessors after a full round, at 9 and 23
+    // rows one of 10 steps, ssm_out 4 warps of 3 steps. Not in a chunked split (its barriers need every warp
+    // on the same super-block). The split depends on the grid (ta, ts): fixed for a device and a shape.
+    const int last = iters - 1, left_b = groups - last * wstride - int(blockIdx.x);
+    const int ta = left_b <= 0 ? 0 : min(kQmmaWarps, (left_b + int(gridDim.x) - 1) / int(gridDim.x));
+    const int ts = (!kTail || chunked || ta == 0 || ta == kQmmaWarps) ? 1 : min(kQmmaWarps / ta, nsb);
+    // round it of this warp: its group and super-blocks [j0, j1) of the split
+    auto range = [&](int it, int& grp, int& j0, int& j1) {
+        grp = wid + it * wstride;
+        j0 = 0;
+        j1 = nsb;
+        if (it == last && ts > 1) {
+            if (warp < ta * ts) {
+                const int p = warp % ts;
+                grp = (warp / ts) * int(gridDim.x) + int(blockIdx.x) + it * wstride;
+                j0 = nsb * p / ts;
+                j1 = nsb * (p + 1) / ts;
+            } else {
+                grp = groups;
+                j0 = j1 = 0;
+            }
+        } else if (kTail && grp >= groups && !chunked) {
+            j0 = j1 = 0;  // nothing to stream (a chunked split's warps all take every step: its barriers)
+        }
+    };
+    // step s (>= 1) after super-block j of round it (group grp, super-blocks up to j1) asked of L2: in this
+    // round, else in the next (a hint: not further)
+    auto prefetch_ahead = [&](int it, int grp, int j, int j1, int s) {
+        int pj = j + s;
+        if (pj < j1) return prefetch(grp, pj);
+        if (it + 1 >= iters) return;
+        int g2, a2, b2;
+        range(it + 1, g2, a2, b2);
+        pj = a2 + pj - j1;
+        if (pj < b2) prefetch(g2, pj);
+    };
     QmmaRaw<T> ca, cb, na, nb;
-    // the first step's weights and the next kQmmaAhead asked of memory before the staging; (pg, pj): the step
-    // asked of L2 next, kQmmaAhead + 1 ahead of the one computed
-    if (wid < groups) load(ca, cb, wid, 0);
-    int pg = wid, pj = 0;
-    for (int s = 1; s <= kQmmaAhead + 1; ++s) {
-        if (++pj == nsb) pj = 0, pg += wstride;
-        if (s <= kQmmaAhead) prefetch(pg, pj);
+    // a warp's steps in order: round it (group grp), super-blocks j .. j1 - 1; rounds without steps skipped;
+    // it == iters: done. The first step's weights and the next kQmmaAhead asked of memory before the staging.
+    int it = 0, grp = 0, j = 0, j1 = 0;
+    for (; it < iters; ++it) {
+        range(it, grp, j, j1);
+        if (j < j1) break;
     }
+    if (it < iters && grp < groups) load(ca, cb, grp, j);
+    if (it < iters)
+        for (int s = 1; s <= kQmmaAhead; ++s) prefetch_ahead(it, grp, j, j1, s);
     // launched with programmatic dependent launch (launch_k): the weights above are requested while the kernel
     // before still runs; x, y and the partials are touched only after the wait
     griddep_launch();
     griddep_wait();
-    for (int it = 0; it < iters; ++it) {
-        const int grp = wid + it * wstride;
-        for (int j = 0; j < nsb; ++j) {
-            if (j % chunk == 0 && (chunked || (it == 0 && j == 0))) {
-                __syncthreads();  // every warp done with the previous chunk
-                stage(j, min(chunk, nsb - j));
-                __syncthreads();
+    if (!chunked) {  // the split's slice at once (23 rows, 10 super-blocks: 30 float4s a thread, 4 round trips)
+        stage(0, nsb, std::integral_constant<int, NT <= 4 ? 8 : 0>());
+        __syncthreads();
+    }
+    float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
+    // the group's sums over this split (C fragment: acc[t][0, 1]: row g, tokens 8t + 2q, + 1; acc[t][2, 3]:
+    // row g + 8) to y or the split's partials
+    auto put = [&](int grp, int t, int e, float v) {
+        const int tok = 8 * t + 2 * q + (e & 1), row = 16 * grp + g + (e < 2 ? 0 : 8);
+        if (grp < groups && tok < n && row < out) {
+            if (pz) {
+                pz[size_t(tok) * out + row] = v;
+            } else {
+                float* dst = y + size_t(tok) * ldy + row;
+                *dst = accumulate ? *dst + v : v;
             }
-            if (j + 1 < nsb) {
-                if (grp < groups) load(na, nb, grp, j + 1);
-            } else if (grp + wstride < groups) {
-                load(na, nb, grp + wstride, 0);
-            }
-            prefetch(pg, pj);
-            if (++pj == nsb) pj = 0, pg += wstride;
-            if (grp < groups) {
-                float sa[4], ma[4], sbv[4], mbv[4];
-                qmma_scales<T>(ca, q, sa, ma);
-                qmma_scales<T>(cb, q, sbv, mbv);
-                const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
-#pragma unroll
-                for (int c = 0; c < 16; c += 2) {
-                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
-                    // {row g + 8}
-                    uint32_t a0[4], a1[4];
-                    qmma_chunk<T>(ca, c, sa, ma, &a0[0], &a0[2]);
-                    qmma_chunk<T>(cb, c, sbv, mbv, &a0[1], &a0[3]);
-                    qmma_chunk<T>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
-                    qmma_chunk<T>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
-#pragma unroll
-                    for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
-                        const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
-                        mma_bf16_16816(acc[t], a0, bx.x, bx.y);
-                        mma_bf16_16816(acc[t], a1, bx.z, bx.w);
-                    }
-                }
-            }
-            ca = na;
-            cb = nb;
         }
-        // the group's sums over this split: C fragment out (acc[t][0, 1]: row g, tokens 8t + 2q, + 1;
-        // acc[t][2, 3]: row g + 8), accumulators cleared
-        const int row_a = 16 * grp + g, row_b = row_a + 8;
-        float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int tok = 8 * t + 2 * q + (e & 1), row = e < 2 ? row_a : row_b;
-                if (grp < groups && tok < n && row < out) {
-                    if (pz) {
-                        pz[size_t(tok) * out + row] = acc[t][e];
-                    } else {
-                        float* dst = y + size_t(tok) * ldy + row;
-                        *dst = accumulate ? *dst + acc[t][e] : acc[t][e];
-                    }
-                }
-                acc[t][e] = 0.f;
+    };
+    while (it < iters) {
+        if (chunked && j % chunk == 0) {  // every warp is on the same super-block here (no tail split)
+            __syncthreads();              // every warp done with the previous chunk
+            stage(j, min(chunk, nsb - j), std::integral_constant<int, 0>());
+            __syncthreads();
+        }
+        // the next step, its weights loaded before this step's arithmetic
+        int nit = it, ngrp = grp, nj = j + 1, nj1 = j1;
+        if (nj >= j1)
+            for (++nit; nit < iters; ++nit) {
+                range(nit, ngrp, nj, nj1);
+                if (nj < nj1) break;
             }
+        if (nit < iters && ngrp < groups) load(na, nb, ngrp, nj);
+        prefetch_ahead(it, grp, j, j1, kQmmaAhead + 1);
+        if (grp < groups) {
+            float sa[4], ma[4], sbv[4], mbv[4];
+            qmma_scales<T, kLop>(ca, q, sa, ma);
+            qmma_scales<T, kLop>(cb, q, sbv, mbv);
+            const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
+#pragma unroll
+            for (int c = 0; c < 16; c += 2) {
+                // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
+                // {row g + 8}
+                uint32_t a0[4], a1[4];
+                qmma_chunk<T, kLop>(ca, c, sa, ma, &a0[0], &a0[2]);
+                qmma_chunk<T, kLop>(cb, c, sbv, mbv, &a0[1], &a0[3]);
+                qmma_chunk<T, kLop>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
+                qmma_chunk<T, kLop>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
+                    const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
+                    mma_bf16_16816(acc[t], a0, bx.x, bx.y);
+                    mma_bf16_16816(acc[t], a1, bx.z, bx.w);
+                }
+            }
+        }
+        ca = na;
+        cb = nb;
+        if (nit != it && !(it == last && ts > 1)) {  // a whole group done: out, cleared
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    put(grp, t, e, acc[t][e]);
+                    acc[t][e] = 0.f;
+                }
+        }
+        it = nit;
+        grp = ngrp;
+        j = nj;
+        j1 = nj1;
+    }
+    if (ts > 1) {  // qmma_tail: the last round's K runs, summed in run order by the group's first warp
+        // [kQmmaWarps][NT][4][32] over the staged activations: 8 KB NT <= qmma_smem_bytes(NT, chunk), as a split
+        // of ts >= 2 super-blocks staged at once has chunk >= 2
+        float* red = (float*)qmma_smem;
+        __syncthreads();                 // every warp done with them
+        if (warp < ta * ts)
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) red[((warp * NT + t) * 4 + e) * 32 + lane] = acc[t][e];
+        __syncthreads();
+        if (warp < ta * ts && warp % ts == 0) {
+            const int grp = (warp / ts) * int(gridDim.x) + int(blockIdx.x) + last * wstride;
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float v = acc[t][e];
+                    for (int p = 1; p < ts; ++p) v = __fadd_rn(v, red[(((warp + p) * NT + t) * 4 + e) * 32 + lane]);
+                    put(grp, t, e, v);
+                }
+        }
     }
 }
 #endif
@@ -922,9 +1051,13 @@ __global__ __launch_bounds__(128) void qgemm_kernel(const float* __restrict__ x,
     }
 }
 
-// y[t][c] (+)= sum over z of part[z][t][c], in split order.
+// y[t][c] (+)= sum over z of part[z][t][c], in split order. After qmma_kernel launched with programmatic
+// dependent launch (launch_k), so that its launch overlaps the GEMM's last round; the partials and y are read
+// only after the wait.
 __global__ void qsplit_sum_kernel(const float* __restrict__ part, int splits, int n, int out, float* __restrict__ y,
                                   int ldy, bool accumulate) {
+    griddep_launch();
+    griddep_wait();
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x, count = size_t(n) * out;
     if (i >= count) return;
     const size_t t = i / out, c = i % out;
@@ -1070,7 +1203,8 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
              in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
     if (p.splits > 1) {
         const size_t count = size_t(n) * out;
-        qsplit_sum_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(part, p.splits, n, out, y, ldy, accumulate);
+        launch_k(qsplit_sum_kernel, dim3(unsigned((count + 255) / 256)), dim3(256), 0, s, (const float*)part, p.splits,
+                 n, out, y, ldy, accumulate);
     }
 }
 
