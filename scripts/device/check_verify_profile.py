@@ -184,7 +184,7 @@ def main() -> int:
     R["op_check"] = {"rc": rc, "summary": summary}
     log(f"op check: rc {rc}, {summary}")
     print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "NOT REPEATABLE" in ln
-                    or ln.startswith("| attention_split")), flush=True)
+                    or ln.startswith(("| attention_split", "| delta_tree", "| conv_tree_prep"))), flush=True)
     # the verify path's exactness through the GPU backend: verify + commit == AR greedy on random Qwen3.5 /
     # Qwen3 models, the states after commit, a verify's outputs against the CPU backend's
     try:
