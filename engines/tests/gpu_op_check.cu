@@ -398,16 +398,27 @@ void check_rmsnorm(Rng& r, int rows, int dim) {
     report("rmsnorm", "rmsnorm_kernel", shape({{"rows", rows}, {"dim", dim}}), rel_err(dy.down(), ref), 1e-5);
 }
 
-void check_gated_rmsnorm(Rng& r, int n, int heads, int dim) {
+// tiled_nk > 0: the heads written in heads_to_tiled's order (the verify's tiled out_proj input), against the
+// CPU norm's rows with their heads so permuted.
+void check_gated_rmsnorm(Rng& r, int n, int heads, int dim, int tiled_nk = 0) {
     const int ldz = heads * dim + 16;
     auto x = r.vec(size_t(n) * heads * dim, 2.f), z = r.vec(size_t(n) * ldz, 3.f), g = r.vec(dim);
     Dev<float> dx(x), dz(z), dg(g), dy(x.size());
-    gpu::gated_rmsnorm(dx.p, dz.p, ldz, dg.p, dy.p, n, heads, dim, 1e-6f, g_s);
+    gpu::gated_rmsnorm(dx.p, dz.p, ldz, dg.p, dy.p, n, heads, dim, 1e-6f, g_s, tiled_nk);
     std::vector<float> zc(x.size()), ref(x.size());
     for (int t = 0; t < n; ++t) std::copy_n(&z[size_t(t) * ldz], heads * dim, &zc[size_t(t) * heads * dim]);
     cpu::gated_rmsnorm(x.data(), zc.data(), g.data(), ref.data(), n * heads, dim, 1e-6f);
-    report("gated_rmsnorm", "gated_rmsnorm_kernel", shape({{"n", n}, {"heads", heads}, {"dim", dim}, {"ldz", ldz}}),
-           rel_err(dy.down(), ref), 1e-5);
+    if (tiled_nk > 0) {
+        const int rr = heads / tiled_nk;
+        std::vector<float> perm(ref.size());
+        for (int t = 0; t < n; ++t)
+            for (int h = 0; h < heads; ++h)
+                std::copy_n(&ref[(size_t(t) * heads + h) * dim], dim,
+                            &perm[(size_t(t) * heads + (h % rr) * tiled_nk + h / rr) * dim]);
+        ref = perm;
+    }
+    report("gated_rmsnorm", tiled_nk > 0 ? "gated_rmsnorm_kernel (tiled heads)" : "gated_rmsnorm_kernel",
+           shape({{"n", n}, {"heads", heads}, {"dim", dim}, {"ldz", ldz}, {"nk", tiled_nk}}), rel_err(dy.down(), ref), 1e-5);
 }
 
 void check_conv1d(Rng& r, int n, int C, int K) {
@@ -562,6 +573,97 @@ std::vector<float> decode_rows(const std::vector<uint8_t>& c, DType t, size_t ro
     std::vector<float> f((r1 - r0) * hd);
     for (size_t r = r0; r < r1; ++r) decode_row(t, &c[r * row], &f[(r - r0) * hd], size_t(hd));
     return f;
+}
+
+// The verify's tree delta rule (verify_ops.h delta_tree) on normalised q, k rows against cpu::delta_rule_tree:
+// a random tree (parents first) or a chain, outputs starting as NaN (an element not written fails); `kernel`
+// as delta_tree's (0 the launcher's choice, 1 fused, 2 split, 3 one block a head). Run twice: bit-identical.
+void check_delta_tree(Rng& r, int n, int hk, int hv, int dk, int dv, bool chain, int kernel, const char* variant) {
+    const int kd = hk * dk, vd = hv * dv, ld = 2 * kd + vd + 3;
+    std::vector<int> parent(static_cast<size_t>(n));
+    std::vector<unsigned char> vis(size_t(n) * n, 0);
+    for (int i = 0; i < n; ++i) {
+        parent[size_t(i)] = chain ? i - 1 : i == 0 ? -1 : std::min(i - 1, int((r.uni() + 1.f) * 0.5f * float(i)));
+        for (int a = i; a >= 0; a = parent[size_t(a)]) vis[size_t(i) * n + a] = 1;
+    }
+    auto qkv = r.vec(size_t(n) * ld);
+    std::vector<float> g(size_t(n) * hv), beta(size_t(n) * hv), q(size_t(n) * kd), k(size_t(n) * kd), v(size_t(n) * vd);
+    for (auto& e : g) e = -1.5f * (r.uni() + 1.f);
+    for (auto& e : beta) e = 0.5f * (r.uni() + 1.f);
+    for (int t = 0; t < n; ++t) {
+        float* row = &qkv[size_t(t) * ld];
+        cpu::l2norm(row, 2 * hk, dk, 1e-6f);
+        for (int i = 0; i < kd; ++i) row[i] *= 1.f / std::sqrt(float(dk));
+        std::copy(row, row + kd, &q[size_t(t) * kd]);
+        std::copy(row + kd, row + 2 * kd, &k[size_t(t) * kd]);
+        std::copy(row + 2 * kd, row + 2 * kd + vd, &v[size_t(t) * vd]);
+    }
+    const auto state = r.vec(size_t(hv) * dk * dv, 0.3f);
+    std::vector<float> out(size_t(n) * vd), u(size_t(n) * vd), gamma(size_t(n) * hv);
+    cpu::delta_rule_tree(q.data(), k.data(), v.data(), g.data(), beta.data(), n, hk, hv, dk, dv, parent.data(),
+                         state.data(), out.data(), u.data(), gamma.data());
+    const std::vector<float> nan_out(out.size(), NAN), nan_gamma(gamma.size(), NAN), nan_k(k.size(), NAN);
+    Dev<float> dq(qkv), dg(g), db(beta), ds(state), dout(nan_out), du(nan_out), dgam(nan_gamma), dkk(nan_k),
+        dscr(gpu::delta_tree_scratch(n, hv));
+    Dev<int> dp(parent);
+    Dev<unsigned char> dvis(vis);
+    auto run = [&] {
+        gpu::delta_tree(dq.p, ld, n, hk, hv, dk, dv, dg.p, db.p, dp.p, dvis.p, ds.p, dout.p, du.p, dgam.p, dkk.p, dscr.p,
+                        g_s, kernel);
+        return std::vector<std::vector<float>>{dout.down(), du.down(), dgam.down(), dkk.down()};
+    };
+    const auto first = run(), again = run();
+    bool same = true;
+    for (size_t i = 0; i < first.size(); ++i)
+        same = same && memcmp(first[i].data(), again[i].data(), first[i].size() * sizeof(float)) == 0;
+    const std::string name = std::string(variant) + (chain ? ", chain" : ", tree") + (same ? "" : " NOT REPEATABLE");
+    const std::string sh = shape({{"n", n}, {"hk", hk}, {"hv", hv}, {"dk", dk}, {"dv", dv}});
+    report("delta_tree", name + " (out)", sh, same ? rel_err(first[0], out) : INFINITY, 5e-4);
+    report("delta_tree", name + " (u)", sh, rel_err(first[1], u), 5e-4);
+    report("delta_tree", name + " (gamma)", sh, rel_err(first[2], gamma), 1e-6);
+    report("delta_tree", name + " (k kept)", sh, rel_err(first[3], k), 0);
+}
+
+// The verify's conv + DeltaNet prologue in one launch (verify_ops.h conv_tree_prep) against the CPU's
+// causal_conv1d_silu_tree then cpu_deltanet_prep on a random tree, and against the GPU's two kernels
+// (conv_tree, deltanet_prep): the same operations, so bit-identical.
+void check_conv_tree_prep(Rng& r, int n, int hk, int dk, int hv, int dv, int K) {
+    const int C = 2 * hk * dk + hv * dv, ldx = C + 2 * hv + 7, b_off = C + 5;
+    std::vector<int> parent(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) parent[size_t(i)] = i == 0 ? -1 : std::min(i - 1, int((r.uni() + 1.f) * 0.5f * float(i)));
+    auto x = r.vec(size_t(n) * ldx, 2.f), w = r.vec(size_t(C) * K, 0.5f), state = r.vec(size_t(C) * (K - 1));
+    auto negA = r.vec(hv), dt = r.vec(hv);
+    for (float& a : negA) a = -std::fabs(a) - 0.1f;
+    std::vector<float> xc(size_t(n) * C), y(size_t(n) * C), g(size_t(n) * hv), beta(size_t(n) * hv);
+    for (int t = 0; t < n; ++t) std::copy(&x[size_t(t) * ldx], &x[size_t(t) * ldx] + C, &xc[size_t(t) * C]);
+    cpu::causal_conv1d_silu_tree(xc.data(), n, C, K, w.data(), state.data(), parent.data(), y.data());
+    cpu_deltanet_prep(y, C, x, ldx, b_off, negA, dt, n, hk, dk, hv, &g, &beta);
+    Dev<float> dx(x), dw(w), ds(state), dn(negA), ddt(dt);
+    Dev<int> dp(parent);
+    auto gpu_run = [&](bool fused) {
+        Dev<float> dy(std::vector<float>(y.size(), NAN)), dkeep(std::vector<float>(xc.size(), NAN)),
+            dg(std::vector<float>(g.size(), NAN)), db(std::vector<float>(beta.size(), NAN));
+        if (fused) {
+            gpu::conv_tree_prep(dx.p, ldx, n, K, dw.p, ds.p, dp.p, dy.p, dkeep.p, hk, dk, hv, dv, b_off, dn.p, ddt.p, dg.p,
+                                db.p, g_s);
+        } else {
+            gpu::conv_tree(dx.p, ldx, n, C, K, dw.p, ds.p, dp.p, dy.p, dkeep.p, g_s);
+            gpu::deltanet_prep(dy.p, C, dx.p, ldx, b_off, dn.p, ddt.p, n, hk, dk, hv, dg.p, db.p, g_s);
+        }
+        return std::vector<std::vector<float>>{dy.down(), dkeep.down(), dg.down(), db.down()};
+    };
+    const auto got = gpu_run(true), two = gpu_run(false);
+    bool same = true;
+    for (size_t i = 0; i < got.size(); ++i)
+        same = same && memcmp(got[i].data(), two[i].data(), got[i].size() * sizeof(float)) == 0;
+    const std::string sh = shape({{"n", n}, {"hk", hk}, {"dk", dk}, {"hv", hv}, {"dv", dv}, {"K", K}});
+    const std::string name = std::string("conv_tree_prep_kernel") + (same ? "" : " NOT EQUAL TO conv_tree + prep");
+    report("conv_tree_prep", name + " (y)", sh, same ? rel_err(got[0], y) : INFINITY, 1e-5);
+    report("conv_tree_prep", name + " (kept x)", sh, rel_err(got[1], xc), 0);
+    std::vector<float> gb = got[2], want = g;
+    gb.insert(gb.end(), got[3].begin(), got[3].end());
+    want.insert(want.end(), beta.begin(), beta.end());
+    report("conv_tree_prep", name + " (g, beta)", sh, rel_err(gb, want), 1e-5);
 }
 
 void check_attn_prep(Rng& r, int n, int nh, int nkv, int hd, int rot, DType t, const char* variant, bool gated = true) {
@@ -1489,6 +1591,7 @@ int main(int argc, char** argv) {
     check_rmsnorm(r, 2, 8192);  // registers, full
     check_rmsnorm(r, 2, 9000);  // the strided loop
     check_gated_rmsnorm(r, 3, 4, 128);
+    check_gated_rmsnorm(r, 5, 12, 128, 4);  // the 27B's 48 value heads over 16 key heads, in fewer
     for (int K = 1; K <= 8; ++K) check_conv1d(r, 13, 300, K);
     check_deltanet_prep(r);
     // first, while the two-pass form's chunk buffer is empty: under capture it cannot grow
@@ -1499,6 +1602,23 @@ int main(int argc, char** argv) {
     check_delta_rule(r, 20, 1, 1, 320, 32, "delta_rule_kernel (dk > 256)");
     printf("| %-17s | %-38s | %-30s | not selectable here: the 32-token column kernel fits (dk <= 256) |\n", "delta_rule",
            "cols<16,16>", "small shared memory only");
+    // the verify's tree form: the 27B's 23 rows (fused, with programmatic dependent launch), 9 rows, 41 and 65
+    // rows (fused above 48 KB of shared memory), dk 256; the fallbacks named; 129 rows: the launcher's choice,
+    // the split kernels (the fused kernel's shared memory does not fit)
+    for (bool chain : {false, true}) {
+        check_delta_tree(r, 23, 2, 6, 128, 128, chain, 0, "fused");
+        check_delta_tree(r, 9, 2, 6, 128, 128, chain, 0, "fused");
+        check_delta_tree(r, 41, 1, 3, 128, 128, chain, 0, "fused, > 48 KB");
+        check_delta_tree(r, 65, 1, 2, 128, 64, chain, 0, "fused, > 48 KB");
+        check_delta_tree(r, 17, 1, 2, 256, 32, chain, 1, "fused");
+        check_delta_tree(r, 23, 2, 6, 128, 128, chain, 2, "split");
+        check_delta_tree(r, 23, 1, 3, 128, 128, chain, 3, "one block a head");
+        check_delta_tree(r, 13, 1, 3, 48, 32, chain, 0, "auto (dk % 32 != 0: split)");
+    }
+    check_delta_tree(r, 129, 1, 2, 128, 128, false, 0, "auto (129 rows: split)");
+    check_conv_tree_prep(r, 23, 2, 128, 6, 128, 4);  // the 27B's heads (16 / 48) in fewer
+    check_conv_tree_prep(r, 9, 1, 256, 3, 64, 3);
+    check_conv_tree_prep(r, 7, 2, 48, 5, 40, 4);
     check_attn_prep(r, 5, 8, 2, 256, 64, DType::BF16, "attn_prep_kernel<bf16>");
     check_attn_prep(r, 3, 4, 2, 128, 32, DType::BF16, "attn_prep_kernel<bf16>");
     for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0})

@@ -4,7 +4,8 @@ PYTHONPATH=.). SYNTHETIC (random) weights: the full-shape Qwen3.5-27B Q4_K_M GGU
 In parallel at the start: the CUDA build of this tree (into check_dflash_gpu.sh's build folder, with its
 source hash, so that its parts below find the engines built), the synthetic GGUF (check_quant_gpu.synth), a
 random z-lab-shaped draft for it and the CUPTI injection library. Then:
-  1. lucebench-gpu-op-check: its summary, every failed row, the attention_split rows;
+  1. lucebench-gpu-op-check: its summary, every failed row, the attention_split rows; then
+     lucebench-verify-gpu-check (verify + commit == AR greedy through the GPU backend, states after commit);
   2. --time-attention: one attention layer of each shape at 256 .. 128K keys, before's kernel against now's;
   3. --time-verify at contexts 256, 1024, 4096 for B = 22 and at 256, 1024 for B = 8: verify ms against the
      unfused decode step after it;
@@ -16,8 +17,8 @@ random z-lab-shaped draft for it and the CUPTI injection library. Then:
      ar greedy on the synthetic 0.8B (chain and tree, budgets 8/22/40, KV bf16 and q8_0), and the 27B's
      speed at a forced AL of 8.31, budgets 8 and 22 (FORCED ACCEPTANCE, benchmark only), draft / verify /
      commit ms a step.
-Writes $OUT/vprof/ (profile.json, *.txt, *.md; dg/ for step 5) and prints the key tables. About 4-5 minutes
-on a fresh H100, 6-7 with step 5.
+Writes $OUT/vprof/ (profile.json, *.txt, *.md; dg/ for step 5) and prints the key tables. About 5-6 minutes
+on a fresh H100, 7-8 with step 5.
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ def profile(path: Path, B: int) -> None:
 def main() -> int:
     log(f"card: {cq.record_card()}")
     errors: list[str] = []
+    late_errors: list[str] = []
     paths: dict = {}
     th = [cq.start_guarded(errors, build), cq.start_guarded(errors, cq.build_timeline_lib),
           cq.start_guarded(errors, synth, paths)]
@@ -182,7 +184,19 @@ def main() -> int:
     R["op_check"] = {"rc": rc, "summary": summary}
     log(f"op check: rc {rc}, {summary}")
     print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "NOT REPEATABLE" in ln
-                    or ln.startswith("| attention_split")), flush=True)
+                    or ln.startswith(("| attention_split", "| delta_tree", "| conv_tree_prep"))), flush=True)
+    # the verify path's exactness through the GPU backend: verify + commit == AR greedy on random Qwen3.5 /
+    # Qwen3 models, the states after commit, a verify's outputs against the CPU backend's
+    try:
+        rc, txt = run([str(BUILD / "lucebench-verify-gpu-check")], "verify_gpu_check.txt", timeout=240)
+    except subprocess.TimeoutExpired:
+        rc, txt = 124, "timed out after 240 s"
+    R["verify_gpu_check"] = {"rc": rc, "tail": txt.splitlines()[-3:]}
+    log(f"lucebench-verify-gpu-check: rc {rc}; " + " / ".join(txt.splitlines()[-2:]))
+    print("\n".join(ln for ln in txt.splitlines() if "FAIL" in ln or "fail" in ln), flush=True)
+    if rc != 0:  # recorded at the end: the timings below still run
+        late_errors.append(f"lucebench-verify-gpu-check rc {rc}")
+    save()
     rc, txt = run([str(BUILD / "lucebench-gpu-op-check"), "--time-attention"], "attention_time.md")
     print("\n".join(ln for ln in txt.splitlines() if ln.startswith("|") and "decode step" not in ln), flush=True)
     for t in th[1:]:
@@ -216,6 +230,7 @@ def main() -> int:
         except Exception as exc:
             errors.append(f"dflash: {exc!r}")
             log(f"FAILED dflash: {exc!r}")
+    errors += late_errors
     R["errors"] = errors
     R["wall_s"] = round(time.time() - T0, 1)
     save()

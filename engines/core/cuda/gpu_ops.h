@@ -113,8 +113,10 @@ void deltanet_prep(float* y, int ldy, const float* proj, int ldp, int b_off, con
 // Chunked gated delta rule (see ../cpu/delta_rule.cpp); n == 1 is the recurrent step.
 void delta_rule(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 float* state, float* out, gpuStream_t s);
+// tiled_nk > 0: each row's heads written in heads_to_tiled's order for tiled_nk key heads (value head
+// kh * r + j at j * tiled_nk + kh, r = heads / tiled_nk), so that a tiled out_proj needs no reorder.
 void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, float* y, int n, int heads, int dim,
-                   float eps, gpuStream_t s);
+                   float eps, gpuStream_t s, int tiled_nk = 0);
 // Full attention prologue, in place on qkv rows [n, ld]: per-head RMSNorm of q and k, partial RoPE,
 // then K and V appended to the caches at positions *d_pos + t. gated: q_proj rows per head are [query,
 // gate] (Qwen3.5); otherwise queries only (Qwen3). K and V follow the q_proj rows.

@@ -11,53 +11,60 @@ constexpr int kNormThreads = 256;
 // once, so that a row costs one memory round trip instead of one per element of the strided loop (a decode
 // step runs 129 of these on a single row, each on the critical path); the sums are the same as the loop's
 // (the same elements in the same order, the padding adds 0), so the output is too. PER = 0: the loop.
-// Launched with programmatic dependent launch: the launch overlaps the kernel before's tail.
+// Launched with programmatic dependent launch. The gain (a weight: no kernel writes it) is read before the
+// wait, while the kernel before finishes. One row (a decode step): the next kernel is let in at once, so that
+// its weights stream while this runs. More rows (a verify, a draft block): only once the rows' loads are back:
+// in a verify the next kernel is a quantised GEMM whose blocks ask for their first weights at once, and this
+// kernel's loads, queued behind that burst, made a 23-row norm 13 us long (CUPTI, 27B, H100), with the GEMM's
+// main loop waiting on it anyway.
 template <int PER>
 __global__ __launch_bounds__(kNormThreads) void rmsnorm_kernel(const float* x, const float* gain, float* y, int dim,
                                                                float eps) {
-    griddep_launch();
-    griddep_wait();
+    const bool early = gridDim.x == 1;
+    if (early) griddep_launch();
     const float* xr = x + size_t(blockIdx.x) * dim;
     float* yr = y + size_t(blockIdx.x) * dim;
     float ss = 0;
     if constexpr (PER > 0) {
-        float v[PER], gv[PER];  // the gains loaded with the row, not after the sum: one round trip a row
+        float v[PER], gv[PER];
+#pragma unroll
+        for (int k = 0; k < PER; ++k) {
+            const int i = threadIdx.x + kNormThreads * k;
+            gv[k] = i < dim ? gain[i] : 0.f;
+        }
+        griddep_wait();
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
             const int i = threadIdx.x + kNormThreads * k;
             v[k] = i < dim ? xr[i] : 0.f;
-            gv[k] = i < dim ? gain[i] : 0.f;
         }
 #pragma unroll
         for (int k = 0; k < PER; ++k) ss += v[k] * v[k];
         const float inv = rsqrtf(block_sum(ss) / dim + eps);
+        if (!early) griddep_launch();
 #pragma unroll
         for (int k = 0; k < PER; ++k) {
             const int i = threadIdx.x + kNormThreads * k;
             if (i < dim) yr[i] = v[k] * inv * gv[k];
         }
     } else {
+        griddep_wait();
         for (int i = threadIdx.x; i < dim; i += kNormThreads) ss += xr[i] * xr[i];
         const float inv = rsqrtf(block_sum(ss) / dim + eps);
+        if (!early) griddep_launch();
         for (int i = threadIdx.x; i < dim; i += kNormThreads) yr[i] = xr[i] * inv * gain[i];
     }
 }
 
 __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int ldz, const float* gain, float* y, int heads,
-                                     int dim, float eps) {
+                                     int dim, float eps, int tiled_nk) {
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const float* xr = x + size_t(blockIdx.x) * dim;
     const float* zr = z + size_t(t) * ldz + size_t(h) * dim;
-    float* yr = y + size_t(blockIdx.x) * dim;
+    const int r = tiled_nk > 0 ? heads / tiled_nk : 1;
+    const int ho = tiled_nk > 0 ? (h % r) * tiled_nk + h / r : h;  // heads_to_tiled's order
+    float* yr = y + (size_t(t) * heads + ho) * dim;
     float ss = 0;
-    if (dim <= int(blockDim.x)) {  // a head of at most one element a thread: z and the gain loaded with x
-        const int i = threadIdx.x;
-        const float xv = i < dim ? xr[i] : 0.f, zv = i < dim ? zr[i] : 0.f, gv = i < dim ? gain[i] : 0.f;
-        if (i < dim) ss += xv * xv;
-        const float inv = rsqrtf(block_sum(ss) / dim + eps);
-        if (i < dim) yr[i] = gv * (xv * inv) * silu(zv);
-        return;
-    }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(ss) / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = gain[i] * (xr[i] * inv) * silu(zr[i]);
@@ -77,8 +84,8 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 }
 
 void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, float* y, int n, int heads, int dim,
-                   float eps, gpuStream_t s) {
-    gated_rmsnorm_kernel<<<n * heads, 128, 0, s>>>(x, z, ldz, gain, y, heads, dim, eps);
+                   float eps, gpuStream_t s, int tiled_nk) {
+    gated_rmsnorm_kernel<<<n * heads, 128, 0, s>>>(x, z, ldz, gain, y, heads, dim, eps, tiled_nk);
 }
 
 }  // namespace lb::gpu

@@ -83,12 +83,14 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
             const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
             matmul(ws.h, n, L.lin_in, ws.big, false, s);
-            conv_tree(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.parent, ws.conv, ws.keep_conv[li], s);
-            deltanet_prep(ws.conv, cd, ws.big, rows, cd + vd, F(L.neg_A), F(L.dt_bias), n, hk, dk, hv, ws.g, ws.beta, s);
+            conv_tree_prep(ws.big, rows, n, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.parent, ws.conv, ws.keep_conv[li],
+                           hk, dk, hv, dv, cd + vd, F(L.neg_A), F(L.dt_bias), ws.g, ws.beta, s);
             delta_tree(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, ws.parent, ws.visible, c.ssm[li], ws.o, ws.keep_u[li],
                        ws.keep_gamma[li], ws.keep_k[li], ws.scratch, s);
-            gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
-            out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by delta_tree, free now
+            // a tiled out_proj (GGUF) takes the normed heads in its order, written so by the norm: no reorder
+            gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s,
+                          L.out_proj.tiled_cols ? hk : 0);
+            matmul(ws.normed, n, L.out_proj, ws.x, true, s);
         }
         rmsnorm(ws.x, F(L.post_norm), ws.h, n, H, cfg.eps, s);
         matmul(ws.h, n, L.gate_up, ws.big, false, s);

@@ -94,10 +94,9 @@ __global__ void tree_attention_kernel(const float* qkv, int ld, int n, int nh, i
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
-__global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, const float* w, const float* state,
-                                 const int* parent, float* y, float* keep) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
-    if (c >= C) return;
+// Channel c of row t: SiLU of the causal conv along the row's ancestors.
+__device__ __forceinline__ float conv_tree_at(const float* x, int ldx, int t, int c, int K, const float* w,
+                                              const float* state, const int* parent) {
     // window, oldest first: ancestors' inputs (nearest last), then the state's newest slots before them
     float win[16];
     int r = t, j = K - 1;
@@ -105,8 +104,62 @@ __global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, c
     for (int slot = K - 2; j >= 0; --j, --slot) win[j] = state[size_t(c) * (K - 1) + slot];
     float acc = 0;
     for (int i = 0; i < K; ++i) acc += w[size_t(c) * K + i] * win[i];
-    y[size_t(t) * C + c] = silu_f(acc);
+    return silu_f(acc);
+}
+
+__global__ void conv_tree_kernel(const float* x, int ldx, int n, int C, int K, const float* w, const float* state,
+                                 const int* parent, float* y, float* keep) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c >= C) return;
+    y[size_t(t) * C + c] = conv_tree_at(x, ldx, t, c, K, w, state, parent);
     keep[size_t(t) * C + c] = x[size_t(t) * ldx + c];
+}
+
+// conv_tree_kernel and deltanet_prep_kernel (delta_rule.cu) in one launch: grid (n, 2 hk + vd / 128 rounded up
+// + 1), 128 threads (deltanet_prep_kernel's: its block sums, so the same values). Blocks y < 2 hk take a q or k
+// head (dk <= 256 channels): conv, then the head's L2 norm (q also scaled by dk^-1/2); then the v channels, 128 a
+// block; the last block computes g and beta. Launch_dependents at once: delta_tree's fused kernel reads its
+// state slice while this runs and waits for it before reading anything this writes.
+constexpr int CTP_THREADS = 128;
+__global__ void __launch_bounds__(CTP_THREADS) conv_tree_prep_kernel(
+    const float* x, int ldx, int K, const float* w, const float* state, const int* parent, float* y, float* keep,
+    int hk, int dk, int vd, int hv, int b_off, const float* negA, const float* dt_bias, float* g, float* beta) {
+    griddep_launch();
+    const int t = blockIdx.x, b = blockIdx.y, C = 2 * hk * dk + vd;
+    const float* row = x + size_t(t) * ldx;
+    if (b == int(gridDim.y) - 1) {
+        for (int i = threadIdx.x; i < hv; i += CTP_THREADS) {
+            const float a = row[b_off + hv + i] + dt_bias[i];
+            beta[size_t(t) * hv + i] = sigmoidf(row[b_off + i]);
+            g[size_t(t) * hv + i] = negA[i] * softplus(a);
+        }
+        return;
+    }
+    if (b < 2 * hk) {
+        float v[2];
+        float ss = 0;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const int i = threadIdx.x + CTP_THREADS * m, c = b * dk + i;
+            if (i < dk) {
+                v[m] = conv_tree_at(x, ldx, t, c, K, w, state, parent);
+                keep[size_t(t) * C + c] = row[c];
+                ss += v[m] * v[m];
+            }
+        }
+        float inv = rsqrtf(block_sum(ss) + 1e-6f);
+        if (b < hk) inv *= rsqrtf(float(dk));
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+            const int i = threadIdx.x + CTP_THREADS * m;
+            if (i < dk) y[size_t(t) * C + b * dk + i] = v[m] * inv;
+        }
+        return;
+    }
+    const int c = 2 * hk * dk + (b - 2 * hk) * CTP_THREADS + threadIdx.x;
+    if (c >= C) return;
+    y[size_t(t) * C + c] = conv_tree_at(x, ldx, t, c, K, w, state, parent);
+    keep[size_t(t) * C + c] = row[c];
 }
 
 // One block per value head; thread j owns column j of the head's state and of every row's u and output.
@@ -172,13 +225,12 @@ __global__ void delta_tree_kernel(const float* qkv, int ld, int n, int hk, int h
     }
 }
 
-// The split form of delta_tree_kernel, for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates with
-// the pair coefficients (one kernel; the gates alone first beyond ~6,700 rows), then the per-column solve, spread
-// over hv * dv / 16 blocks instead of hv (the one-block-a-head kernel above leaves most of the GPU idle and is
-// serial over rows).
+// The split form of delta_tree_kernel (where the fused kernel below does not take the shape: dk % 32 != 0, or a tree
+// too long for its shared memory), for dk % 16 == 0, dk <= 256, dv % 16 == 0: the rows' cumulative gates, the
+// pair coefficients and the per-column solve as three kernels, the solve spread over hv * dv / 16 blocks
+// instead of hv (the one-block-a-head kernel above leaves most of the GPU idle and is serial over rows).
 
-// One thread per value head: gamma_t = gamma_parent + g_t, in row order (parents come first). Only where
-// delta_tree_pairs_kernel cannot fold these sums in (its shared memory).
+// One thread per value head: gamma_t = gamma_parent + g_t, in row order (parents come first).
 __global__ void delta_tree_gamma_kernel(int n, int hv, const float* g, const int* parent, float* gamma) {
     const int h = blockIdx.x * blockDim.x + threadIdx.x;
     if (h >= hv) return;
@@ -187,15 +239,9 @@ __global__ void delta_tree_gamma_kernel(int n, int hv, const float* g, const int
 }
 
 // grid (n, hv), one warp per pair: row t of A and B (delta_tree_kernel's), zero outside the row's ancestors
-// (so the solve sums without the mask), and the k copy for commit. fold: the block also forms the cumulative
-// gates of row t's ancestors (delta_tree_gamma_kernel's sums: its ancestors are the visible rows, and in row
-// order they are its path from the root, so the same additions in the same order) and writes row t's; the
-// separate kernel was one block walking the rows through dependent loads. Dynamic shared memory: n floats
-// and n bytes when folding.
-__global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk, const float* g,
-                                        const float* beta, const unsigned char* visible, float* gamma,
-                                        float* k_keep, float* scratch, int fold) {
-    extern __shared__ float gam_s[];  // fold: [n] the ancestors' cumulative gates, then [n] bytes: visible row
+// (so the solve sums without the mask), and the k copy for commit.
+__global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk, const float* beta,
+                                        const unsigned char* visible, const float* gamma, float* k_keep, float* scratch) {
     const int t = blockIdx.x, h = blockIdx.y, kh = h / (hv / hk), kd = hk * dk;
     const int lane = threadIdx.x % LB_WARP, warp = threadIdx.x / LB_WARP, nw = blockDim.x / LB_WARP;
     float* A = scratch + size_t(h) * 2 * n * n + size_t(t) * n;
@@ -204,23 +250,7 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
     const float* kt = qkv + size_t(t) * ld + kd + kh * dk;
     if (h % (hv / hk) == 0)  // one value head per key head keeps the k copy
         for (int i = threadIdx.x; i < dk; i += blockDim.x) k_keep[size_t(t) * kd + kh * dk + i] = kt[i];
-    if (fold) {
-        unsigned char* vis_s = (unsigned char*)(gam_s + n);
-        for (int s = threadIdx.x; s <= t; s += blockDim.x) {  // the loads in parallel, the sums in order
-            vis_s[s] = visible[size_t(t) * n + s];
-            gam_s[s] = vis_s[s] ? g[size_t(s) * hv + h] : 0.f;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float acc = 0.f;  // gamma_root = 0 + g_root, then gamma_c = gamma_parent + g_c down the path
-            for (int s = 0; s <= t; ++s)
-                if (vis_s[s]) gam_s[s] = acc = acc + gam_s[s];
-            gamma[size_t(t) * hv + h] = acc;  // row t is its own last ancestor
-        }
-        __syncthreads();
-    }
-    auto gamma_of = [&](int s) { return fold ? gam_s[s] : gamma[size_t(s) * hv + h]; };
-    const float gt = gamma_of(t), bt = beta[size_t(t) * hv + h];
+    const float gt = gamma[size_t(t) * hv + h], bt = beta[size_t(t) * hv + h];
     for (int s = warp; s < n; s += nw) {
         if (s > t || !visible[size_t(t) * n + s]) {
             if (lane == 0) { A[s] = 0.f; B[s] = 0.f; }
@@ -232,7 +262,7 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
         a = warp_sum(a);
         b = warp_sum(b);
         if (lane == 0) {
-            const float decay = expf(gt - gamma_of(s));
+            const float decay = expf(gt - gamma[size_t(s) * hv + h]);
             A[s] = s < t ? bt * a * decay : 0.f;
             B[s] = b * decay;
         }
@@ -245,95 +275,245 @@ __global__ void delta_tree_pairs_kernel(const float* qkv, int ld, int n, int hk,
 //   o_t = e^{gamma_t} S^T q_t + sum_{s <= t} B[t][s] u_s
 // with the sums over s split across the lanes (lane l takes s = l mod 16, and keeps those u_s: it wrote them).
 constexpr int DT_LANES = 16;
-constexpr int DT_UREG = 4;  // earlier rows whose u a lane keeps in registers: s = lane + 16 q, q < DT_UREG (s < 64)
-// MAXPER: dk / 16 at most (8: dk <= 128, 16: dk <= 256), the state rows a lane keeps in registers. At 8, three
-// blocks a multiprocessor (<= 85 registers): the 27B's 384 blocks (48 heads x 8) run as one wave.
-// The rows are serial (u_t needs u_s, s < t), so what a row waits on is paid n times. Row t + 1's loads (its k
-// and q elements of this lane, beta, gamma, v, and A[t + 1][s], B[t + 1][s] at this lane's s) are issued as
-// soon as row t's S^T k and S^T q are summed, and run under the rest of row t; the u_s a lane sums over are
-// the ones it wrote (s = lane mod 16), kept in registers for s < 64. Every sum is the same, in the same order.
-template <int MAXPER>
-__global__ void __launch_bounds__(256, MAXPER <= 8 ? 3 : 1) delta_tree_cols_kernel(const float* qkv, int ld, int n, int hk, int hv,
-                                                                 int dk, int dv, const float* beta, const float* gamma,
-                                                                 const float* state, const float* scratch, float* out,
-                                                                 float* u) {
+__global__ void __launch_bounds__(256) delta_tree_cols_kernel(const float* qkv, int ld, int n, int hk, int hv, int dk,
+                                                              int dv, const float* beta, const float* gamma,
+                                                              const float* state, const float* scratch, float* out,
+                                                              float* u) {
     const int h = blockIdx.x, kh = h / (hv / hk), kd = hk * dk;
     const int lane = threadIdx.x % DT_LANES, j = blockIdx.y * (256 / DT_LANES) + threadIdx.x / DT_LANES;
-    const int per = dk / DT_LANES;  // <= MAXPER
+    const int per = dk / DT_LANES;  // <= 16
     const float* A = scratch + size_t(h) * 2 * n * n;
     const float* B = A + size_t(n) * n;
-    float sr[MAXPER];
-#pragma unroll
-    for (int m = 0; m < MAXPER; ++m)
+    float sr[256 / DT_LANES];
+    for (int m = 0; m < 256 / DT_LANES; ++m)
         sr[m] = m < per ? state[(size_t(h) * dk + lane + DT_LANES * m) * dv + j] : 0.f;
     auto group_sum = [&](float v) {
         for (int o = DT_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
         return v;
     };
-    // row t's values (the next row's once prefetched)
-    float kr[MAXPER], qr[MAXPER], br = 0.f, gr = 0.f, vr = 0.f, ar[DT_UREG], bsr[DT_UREG], bdr = 0.f;
-    auto load_row = [&](int t) {
-        const float* qt = qkv + size_t(t) * ld + kh * dk;
-        const float* kt = qt + kd;
-#pragma unroll
-        for (int m = 0; m < MAXPER; ++m) {
-            kr[m] = m < per ? kt[lane + DT_LANES * m] : 0.f;
-            qr[m] = m < per ? qt[lane + DT_LANES * m] : 0.f;
-        }
-        br = beta[size_t(t) * hv + h];
-        gr = gamma[size_t(t) * hv + h];
-        vr = qkv[size_t(t) * ld + 2 * kd + h * dv + j];
-#pragma unroll
-        for (int q = 0; q < DT_UREG; ++q) {
-            const int s = lane + DT_LANES * q;
-            ar[q] = s < t ? A[size_t(t) * n + s] : 0.f;
-            bsr[q] = s < t ? B[size_t(t) * n + s] : 0.f;
-        }
-        bdr = B[size_t(t) * n + t];
-    };
-    float uo[DT_UREG];
-#pragma unroll
-    for (int q = 0; q < DT_UREG; ++q) uo[q] = 0.f;
-    load_row(0);
     for (int t = 0; t < n; ++t) {
+        const float* qt = qkv + size_t(t) * ld + kh * dk;
+        const float* kt = qkv + size_t(t) * ld + kd + kh * dk;
         float sk = 0, sq = 0;
-#pragma unroll
-        for (int m = 0; m < MAXPER; ++m)
-            if (m < per) {
-                sk += sr[m] * kr[m];
-                sq += sr[m] * qr[m];
-            }
-        const float bt = br, eg = expf(gr), vt = vr, bd = bdr;
-        float at[DT_UREG], bst[DT_UREG];
-#pragma unroll
-        for (int q = 0; q < DT_UREG; ++q) {
-            at[q] = ar[q];
-            bst[q] = bsr[q];
+        for (int m = 0; m < per; ++m) {
+            const int i = lane + DT_LANES * m;
+            sk += sr[m] * kt[i];
+            sq += sr[m] * qt[i];
         }
-        if (t + 1 < n) load_row(t + 1);
         sk = group_sum(sk);
         sq = group_sum(sq);
-        float sub = 0;  // over s = lane, lane + 16, ... < t in order: registers, then memory from s = 64
-#pragma unroll
-        for (int q = 0; q < DT_UREG; ++q)
-            if (lane + DT_LANES * q < t) sub += at[q] * uo[q];
-        for (int s = lane + DT_LANES * DT_UREG; s < t; s += DT_LANES)
-            sub += A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
-        const float ut = bt * vt - bt * eg * sk - group_sum(sub);
-        if (lane == t % DT_LANES) {
-            u[(size_t(t) * hv + h) * dv + j] = ut;
-#pragma unroll
-            for (int q = 0; q < DT_UREG; ++q)
-                if (q == t / DT_LANES) uo[q] = ut;
-        }
-        float acc = lane == t % DT_LANES ? bd * ut : 0.f;
-#pragma unroll
-        for (int q = 0; q < DT_UREG; ++q)
-            if (lane + DT_LANES * q < t) acc += bst[q] * uo[q];
-        for (int s = lane + DT_LANES * DT_UREG; s < t; s += DT_LANES)
-            acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+        const float bt = beta[size_t(t) * hv + h], eg = expf(gamma[size_t(t) * hv + h]);
+        float sub = 0;
+        for (int s = lane; s < t; s += DT_LANES) sub += A[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
+        const float ut = bt * qkv[size_t(t) * ld + 2 * kd + h * dv + j] - bt * eg * sk - group_sum(sub);
+        if (lane == t % DT_LANES) u[(size_t(t) * hv + h) * dv + j] = ut;
+        float acc = lane == t % DT_LANES ? B[size_t(t) * n + t] * ut : 0.f;
+        for (int s = lane; s < t; s += DT_LANES) acc += B[size_t(t) * n + s] * u[(size_t(s) * hv + h) * dv + j];
         acc = group_sum(acc);
         if (lane == 0) out[(size_t(t) * hv + h) * dv + j] = eg * sq + acc;
+    }
+}
+
+// The fused form, for dk % 32 == 0, dk <= 256, dv % 16 == 0 (every Qwen3.5 shape) while its shared memory
+// fits: one kernel, grid (hv, dv / 16), 128 threads; block (h, c) owns state columns 16c .. 16c + 15 of value
+// head h, 8 lanes a column. The split kernels above walk the rows one after another with every step's loads
+// from global memory (a chain of dependent L2 round trips a row: 52 us a 27B layer at 23 rows, and a single
+// block for the gates); here every global load is issued at once up front and the rest runs in shared memory:
+//   1. stage S0's 16 columns, the key head's k and q rows, v's 16 columns, g, beta and the ancestor mask;
+//   2. gamma_t = the sum of g over t's ancestors and t in row order (the CPU's gamma_parent + g_t, the same
+//      additions in the same order); the ancestor pairs (s, t), s <= t, listed row by row, s ascending;
+//   3. the pair coefficients A[t][s], B[t][s] (16 groups of 8 lanes, a row's k and q held while its
+//      ancestors' k are read) and, independent of them, S0^T k_t and S0^T q_t for every row (a lane holds
+//      dk / 8 state rows of its column; an 8-lane sum);
+//   4. the forward substitution u_t = beta_t v_t - beta_t e^{gamma_t} S0^T k_t - sum_{s anc t} A[t][s] u_s
+//      (a thread a column, rows in order, only the ancestors' terms: a row costs its depth, not t);
+//   5. o_t = e^{gamma_t} S0^T q_t + sum_{s anc-or-self t} B[t][s] u_s, every (t, column) at once.
+// The redundant work (each of the dv / 16 column blocks of a head, and the hv / hk heads of a key head,
+// form the same pairs) is a few KB of shared-memory reads; it buys the absence of a second launch and of a
+// global round trip between them. Sums in a fixed order: identical run to run.
+constexpr int DTF_COLS = 16, DTF_LANES = 8, DTF_THREADS = DTF_COLS * DTF_LANES;
+constexpr int DTF_SLD = DTF_COLS + 1;  // the staged state's row stride: lanes of a column hit distinct banks
+
+size_t delta_tree_fused_smem(int n, int dk) {
+    const size_t N = size_t(n), P = N * (N + 1) / 2;
+    return sizeof(float) * (2 * N * dk + size_t(dk) * DTF_SLD + 4 * N * DTF_COLS + 4 * N + 2 * P) +
+           sizeof(int) * (P + 2 * N + 1) + N * N;
+}
+
+__global__ void __launch_bounds__(DTF_THREADS) delta_tree_fused_kernel(
+    const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
+    const unsigned char* visible, const float* state, float* out, float* u, float* gamma, float* k_keep) {
+    extern __shared__ __align__(16) float sm[];  // k and q rows are read as float4
+    const int P = n * (n + 1) / 2;
+    float* Ks = sm;                       // [n][dk]
+    float* Qs = Ks + n * dk;              // [n][dk]
+    float* Ss = Qs + n * dk;              // [dk][DTF_SLD]  S0's columns c0 ..
+    float* Vs = Ss + dk * DTF_SLD;        // [n][16]
+    float* Rs = Vs + n * DTF_COLS;        // [n][16]  beta (v - e^gamma S0^T k)
+    float* QSs = Rs + n * DTF_COLS;       // [n][16]  S0^T q
+    float* Us = QSs + n * DTF_COLS;       // [n][16]
+    float* gin = Us + n * DTF_COLS;       // [n] g of this head
+    float* gam = gin + n;                 // [n]
+    float* eg = gam + n;                  // [n] e^gamma
+    float* bet = eg + n;                  // [n]
+    float* pa = bet + n;                  // [P] A of pair p (0 for s = t)
+    float* pb = pa + P;                   // [P] B of pair p
+    int* ps = (int*)(pb + P);             // [P] s of pair p
+    int* cnt = ps + P;                    // [n] pairs of row t
+    int* off = cnt + n;                   // [n + 1] row t's pairs: off[t] .. off[t + 1] - 1, the last one s = t
+    unsigned char* vis = (unsigned char*)(off + n + 1);  // [n][n]
+    const int h = blockIdx.x, c0 = blockIdx.y * DTF_COLS, kh = h / (hv / hk), kd = hk * dk, tid = threadIdx.x;
+    // the state was written by an earlier forward's commit: read before the wait for the kernel before
+    for (int e = tid; e < dk * DTF_COLS; e += DTF_THREADS)
+        Ss[(e / DTF_COLS) * DTF_SLD + e % DTF_COLS] = state[(size_t(h) * dk + e / DTF_COLS) * dv + c0 + e % DTF_COLS];
+    griddep_wait();
+    for (int e = tid; e < n * dk; e += DTF_THREADS) {
+        const float* row = qkv + size_t(e / dk) * ld + kh * dk + e % dk;
+        Qs[e] = row[0];
+        Ks[e] = row[kd];
+    }
+    for (int e = tid; e < n * DTF_COLS; e += DTF_THREADS)
+        Vs[e] = qkv[size_t(e / DTF_COLS) * ld + 2 * kd + size_t(h) * dv + c0 + e % DTF_COLS];
+    for (int e = tid; e < n * n; e += DTF_THREADS) vis[e] = visible[e];
+    for (int t = tid; t < n; t += DTF_THREADS) {
+        gin[t] = g[size_t(t) * hv + h];
+        bet[t] = beta[size_t(t) * hv + h];
+    }
+    __syncthreads();
+    if (blockIdx.y == 0 && h % (hv / hk) == 0)  // one block per key head keeps the k copy
+        for (int e = tid; e < n * dk; e += DTF_THREADS) k_keep[size_t(e / dk) * kd + kh * dk + e % dk] = Ks[e];
+    for (int t = tid; t < n; t += DTF_THREADS) {
+        float acc = 0.f;
+        int c = 0;
+        for (int s = 0; s <= t; ++s)
+            if (vis[t * n + s]) { acc += gin[s]; ++c; }
+        gam[t] = acc;
+        eg[t] = expf(acc);
+        cnt[t] = c;
+        if (blockIdx.y == 0) gamma[size_t(t) * hv + h] = acc;
+    }
+    __syncthreads();
+    if (tid < LB_WARP) {  // off: exclusive prefix of cnt, a contiguous range of rows a lane
+        const int per = (n + LB_WARP - 1) / LB_WARP, a = min(n, tid * per), b = min(n, a + per);
+        int local = 0;
+        for (int t = a; t < b; ++t) local += cnt[t];
+        int incl = local;
+        for (int o = 1; o < LB_WARP; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (tid >= o) incl += y;
+        }
+        int run = incl - local;
+        for (int t = a; t < b; ++t) { off[t] = run; run += cnt[t]; }
+        if (tid == LB_WARP - 1) off[n] = incl;
+    }
+    __syncthreads();
+    for (int t = tid; t < n; t += DTF_THREADS) {
+        int p = off[t];
+        for (int s = 0; s <= t; ++s)
+            if (vis[t * n + s]) ps[p++] = s;
+    }
+    __syncthreads();
+    const int sub = tid % DTF_LANES, grp = tid / DTF_LANES, np = dk / 32;  // lane sub: elements 32m + 4 sub + e
+    // the 8 lanes of a group (groups of one warp take rows with different pair counts: the group's mask)
+    const unsigned gmask = 0xffu << ((tid % 32) & ~(DTF_LANES - 1));
+    auto lanes_sum = [gmask](float v) {
+#pragma unroll
+        for (int o = DTF_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(gmask, v, o, DTF_LANES);
+        return v;
+    };
+    // 3a. pair coefficients: group grp takes rows grp, grp + 16, ...
+    for (int t = grp; t < n; t += DTF_THREADS / DTF_LANES) {
+        float kt[32], qt[32];
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+            if (m < np) {
+                const float4 a = *(const float4*)&Ks[t * dk + 32 * m + 4 * sub];
+                const float4 b = *(const float4*)&Qs[t * dk + 32 * m + 4 * sub];
+                kt[4 * m] = a.x; kt[4 * m + 1] = a.y; kt[4 * m + 2] = a.z; kt[4 * m + 3] = a.w;
+                qt[4 * m] = b.x; qt[4 * m + 1] = b.y; qt[4 * m + 2] = b.z; qt[4 * m + 3] = b.w;
+            }
+        for (int p = off[t]; p < off[t + 1]; ++p) {
+            const int s = ps[p];
+            float kk = 0.f, qk = 0.f;
+#pragma unroll
+            for (int m = 0; m < 8; ++m)
+                if (m < np) {
+                    const float4 a = *(const float4*)&Ks[s * dk + 32 * m + 4 * sub];
+                    kk += kt[4 * m] * a.x + kt[4 * m + 1] * a.y + kt[4 * m + 2] * a.z + kt[4 * m + 3] * a.w;
+                    qk += qt[4 * m] * a.x + qt[4 * m + 1] * a.y + qt[4 * m + 2] * a.z + qt[4 * m + 3] * a.w;
+                }
+            kk = lanes_sum(kk);
+            qk = lanes_sum(qk);
+            if (sub == 0) {
+                const float d = expf(gam[t] - gam[s]);
+                pa[p] = s < t ? bet[t] * kk * d : 0.f;
+                pb[p] = qk * d;
+            }
+        }
+    }
+    // 3b. S0^T k_t, S0^T q_t: lane sub of column grp holds S0 rows 32m + 4 sub + e; 8 rows at a time, their
+    // 8-lane sums reduce-scattered (7 exchanges for 8 sums, not 24) so that lane sub ends with row t0 + sub's
+    {
+        float sr[32];
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sr[4 * m + e] = m < np ? Ss[(32 * m + 4 * sub + e) * DTF_SLD + grp] : 0.f;
+        for (int t0 = 0; t0 < n; t0 += DTF_LANES) {
+            float sk[DTF_LANES], sq[DTF_LANES];
+#pragma unroll
+            for (int r = 0; r < DTF_LANES; ++r) {
+                const int t = min(t0 + r, n - 1);  // rows past n: any row, its sums unused
+                float a = 0.f, b = 0.f;
+#pragma unroll
+                for (int m = 0; m < 8; ++m)
+                    if (m < np) {
+                        const float4 kv = *(const float4*)&Ks[t * dk + 32 * m + 4 * sub];
+                        const float4 qv = *(const float4*)&Qs[t * dk + 32 * m + 4 * sub];
+                        a += sr[4 * m] * kv.x + sr[4 * m + 1] * kv.y + sr[4 * m + 2] * kv.z + sr[4 * m + 3] * kv.w;
+                        b += sr[4 * m] * qv.x + sr[4 * m + 1] * qv.y + sr[4 * m + 2] * qv.z + sr[4 * m + 3] * qv.w;
+                    }
+                sk[r] = a;
+                sq[r] = b;
+            }
+#pragma unroll
+            for (int o = DTF_LANES / 2; o > 0; o >>= 1) {
+                const bool up = sub & o;  // keep the upper half of the o * 2 sums, send the lower
+#pragma unroll
+                for (int i = 0; i < o; ++i) {
+                    const float ks = up ? sk[i] : sk[i + o], qs = up ? sq[i] : sq[i + o];
+                    const float kk = up ? sk[i + o] : sk[i], qk = up ? sq[i + o] : sq[i];
+                    sk[i] = kk + __shfl_xor_sync(gmask, ks, o, DTF_LANES);
+                    sq[i] = qk + __shfl_xor_sync(gmask, qs, o, DTF_LANES);
+                }
+            }
+            const int t = t0 + sub;
+            if (t < n) {
+                Rs[t * DTF_COLS + grp] = bet[t] * Vs[t * DTF_COLS + grp] - bet[t] * eg[t] * sk[0];
+                QSs[t * DTF_COLS + grp] = sq[0];
+            }
+        }
+    }
+    __syncthreads();
+    // 4. forward substitution, a thread a column (the pair list's last entry of a row is the row itself)
+    if (tid < DTF_COLS) {
+        for (int t = 0; t < n; ++t) {
+            float ut = Rs[t * DTF_COLS + tid];
+#pragma unroll 4
+            for (int p = off[t]; p < off[t + 1] - 1; ++p) ut -= pa[p] * Us[ps[p] * DTF_COLS + tid];
+            Us[t * DTF_COLS + tid] = ut;
+        }
+    }
+    __syncthreads();
+    // 5. outputs and u for commit
+    for (int e = tid; e < n * DTF_COLS; e += DTF_THREADS) {
+        const int t = e / DTF_COLS, j = e % DTF_COLS;
+        float o = eg[t] * QSs[e];
+#pragma unroll 4
+        for (int p = off[t]; p < off[t + 1]; ++p) o += pb[p] * Us[ps[p] * DTF_COLS + j];
+        const size_t at = (size_t(t) * hv + h) * dv + c0 + j;
+        out[at] = o;
+        u[at] = Us[e];
     }
 }
 
@@ -483,23 +663,45 @@ void conv_tree(const float* x, int ldx, int n, int C, int K, const float* w, con
     conv_tree_kernel<<<dim3((C + 127) / 128, n), 128, 0, s>>>(x, ldx, n, C, K, w, state, parent, y, keep);
 }
 
+void conv_tree_prep(const float* x, int ldx, int n, int K, const float* w, const float* state, const int* parent,
+                    float* y, float* keep, int hk, int dk, int hv, int dv, int b_off, const float* negA,
+                    const float* dt_bias, float* g, float* beta, gpuStream_t s) {
+    const int C = 2 * hk * dk + hv * dv;
+    if (K <= 16 && dk <= 2 * CTP_THREADS) {
+        const dim3 grid(n, 2 * hk + (hv * dv + CTP_THREADS - 1) / CTP_THREADS + 1);
+        conv_tree_prep_kernel<<<grid, CTP_THREADS, 0, s>>>(x, ldx, K, w, state, parent, y, keep, hk, dk, hv * dv, hv,
+                                                           b_off, negA, dt_bias, g, beta);
+        return;
+    }
+    conv_tree(x, ldx, n, C, K, w, state, parent, y, keep, s);
+    deltanet_prep(y, C, x, ldx, b_off, negA, dt_bias, n, hk, dk, hv, g, beta, s);
+}
+
 size_t delta_tree_scratch(int n, int hv) { return size_t(hv) * 2 * n * n; }
 
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
-                float* gamma, float* k_keep, float* scratch, gpuStream_t s) {
-    if (dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
-        // the gates' sums in the pairs kernel where its row of them fits the default shared memory
-        const size_t fold_smem = size_t(n) * (sizeof(float) + 1);
-        const bool fold = fold_smem <= 32 * 1024;
-        if (!fold) delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
-        delta_tree_pairs_kernel<<<dim3(n, hv), 128, fold ? fold_smem : 0, s>>>(qkv, ld, n, hk, hv, dk, g, beta, visible,
-                                                                             gamma, k_keep, scratch, fold ? 1 : 0);
-        const dim3 grid(hv, dv / (256 / DT_LANES));
-        if (dk <= 8 * DT_LANES)
-            delta_tree_cols_kernel<8><<<grid, 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma, state, scratch, out, u);
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s, int kernel) {
+    const size_t fused_smem = delta_tree_fused_smem(n, dk);
+    if ((kernel == 0 || kernel == 1) && dk % 32 == 0 && dk <= 256 && dv % DTF_COLS == 0 &&
+        fused_smem <= size_t(smem_optin_limit())) {
+        const dim3 grid(hv, dv / DTF_COLS), block(DTF_THREADS);
+        // up to the default 48 KB (dk 128: to 26 rows): with programmatic dependent launch, so that
+        // the state slice is read while the kernel before finishes
+        if (fused_smem <= 48 * 1024)
+            launch_k(delta_tree_fused_kernel, grid, block, fused_smem, s, qkv, ld, n, hk, hv, dk, dv, g, beta, visible,
+                     state, out, u, gamma, k_keep);
         else
-            delta_tree_cols_kernel<16><<<grid, 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma, state, scratch, out, u);
+            launch_smem(delta_tree_fused_kernel, grid, block, fused_smem, s, qkv, ld, n, hk, hv, dk, dv, g, beta,
+                        visible, state, out, u, gamma, k_keep);
+        return;
+    }
+    if (kernel == 1) lb::fail("unsupported", "delta_tree: the fused kernel does not take this shape");
+    if (kernel != 3 && dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
+        delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
+        delta_tree_pairs_kernel<<<dim3(n, hv), 128, 0, s>>>(qkv, ld, n, hk, hv, dk, beta, visible, gamma, k_keep, scratch);
+        delta_tree_cols_kernel<<<dim3(hv, dv / (256 / DT_LANES)), 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma,
+                                                                             state, scratch, out, u);
         return;
     }
     delta_tree_kernel<<<hv, threads_for(dv), 0, s>>>(qkv, ld, n, hk, hv, dk, dv, g, beta, parent, visible, state, out,

@@ -24,14 +24,22 @@ void tree_attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, bo
 // [C, K-1] read only, y [n, C]. The inputs are also copied to keep [n, C] for conv_commit.
 void conv_tree(const float* x, int ldx, int n, int C, int K, const float* w, const float* state, const int* parent,
                float* y, float* keep, gpuStream_t s);
+// conv_tree over the DeltaNet input's channels (q heads, k heads, v: C = 2 hk dk + hv dv) followed by
+// deltanet_prep (gpu_ops.h: q, k heads L2-normalised in y, q scaled; g, beta from x's columns b_off ..), in
+// one launch where dk <= 256 and K <= 16 (else the two).
+void conv_tree_prep(const float* x, int ldx, int n, int K, const float* w, const float* state, const int* parent,
+                    float* y, float* keep, int hk, int dk, int hv, int dv, int b_off, const float* negA,
+                    const float* dt_bias, float* g, float* beta, gpuStream_t s);
 // The tree-masked chunked delta rule (see ../cpu/delta_rule_tree.cpp). qkv rows [n, ld]: q at 0, k at
 // hk*dk, v at 2*hk*dk (q, k normalised, q scaled); g, beta [n, hv]; state S0 [hv, dk, dv] read only.
 // out [n, hv*dv]; u [n, hv, dv] and gamma [n, hv] for delta_tree_commit; k_keep [n, hk*dk] a copy of k;
-// scratch: delta_tree_scratch(n, hv) floats.
+// scratch: delta_tree_scratch(n, hv) floats (the split kernels'). `kernel` names one for the checks: 0 the
+// launcher's choice (the fused kernel where it takes the shape and its shared memory fits, else the split
+// kernels, else the one-block-a-head kernel), 1 fused, 2 split, 3 one block a head.
 size_t delta_tree_scratch(int n, int hv);
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
-                float* gamma, float* k_keep, float* scratch, gpuStream_t s);
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s, int kernel = 0);
 // S = e^{gamma_a} S + sum_{p in path} e^{gamma_a - gamma_p} k_p u_p^T, a = path[m - 1].
 void delta_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
                        const int* path, int m, float* state, gpuStream_t s);
