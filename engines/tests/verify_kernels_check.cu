@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cpu/ops.h"
+#include "core/cuda/gpu_ops.h"
 #include "core/cuda/verify_ops.h"
 #include "gpu_check_util.h"
 
@@ -293,6 +294,8 @@ static void check_commit_layers(int layers, int n, int hk, int hv, int dk, int d
 }
 
 int main() {
+    gpu::DeviceContext ctx(0);  // the batched commit reads the device's limits
+    gpu::ContextScope bind(ctx);
     for (bool chain : {false, true}) {
         check_attention(7, 5, 3, 1, 20, 10, true, DType::F32, DType::F32, chain);
         check_attention(23, 40, 8, 2, 256, 64, true, DType::BF16, DType::BF16, chain);

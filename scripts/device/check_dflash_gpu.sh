@@ -45,7 +45,7 @@ build_engines engines "$BUILD" dflash "" "${targets[@]}" > "$DEST/build.log" 2>&
 echo "built in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$DEST/card.txt"
 { git rev-parse HEAD 2>/dev/null || echo "(no git)"; date -u; } > "$DEST/provenance.txt"
-export PYTHONPATH=.:tests/engines
+export PYTHONPATH=.:tests/engines${PYTHONPATH:+:$PYTHONPATH}  # keeps the carried wheels (wheels.sh) where a caller installed them
 # The synthetic 0.8B and its random draft: for the kernels, lossless-synth and (by default) speed parts.
 if [[ " $PARTS " =~ \ (kernels|lossless-synth|speed)\  ]]; then
   synth_08b || { echo "synthetic 0.8B checkpoint: FAILED"; exit 1; }
