@@ -127,7 +127,11 @@ static void check_conv(int n, int C, int K, bool chain) {
     std::vector<float> st(state);
     cpu::conv_state_commit(xc.data(), C, K, path.data(), int(path.size()), st.data());
     int* dpath = up(path);
-    gpu::conv_commit(dkeep, C, K, dpath, int(path.size()), ds, 0);
+    gpu::DeltaCommitLayers L;  // one layer, its conv state only (hv = 0)
+    L.count = 1;
+    L.conv_keep[0] = dkeep;
+    L.conv_state[0] = ds;
+    gpu::delta_conv_commit(L, 0, 0, 0, 0, C, K, dpath, int(path.size()), 0);
     compare(std::string(name) + ": commit", down(ds, st.size()), st, 0);
     for (void* p : {(void*)dx, (void*)dw, (void*)ds, (void*)dy, (void*)dkeep, (void*)dp, (void*)dpath}) GPU_CHECK(gpuFree(p));
 }
@@ -172,7 +176,13 @@ static void check_delta(int n, int hk, int hv, int dk, int dv, bool chain) {
     std::vector<float> st(state);
     cpu::delta_rule_tree_commit(k.data(), u.data(), gamma.data(), hk, hv, dk, dv, path.data(), int(path.size()), st.data());
     int* dpath = up(path);
-    gpu::delta_tree_commit(dk_keep, du, dgam, hk, hv, dk, dv, dpath, int(path.size()), ds, 0);
+    gpu::DeltaCommitLayers L;  // one layer, its DeltaNet state only (C = 0)
+    L.count = 1;
+    L.k[0] = dk_keep;
+    L.u[0] = du;
+    L.gamma[0] = dgam;
+    L.state[0] = ds;
+    gpu::delta_conv_commit(L, hk, hv, dk, dv, 0, 0, dpath, int(path.size()), 0);
     compare(std::string(name) + ": commit", down(ds, st.size()), st, 1e-4);
     for (void* p : {(void*)dq, (void*)dg, (void*)db, (void*)ds, (void*)dout, (void*)du, (void*)dgam, (void*)dk_keep, (void*)dscr, (void*)dp, (void*)dpath, (void*)dvis})
         GPU_CHECK(gpuFree(p));
@@ -188,7 +198,11 @@ static void check_compact(int len, int n, size_t row_bytes) {
         memmove(&want[size_t(len + int(i)) * row_bytes], &want[size_t(len + path[i]) * row_bytes], row_bytes);
     uint8_t* d = up(cache);
     int* dp = up(path);
-    gpu::kv_compact(d, row_bytes, len, dp, int(path.size()), 0);
+    gpu::KvCompactLayers kv;  // one cache
+    kv.count = 1;
+    kv.cache[0] = d;
+    kv.row_bytes[0] = row_bytes;
+    gpu::kv_compact(kv, len, dp, int(path.size()), 0);
     const bool ok = down(d, cache.size()) == want;
     if (!ok) ++g_failed;
     printf("  kv compact len=%d n=%d path %zu rows, row %zu B %s\n", len, n, path.size(), row_bytes, ok ? "ok" : "FAIL");
@@ -196,8 +210,8 @@ static void check_compact(int len, int n, size_t row_bytes) {
     GPU_CHECK(gpuFree(dp));
 }
 
-// delta_tree_commit's arithmetic as the one-row-a-block kernel computed it before the commit took all layers
-// in one launch (row groups sharing u loads): the batched kernel must give the same bits.
+// The DeltaNet state commit in its plain form, one state row a block: delta_conv_commit's kernel (a block's
+// rows sharing each u load and decay) must give the same bits.
 __global__ void delta_commit_row_kernel(const float* k, const float* u, const float* gamma, int hk, int hv, int dk,
                                         int dv, const int* path, int m, float* state) {
     const int h = blockIdx.x, i = blockIdx.y, kh = h / (hv / hk);

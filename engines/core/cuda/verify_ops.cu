@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(DTF_THREADS) delta_tree_fused_kernel(
 //  * block x < delta_blocks: rows i0 .. i0 + R - 1 of one head's state (dk / R blocks a head), as
 //      S[i][j] = e^{gamma_a} S[i][j] + sum over the path, in order, of (k_s[i] e^{gamma_a - gamma_s}) u_s[j]
 //    (the R rows share each u_s[j] load and decay);
-//  * the others: conv_commit's window shift for blockDim channels each.
+//  * the others: the conv state's window shift (the last K - 1 inputs) for blockDim channels each.
 template <int R>
 __global__ void delta_conv_commit_kernel(DeltaCommitLayers L, int hk, int hv, int dk, int dv, int C, int K,
                                          const int* path, int m, int delta_blocks) {
@@ -715,36 +715,11 @@ void delta_conv_commit(const DeltaCommitLayers& L, int hk, int hv, int dk, int d
     if (C > 0 && K > 16) lb::fail("unsupported", "conv kernel wider than 16");
     constexpr int threads = 128;
     const bool rows8 = dk % 8 == 0;
-    const int delta_blocks = hv > 0 && L.k[0] ? hv * (rows8 ? dk / 8 : dk) : 0;
+    const int delta_blocks = hv > 0 ? hv * (rows8 ? dk / 8 : dk) : 0;
     const int conv_blocks = (C + threads - 1) / threads;
     const dim3 grid(unsigned(delta_blocks + conv_blocks), unsigned(L.count));
     if (rows8) delta_conv_commit_kernel<8><<<grid, threads, 0, s>>>(L, hk, hv, dk, dv, C, K, path, m, delta_blocks);
     else delta_conv_commit_kernel<1><<<grid, threads, 0, s>>>(L, hk, hv, dk, dv, C, K, path, m, delta_blocks);
-}
-
-void delta_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
-                       const int* path, int m, float* state, gpuStream_t s) {
-    DeltaCommitLayers L;
-    L.count = 1;
-    L.k[0] = k;
-    L.u[0] = u;
-    L.gamma[0] = gamma;
-    L.state[0] = state;
-    L.conv_keep[0] = nullptr;
-    L.conv_state[0] = nullptr;
-    delta_conv_commit(L, hk, hv, dk, dv, 0, 0, path, m, s);
-}
-
-void conv_commit(const float* keep, int C, int K, const int* path, int m, float* state, gpuStream_t s) {
-    DeltaCommitLayers L;
-    L.count = 1;
-    L.k[0] = nullptr;
-    L.u[0] = nullptr;
-    L.gamma[0] = nullptr;
-    L.state[0] = nullptr;
-    L.conv_keep[0] = keep;
-    L.conv_state[0] = state;
-    delta_conv_commit(L, 1, 1, 1, 1, C, K, path, m, s);
 }
 
 void argmax_rows(const float* logits, int n, int vocab, int* out, gpuStream_t s) {
@@ -755,14 +730,6 @@ void kv_compact(const KvCompactLayers& L, int len, const int* path, int m, gpuSt
     if (m == 0 || L.count == 0) return;
     if (L.count > kCommitLayers) lb::fail("internal", "kv_compact: more caches than kCommitLayers");
     kv_compact_kernel<<<unsigned(L.count), 128, 0, s>>>(L, len, path, m);
-}
-
-void kv_compact(void* cache, size_t row_bytes, int len, const int* path, int m, gpuStream_t s) {
-    KvCompactLayers L;
-    L.count = 1;
-    L.cache[0] = cache;
-    L.row_bytes[0] = row_bytes;
-    kv_compact(L, len, path, m, s);
 }
 
 }  // namespace lb::gpu

@@ -21,7 +21,7 @@ void tree_attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, bo
                     const void* kcache, DType kt, const void* vcache, DType vt, const unsigned char* visible,
                     float* out, gpuStream_t s);
 // Causal depthwise conv + SiLU along each row's ancestors: x rows [n, ldx] (channels [0, C)), state
-// [C, K-1] read only, y [n, C]. The inputs are also copied to keep [n, C] for conv_commit.
+// [C, K-1] read only, y [n, C]. The inputs are also copied to keep [n, C] for delta_conv_commit.
 void conv_tree(const float* x, int ldx, int n, int C, int K, const float* w, const float* state, const int* parent,
                float* y, float* keep, gpuStream_t s);
 // conv_tree over the DeltaNet input's channels (q heads, k heads, v: C = 2 hk dk + hv dv) followed by
@@ -32,7 +32,7 @@ void conv_tree_prep(const float* x, int ldx, int n, int K, const float* w, const
                     const float* dt_bias, float* g, float* beta, gpuStream_t s);
 // The tree-masked chunked delta rule (see ../cpu/delta_rule_tree.cpp). qkv rows [n, ld]: q at 0, k at
 // hk*dk, v at 2*hk*dk (q, k normalised, q scaled); g, beta [n, hv]; state S0 [hv, dk, dv] read only.
-// out [n, hv*dv]; u [n, hv, dv] and gamma [n, hv] for delta_tree_commit; k_keep [n, hk*dk] a copy of k;
+// out [n, hv*dv]; u [n, hv, dv] and gamma [n, hv] for delta_conv_commit; k_keep [n, hk*dk] a copy of k;
 // scratch: delta_tree_scratch(n, hv) floats (the split kernels'). `kernel` names one for the checks: 0 the
 // launcher's choice (the fused kernel where it takes the shape and its shared memory fits, else the split
 // kernels, else the one-block-a-head kernel), 1 fused, 2 split, 3 one block a head.
@@ -40,20 +40,17 @@ size_t delta_tree_scratch(int n, int hv);
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
                 float* gamma, float* k_keep, float* scratch, gpuStream_t s, int kernel = 0);
-// S = e^{gamma_a} S + sum_{p in path} e^{gamma_a - gamma_p} k_p u_p^T, a = path[m - 1].
-void delta_tree_commit(const float* k, const float* u, const float* gamma, int hk, int hv, int dk, int dv,
-                       const int* path, int m, float* state, gpuStream_t s);
-// state [C, K-1] <- the last K-1 of [state, keep[path[0]], ..., keep[path[m-1]]].
-void conv_commit(const float* keep, int C, int K, const int* path, int m, float* state, gpuStream_t s);
-
-// The commit of every layer in one launch (commit_path: 2 launches a commit instead of 2 a layer, whose
-// launch gaps and one-block copies cost more than the bytes they move). The pointer tables travel as the
-// kernel's parameters (under the 4 KB limit), so nothing is uploaded. Per element the arithmetic and its
-// order are delta_tree_commit's and conv_commit's: the states are bitwise the same.
+// The commit of the accepted path's rows, every layer of a kind in one launch (commit_path: 2 launches a commit
+// instead of 2 a layer, whose launch gaps and one-block copies cost more than the bytes they move). The pointer
+// tables travel as the kernel's parameters (under the 4 KB limit), so nothing is uploaded. a = path[m - 1]:
+//   DeltaNet state [hv, dk, dv]: S = e^{gamma_a} S + sum_{p in path} e^{gamma_a - gamma_p} k_p u_p^T (k, u,
+//     gamma: delta_tree's k_keep, u, gamma), in the CPU's order (../cpu/delta_rule_tree.cpp);
+//   conv state [C, K-1] <- the last K-1 of [state, keep[path[0]], ..., keep[path[m-1]]] (keep: conv_tree's).
+// hv == 0: the conv states only (k, u, gamma, state unread); C == 0: the DeltaNet states only.
 constexpr int kCommitLayers = 64;  // layers a launch; more are committed in further launches
 struct DeltaCommitLayers {
     int count = 0;
-    // per DeltaNet layer: delta_tree_commit's k, u, gamma and state; conv_commit's keep and state
+    // per DeltaNet layer: delta_tree's k_keep, u, gamma and the state; conv_tree's keep and the conv state
     const float* k[kCommitLayers];
     const float* u[kCommitLayers];
     const float* gamma[kCommitLayers];
@@ -68,10 +65,9 @@ struct KvCompactLayers {
     void* cache[kCommitLayers];
     size_t row_bytes[kCommitLayers];
 };
+// Each cache's rows: slot len + path[i] -> slot len + i, in order (row_bytes = n_kv_heads * bytes of a head row).
 void kv_compact(const KvCompactLayers& caches, int len, const int* path, int m, gpuStream_t s);
 // out[r] = argmax of logits row r (lowest index on ties), rows [n, vocab].
 void argmax_rows(const float* logits, int n, int vocab, int* out, gpuStream_t s);
-// Cache rows: slot len + path[i] -> slot len + i, in order (row_bytes = n_kv_heads * bytes of a head row).
-void kv_compact(void* cache, size_t row_bytes, int len, const int* path, int m, gpuStream_t s);
 
 }  // namespace lb::gpu
