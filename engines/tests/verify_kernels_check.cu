@@ -308,7 +308,7 @@ static void check_commit_layers(int layers, int n, int hk, int hv, int dk, int d
 }
 
 int main() {
-    gpu::DeviceContext ctx(0);  // the batched commit reads the device's limits
+    gpu::DeviceContext ctx(0);  // delta_tree's choice of kernel reads the device's shared-memory limit
     gpu::ContextScope bind(ctx);
     for (bool chain : {false, true}) {
         check_attention(7, 5, 3, 1, 20, 10, true, DType::F32, DType::F32, chain);
