@@ -7,11 +7,8 @@ namespace lb::gpu {
 namespace {
 
 // grid (n, 2 * hk + 1): blocks y < 2*hk normalise one q or k head; the last one computes g and beta.
-// launch_dependents at once: a verify's delta_tree (programmatic dependent launch) reads its state slice
-// while this runs, and waits for it before reading q, k, g, beta.
 __global__ void deltanet_prep_kernel(float* y, int ldy, const float* proj, int ldp, int b_off, const float* negA,
                                      const float* dt_bias, int hk, int dk, int hv, float* g, float* beta) {
-    griddep_launch();
     const int t = blockIdx.x, h = blockIdx.y;
     if (h == 2 * hk) {
         for (int i = threadIdx.x; i < hv; i += blockDim.x) {
