@@ -577,8 +577,9 @@ std::vector<float> decode_rows(const std::vector<uint8_t>& c, DType t, size_t ro
 
 // The verify's tree delta rule (verify_ops.h delta_tree) on normalised q, k rows against cpu::delta_rule_tree:
 // a random tree (parents first) or a chain, outputs starting as NaN (an element not written fails); `kernel`
-// as delta_tree's (0 the launcher's choice, 1 fused, 2 split, 3 one block a head). Run twice: bit-identical.
-void check_delta_tree(Rng& r, int n, int hk, int hv, int dk, int dv, bool chain, int kernel, const char* variant) {
+// as delta_tree's (Auto: the launcher's choice; or one named). Run twice: bit-identical.
+void check_delta_tree(Rng& r, int n, int hk, int hv, int dk, int dv, bool chain, gpu::DeltaTreeKernel kernel,
+                      const char* variant) {
     const int kd = hk * dk, vd = hv * dv, ld = 2 * kd + vd + 3;
     std::vector<int> parent(static_cast<size_t>(n));
     std::vector<unsigned char> vis(size_t(n) * n, 0);
@@ -626,8 +627,8 @@ void check_delta_tree(Rng& r, int n, int hk, int hv, int dk, int dv, bool chain,
 
 // The verify's conv + DeltaNet prologue in one launch (verify_ops.h conv_tree_prep) against the CPU's
 // causal_conv1d_silu_tree then cpu_deltanet_prep on a random tree, and against the GPU's two kernels
-// (conv_tree, deltanet_prep): the same operations, so bit-identical.
-void check_conv_tree_prep(Rng& r, int n, int hk, int dk, int hv, int dv, int K) {
+// (conv_tree, deltanet_prep): the same operations, so bit-identical. `variant`: the path conv_tree_prep takes.
+void check_conv_tree_prep(Rng& r, int n, int hk, int dk, int hv, int dv, int K, const char* variant) {
     const int C = 2 * hk * dk + hv * dv, ldx = C + 2 * hv + 7, b_off = C + 5;
     std::vector<int> parent(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) parent[size_t(i)] = i == 0 ? -1 : std::min(i - 1, int((r.uni() + 1.f) * 0.5f * float(i)));
@@ -657,7 +658,7 @@ void check_conv_tree_prep(Rng& r, int n, int hk, int dk, int hv, int dv, int K) 
     for (size_t i = 0; i < got.size(); ++i)
         same = same && memcmp(got[i].data(), two[i].data(), got[i].size() * sizeof(float)) == 0;
     const std::string sh = shape({{"n", n}, {"hk", hk}, {"dk", dk}, {"hv", hv}, {"dv", dv}, {"K", K}});
-    const std::string name = std::string("conv_tree_prep_kernel") + (same ? "" : " NOT EQUAL TO conv_tree + prep");
+    const std::string name = std::string(variant) + (same ? "" : " NOT EQUAL TO conv_tree + prep");
     report("conv_tree_prep", name + " (y)", sh, same ? rel_err(got[0], y) : INFINITY, 1e-5);
     report("conv_tree_prep", name + " (kept x)", sh, rel_err(got[1], xc), 0);
     std::vector<float> gb = got[2], want = g;
@@ -1605,20 +1606,24 @@ int main(int argc, char** argv) {
     // the verify's tree form: the 27B's 23 rows (fused, with programmatic dependent launch), 9 rows, 41 and 65
     // rows (fused above 48 KB of shared memory), dk 256; the fallbacks named; 129 rows: the launcher's choice,
     // the split kernels (the fused kernel's shared memory does not fit)
+    using DTK = gpu::DeltaTreeKernel;
     for (bool chain : {false, true}) {
-        check_delta_tree(r, 23, 2, 6, 128, 128, chain, 0, "fused");
-        check_delta_tree(r, 9, 2, 6, 128, 128, chain, 0, "fused");
-        check_delta_tree(r, 41, 1, 3, 128, 128, chain, 0, "fused, > 48 KB");
-        check_delta_tree(r, 65, 1, 2, 128, 64, chain, 0, "fused, > 48 KB");
-        check_delta_tree(r, 17, 1, 2, 256, 32, chain, 1, "fused");
-        check_delta_tree(r, 23, 2, 6, 128, 128, chain, 2, "split");
-        check_delta_tree(r, 23, 1, 3, 128, 128, chain, 3, "one block a head");
-        check_delta_tree(r, 13, 1, 3, 48, 32, chain, 0, "auto (dk % 32 != 0: split)");
+        check_delta_tree(r, 23, 2, 6, 128, 128, chain, DTK::Auto, "fused");
+        check_delta_tree(r, 9, 2, 6, 128, 128, chain, DTK::Auto, "fused");
+        check_delta_tree(r, 41, 1, 3, 128, 128, chain, DTK::Auto, "fused, > 48 KB");
+        check_delta_tree(r, 65, 1, 2, 128, 64, chain, DTK::Auto, "fused, > 48 KB");
+        check_delta_tree(r, 17, 1, 2, 256, 32, chain, DTK::Fused, "fused");
+        check_delta_tree(r, 23, 2, 6, 128, 128, chain, DTK::Split, "split");
+        check_delta_tree(r, 23, 1, 3, 128, 128, chain, DTK::PerHead, "one block a head");
+        check_delta_tree(r, 13, 1, 3, 48, 32, chain, DTK::Auto, "auto (dk % 32 != 0: split)");
     }
-    check_delta_tree(r, 129, 1, 2, 128, 128, false, 0, "auto (129 rows: split)");
-    check_conv_tree_prep(r, 23, 2, 128, 6, 128, 4);  // the 27B's heads (16 / 48) in fewer
-    check_conv_tree_prep(r, 9, 1, 256, 3, 64, 3);
-    check_conv_tree_prep(r, 7, 2, 48, 5, 40, 4);
+    check_delta_tree(r, 129, 1, 2, 128, 128, false, DTK::Auto, "auto (129 rows: split)");
+    check_delta_tree(r, 7, 1, 2, 128, 40, false, DTK::Auto, "auto (dv % 16 != 0: one block a head)");
+    const char* one = "conv_tree_prep_kernel";
+    check_conv_tree_prep(r, 23, 2, 128, 6, 128, 4, one);  // the 27B's heads (16 / 48) in fewer
+    check_conv_tree_prep(r, 9, 1, 256, 3, 64, 3, one);
+    check_conv_tree_prep(r, 7, 2, 48, 5, 40, 4, one);
+    check_conv_tree_prep(r, 5, 1, 320, 2, 64, 4, "conv_tree + deltanet_prep (dk > 256)");
     check_attn_prep(r, 5, 8, 2, 256, 64, DType::BF16, "attn_prep_kernel<bf16>");
     check_attn_prep(r, 3, 4, 2, 128, 32, DType::BF16, "attn_prep_kernel<bf16>");
     for (DType t : {DType::F32, DType::F16, DType::Q8_0, DType::Q4_0})

@@ -681,10 +681,14 @@ size_t delta_tree_scratch(int n, int hv) { return size_t(hv) * 2 * n * n; }
 
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
-                float* gamma, float* k_keep, float* scratch, gpuStream_t s, int kernel) {
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s, DeltaTreeKernel kernel) {
+    using K = DeltaTreeKernel;
     const size_t fused_smem = delta_tree_fused_smem(n, dk);
-    if ((kernel == 0 || kernel == 1) && dk % 32 == 0 && dk <= 256 && dv % DTF_COLS == 0 &&
-        fused_smem <= size_t(smem_optin_limit())) {
+    const bool fused_ok = dk % 32 == 0 && dk <= 256 && dv % DTF_COLS == 0 && fused_smem <= size_t(smem_optin_limit());
+    const bool split_ok = dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0;
+    if ((kernel == K::Fused && !fused_ok) || (kernel == K::Split && !split_ok))
+        lb::fail("unsupported", "delta_tree: the named kernel does not take this shape");
+    if (fused_ok && (kernel == K::Auto || kernel == K::Fused)) {
         const dim3 grid(hv, dv / DTF_COLS), block(DTF_THREADS);
         // up to the default 48 KB (dk 128: to 26 rows): with programmatic dependent launch, so that
         // the state slice is read while the kernel before finishes
@@ -696,8 +700,7 @@ void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv,
                         visible, state, out, u, gamma, k_keep);
         return;
     }
-    if (kernel == 1) lb::fail("unsupported", "delta_tree: the fused kernel does not take this shape");
-    if (kernel != 3 && dk % DT_LANES == 0 && dk <= 256 && dv % (256 / DT_LANES) == 0) {
+    if (split_ok && (kernel == K::Auto || kernel == K::Split)) {
         delta_tree_gamma_kernel<<<(hv + 127) / 128, 128, 0, s>>>(n, hv, g, parent, gamma);
         delta_tree_pairs_kernel<<<dim3(n, hv), 128, 0, s>>>(qkv, ld, n, hk, hv, dk, beta, visible, gamma, k_keep, scratch);
         delta_tree_cols_kernel<<<dim3(hv, dv / (256 / DT_LANES)), 256, 0, s>>>(qkv, ld, n, hk, hv, dk, dv, beta, gamma,

@@ -33,13 +33,15 @@ void conv_tree_prep(const float* x, int ldx, int n, int K, const float* w, const
 // The tree-masked chunked delta rule (see ../cpu/delta_rule_tree.cpp). qkv rows [n, ld]: q at 0, k at
 // hk*dk, v at 2*hk*dk (q, k normalised, q scaled); g, beta [n, hv]; state S0 [hv, dk, dv] read only.
 // out [n, hv*dv]; u [n, hv, dv] and gamma [n, hv] for delta_conv_commit; k_keep [n, hk*dk] a copy of k;
-// scratch: delta_tree_scratch(n, hv) floats (the split kernels'). `kernel` names one for the checks: 0 the
-// launcher's choice (the fused kernel where it takes the shape and its shared memory fits, else the split
-// kernels, else the one-block-a-head kernel), 1 fused, 2 split, 3 one block a head.
+// scratch: delta_tree_scratch(n, hv) floats (the split kernels'). `kernel` names one for the op check (a named
+// kernel that does not take the shape is an error); Auto: the fused kernel where it takes the shape and its
+// shared memory fits, else the split kernels where they take it, else the one-block-a-head kernel.
+enum class DeltaTreeKernel { Auto, Fused, Split, PerHead };
 size_t delta_tree_scratch(int n, int hv);
 void delta_tree(const float* qkv, int ld, int n, int hk, int hv, int dk, int dv, const float* g, const float* beta,
                 const int* parent, const unsigned char* visible, const float* state, float* out, float* u,
-                float* gamma, float* k_keep, float* scratch, gpuStream_t s, int kernel = 0);
+                float* gamma, float* k_keep, float* scratch, gpuStream_t s,
+                DeltaTreeKernel kernel = DeltaTreeKernel::Auto);
 // The commit of the accepted path's rows, every layer of a kind in one launch (commit_path: 2 launches a commit
 // instead of 2 a layer, whose launch gaps and one-block copies cost more than the bytes they move). The pointer
 // tables travel as the kernel's parameters (under the 4 KB limit), so nothing is uploaded. a = path[m - 1]:
