@@ -85,6 +85,8 @@ void rmsnorm(const float* x, const float* gain, float* y, int rows, int dim, flo
 
 void gated_rmsnorm(const float* x, const float* z, int ldz, const float* gain, float* y, int n, int heads, int dim,
                    float eps, gpuStream_t s, int tiled_nk) {
+    if (tiled_nk < 0 || (tiled_nk > 0 && heads % tiled_nk != 0))
+        fail("internal", "gated_rmsnorm: the value heads are not a multiple of the key heads of the tiled order");
     gated_rmsnorm_kernel<<<n * heads, 128, 0, s>>>(x, z, ldz, gain, y, heads, dim, eps, tiled_nk);
 }
 
