@@ -164,9 +164,9 @@ struct AttnScratch {
 size_t attention_scratch_floats(int nh, int nkv, int hd);  // after decode_setup
 // Causal GQA attention (online softmax) of the q heads in qkv over cache rows [0, *d_pos + t], times
 // sigmoid(gate) when gated; out [n, nh * hd]. sparse: the tile lists block_sparse_select filled (else dense).
-// split (dense only): one row takes attention_decode, a few rows at a long context
-// attention_split with attention_splits(n, ..., len) ranges, where len is the host's *d_pos (a guess that
-// only sets the split count: the kernels read *d_pos). Null: the single-pass kernels.
+// split (dense only): one row takes attention_decode; more rows take attention_split where attention_splits(n,
+// ..., len) gives 2 or more ranges (a few rows after 8 or more key tiles), len being the host's *d_pos (a guess
+// that only sets the split count: the kernels read *d_pos). Null: the single-pass kernels.
 void attention(const float* qkv, int ld, int n, int nh, int nkv, int hd, const int* d_pos, const void* kcache, DType kt,
                const void* vcache, DType vt, float* out, gpuStream_t s, bool gated = true,
                const BlockSparse* sparse = nullptr, const AttnScratch* split = nullptr, int len = 0);

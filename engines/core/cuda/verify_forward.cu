@@ -72,6 +72,7 @@ void verify_layers(const ModelConfig& cfg, const ModelWeights& w, VerifyWorkspac
             // the committed keys in ranges over the GPU (attention_split; one range at a short context), the
             // merge applying the tree mask to the rows' own keys; tree_attention (a block a row and head, each
             // walking every key: 13 ms a 27B verify of 23 rows at 1K keys) only where the split form is absent
+            // (HIP, fp16 builds, other head_dims) or its scratch cannot hold the rows (a very large tree)
             const int splits = attention_splits(n, nh, nkv, hd, rows, len);
             if (splits >= 1 && attention_split_scratch(n, nh, hd, splits) <= ws.attn.floats)
                 attention_split(ws.big, rows, n, nh, nkv, hd, nullptr, len, c.k[li], c.kt, c.v[li], c.vt, ws.visible,
