@@ -10,7 +10,7 @@ synthetic Qwen3.5-27B Q4_K_M GGUF. Then:
      attention_decode rows printed (one row and 23 rows at 3K and 40K keys, hd 128 / 256, G 6 / 2, bf16 /
      q8_0 / q4_0 KV, a verify tree, the DFlash draft's block); then --time-attention: one attention layer of
      each long-context shape (27B decode step, 27B verify B = 22, the z-lab 27B draft's block, a 23-row
-     chunk) at 1K .. 128K keys, the kernel it ran before against the path it takes now (~10 s);
+     chunk) at 256 .. 128K keys, the kernel it ran before against the path it takes now (~10 s);
   2. 27B `ar` decode after a random prompt of 1K, 16K, 64K and 128K tokens (32 tokens a run; the median of
      3 / 2 / 1 / 1 runs: each run prefills again), after;
   3. the 27B verify forward of a DDTree-like tree at B = 22 (23 rows) at contexts 256, 1K, 4K and 64K, and
