@@ -277,7 +277,9 @@ void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out,
 // qmma_kernel's two routes to the q4_K weights (qmma_chunk: by nibble position at up to 4 tiles of 8 tokens,
 // through bytes_f above) must give the same bf16 weights: a token's sums do not depend on the other tiles, so
 // the first `na` rows of an `nb`-row product (nb > 32) equal the `na`-row product (na <= 32) bitwise, both in
-// one K split (the split count is part of the numerics, the tile count is not).
+// one K split (the split count is part of the numerics, the tile count is not). The shapes keep the last round
+// of row groups at 15-16 warps a block, so that no group is split over warps (qmma_kernel's tail at up to 3
+// tiles, whose sums follow the grid).
 void check_qmma_routes(Rng& r, DType t, int na, int nb, int in, int out, const char* variant) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
