@@ -94,16 +94,7 @@ def build(src: Path, dst: Path, hash_: str, targets: list[str], jobs: int, key: 
 def synth_all(paths: dict) -> None:
     paths["0.8b"] = cq.synth("qwen3.5-0.8b")
     paths["27b"] = cq.synth("qwen3.5-27b")
-    from lucebench.models.dflash_draft import synthesize_draft
-    from lucebench.models.shapes import get_shape
-
-    cfg = Path("/tmp/dec-t27cfg")
-    cfg.mkdir(exist_ok=True)
-    (cfg / "config.json").write_text(json.dumps(get_shape("qwen3.5-27b").config))
-    draft = Path("/tmp/dec-d27")
-    if not (draft / "model.safetensors").is_file():
-        synthesize_draft(cfg, draft, seed=1)
-    paths["draft"] = draft
+    paths["draft"] = cq.synth_draft("qwen3.5-27b")
 
 
 def synth_08b() -> None:

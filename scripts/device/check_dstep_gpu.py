@@ -91,16 +91,7 @@ def build(src: Path, dst: Path, targets: list[str], jobs: int, key: str) -> None
 
 def synth_27b(paths: dict) -> None:
     paths["27b"] = cq.synth("qwen3.5-27b")
-    from lucebench.models.dflash_draft import synthesize_draft
-    from lucebench.models.shapes import get_shape
-
-    cfg = Path("/tmp/dstep-t27cfg")
-    cfg.mkdir(exist_ok=True)
-    (cfg / "config.json").write_text(json.dumps(get_shape("qwen3.5-27b").config))
-    draft = Path("/tmp/dec-d27")
-    if not (draft / "model.safetensors").is_file():
-        synthesize_draft(cfg, draft, seed=1)
-    paths["draft27"] = draft
+    paths["draft27"] = cq.synth_draft("qwen3.5-27b")
 
 
 def synth_08b() -> None:

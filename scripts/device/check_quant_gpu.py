@@ -148,6 +148,19 @@ def synth(shape: str) -> Path:
     return path
 
 
+def synth_draft(shape: str) -> Path:
+    """A random z-lab-shaped DFlash draft for `shape` (SYNTHETIC, seed 1), made once a machine."""
+    from lucebench.models.dflash_draft import synthesize_draft
+    from lucebench.models.shapes import get_shape
+
+    cfg, draft = SYNTH / f"{shape}-config", SYNTH / f"{shape}-draft"
+    cfg.mkdir(parents=True, exist_ok=True)
+    (cfg / "config.json").write_text(json.dumps(get_shape(shape).config))
+    if not (draft / "model.safetensors").is_file():
+        synthesize_draft(cfg, draft, seed=1)
+    return draft
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:

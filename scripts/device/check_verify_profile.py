@@ -71,15 +71,7 @@ def synth(paths: dict) -> None:
     paths["27b"] = cq.synth("qwen3.5-27b")
     if "speed" not in DFLASH_PARTS.split():
         return
-    from lucebench.models.dflash_draft import synthesize_draft
-    from lucebench.models.shapes import get_shape
-
-    cfg, draft = Path("/tmp/vprof-t27cfg"), Path("/tmp/vprof-d27")
-    cfg.mkdir(exist_ok=True)
-    (cfg / "config.json").write_text(json.dumps(get_shape("qwen3.5-27b").config))
-    if not (draft / "model.safetensors").is_file():
-        synthesize_draft(cfg, draft, seed=1)
-    paths["draft"] = draft
+    paths["draft"] = cq.synth_draft("qwen3.5-27b")
 
 
 def dflash_parts(paths: dict) -> None:
