@@ -1720,8 +1720,9 @@ int main(int argc, char** argv) {
     check_attention_split(r, 1, 8, 4, 128, DType::BF16, 3000, 0, true);
     check_attention_split(r, 1, 16, 8, 128, DType::Q8_0, 40013, 0, false);
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP)
-    // a few rows (a DFlash verify's 23, a short chunk's 2): attention() picks the single pass at 3K and key
-    // ranges at 40K; explicit range counts at 3K; a verify tree at 40K; no cached keys at all (every range empty)
+    // a few rows (a DFlash verify's 23, a short chunk's 2): attention() picks key ranges at 3K and 40K (the
+    // single pass in fp16 builds); explicit range counts at 3K; a verify tree at 40K, and at 300 keys in one
+    // range (verify_layers takes the split form at any context); no cached keys at all (every range empty)
     check_attention_split(r, 23, 24, 4, 256, DType::BF16, 3000, 0, true);
     check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 0, true);
     check_attention_split(r, 23, 24, 4, 256, DType::Q8_0, 40013, 0, true);
@@ -1732,6 +1733,7 @@ int main(int argc, char** argv) {
     check_attention_split(r, 23, 24, 4, 256, DType::Q4_0, 3000, 7, true);
     check_attention_split(r, 23, 8, 4, 128, DType::Q8_0, 3000, 3, true);
     check_attention_split(r, 23, 24, 4, 256, DType::BF16, 40013, 0, true, kTree);
+    check_attention_split(r, 23, 24, 4, 256, DType::BF16, 300, 0, true, kTree);
     check_attention_split(r, 41, 24, 4, 256, DType::Q8_0, 40013, 8, true, kTree);
     check_attention_split(r, 9, 8, 2, 256, DType::BF16, 0, 3, true);
     // the DFlash draft's block (z-lab 27B draft: 32 / 8 heads of 128, 16 rows, non-causal, f32 or bf16 cache)
