@@ -117,3 +117,19 @@ def test_every_figure_names_the_weights_that_produced_it(fab):
     assert weights_note(trained).startswith("weights: ") and "SYNTHETIC" not in weights_note(trained)
     assert "some SYNTHETIC" in weights_note(synthetic[:1] + trained[:1])
     assert weights_note([]) == ""
+
+
+def test_budget_sweep_plot_marks_a_forced_al(fab, tmp_path):
+    """The sweep's AL panel would show a forced AL (dflash --force-accept-length) as a flat line that reads like
+    a measured acceptance: its series and the caption say it is the benchmark's setting."""
+    from lucebench.reports.plots import budget_sweep
+
+    result = fab.gpu_result()
+    measured = budget_sweep(C.collect([result]), tmp_path / "m")
+    assert measured is not None and "forced" not in measured.caption
+    for c in result.cells:
+        if c.params.get("engine") == "dflash" and "budget" in c.params:
+            for s in c.samples:
+                s.spec.forced_acceptance_length = 8.31
+    forced = budget_sweep(C.collect([result]), tmp_path / "f")
+    assert forced is not None and "'AL forced'" in forced.caption and "not a measured AL" in forced.caption
