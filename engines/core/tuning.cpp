@@ -56,6 +56,7 @@ const char* const kRetired[] = {
     "LB_GPU_DR_CB",    "LB_GPU_DR_WY",    "LB_GPU_ATTN_ANYKV", "LB_GPU_ATTN_TILED", "LB_MLP_EARLY_DOWN",
     "LB_GPU_DECODE",   "LB_GPU_DIAG_SKIP", "LB_MK_RING",     "LB_MK_RING_PAGES", "LB_MK_DIAG",
     "LB_MK_BARRIER",   "LB_MK_EARLY",     "LB_GPU_QGEMV32", "LB_GPU_QMV",       "LB_GPU_QMMA",
+    "LB_GPU_ATTN_SPLIT",
 };
 
 // Read by a tool loaded into the engine, not by the engine: no warning. LB_TIMELINE_OUT: the CUPTI
