@@ -81,14 +81,7 @@ def before_source() -> Path:
 
 
 def build(src: Path, dst: Path, hash_: str, targets: list[str], jobs: int, key: str) -> None:
-    t = time.time()
-    with (OUT / f"build_{key}.log").open("w") as f:
-        subprocess.run(["cmake", "-S", str(src), "-B", str(dst), "-DLUCEBENCH_BACKEND=cuda",
-                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release",
-                        f"-DLUCEBENCH_SOURCE_HASH={hash_}"], check=True, stdout=f, stderr=subprocess.STDOUT)
-        subprocess.run(["cmake", "--build", str(dst), "-j", str(jobs), "--target", *targets], check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
-    R[f"build_{key}_s"] = round(time.time() - t, 1)
+    R[f"build_{key}_s"] = cq.cmake_build(src, dst, targets, jobs, OUT / f"build_{key}.log", hash_)
 
 
 def synth_all(paths: dict) -> None:
@@ -99,9 +92,7 @@ def synth_all(paths: dict) -> None:
 
 def synth_08b() -> None:
     """check_dflash_gpu.sh's synthetic 0.8B (its speed part writes a draft for it), made during the builds."""
-    with (OUT / "synth_08b.log").open("w") as f:
-        subprocess.run(["bash", "-c", ". scripts/device/build_engines.sh && synth_08b"], cwd=ROOT, check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
+    cq.synth_08b_checkpoint(OUT / "synth_08b.log")
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

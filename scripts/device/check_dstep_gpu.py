@@ -68,25 +68,11 @@ def save() -> None:
 
 
 def guarded(fn, *a) -> threading.Thread:
-    def go():
-        try:
-            fn(*a)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"{fn.__name__}: {exc!r}")
-    th = threading.Thread(target=go)
-    th.start()
-    return th
+    return cq.start_guarded(errors, fn, *a)
 
 
 def build(src: Path, dst: Path, targets: list[str], jobs: int, key: str) -> None:
-    t = time.time()
-    with (OUT / f"build_{key}.log").open("w") as f:
-        subprocess.run(["cmake", "-S", str(src), "-B", str(dst), "-DLUCEBENCH_BACKEND=cuda",
-                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release"], check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
-        subprocess.run(["cmake", "--build", str(dst), "-j", str(jobs), "--target", *targets], check=True, stdout=f,
-                       stderr=subprocess.STDOUT)
-    R[f"build_{key}_s"] = round(time.time() - t, 1)
+    R[f"build_{key}_s"] = cq.cmake_build(src, dst, targets, jobs, OUT / f"build_{key}.log")
 
 
 def synth_27b(paths: dict) -> None:
@@ -95,10 +81,7 @@ def synth_27b(paths: dict) -> None:
 
 
 def synth_08b() -> None:
-    with (OUT / "synth_08b.log").open("w") as f:
-        subprocess.run(["bash", "-c", ". scripts/device/build_engines.sh && synth_08b"], cwd=ROOT, check=True,
-                       stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/tests/engines:"
-                                                                   + os.environ.get("PYTHONPATH", "")))
+    cq.synth_08b_checkpoint(OUT / "synth_08b.log")
     from lucebench.models.dflash_draft import synthesize_draft
 
     if not (DRAFT_08B / "config.json").is_file():

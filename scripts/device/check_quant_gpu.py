@@ -75,6 +75,29 @@ def run_logged(cmd: list[str], logname: str, env: dict | None = None) -> None:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
+def cmake_build(src: Path, dst: Path, targets: list[str], jobs: int, log_path: Path,
+                source_hash: str | None = None) -> float:
+    """A CUDA Release build of an engines/ tree (the device scripts' before / after builds); its log in log_path.
+    source_hash: LUCEBENCH_SOURCE_HASH (check_dflash_gpu.sh's folder and hash, so that its parts reuse the build).
+    Returns the seconds it took."""
+    t = time.time()
+    hash_arg = [f"-DLUCEBENCH_SOURCE_HASH={source_hash}"] if source_hash else []
+    with log_path.open("w") as f:
+        subprocess.run(["cmake", "-S", str(src), "-B", str(dst), "-DLUCEBENCH_BACKEND=cuda",
+                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release", *hash_arg], check=True,
+                       stdout=f, stderr=subprocess.STDOUT)
+        subprocess.run(["cmake", "--build", str(dst), "-j", str(jobs), "--target", *targets], check=True, stdout=f,
+                       stderr=subprocess.STDOUT)
+    return round(time.time() - t, 1)
+
+
+def synth_08b_checkpoint(log_path: Path) -> None:
+    """build_engines.sh's synthetic full-shape Qwen3.5-0.8B (/tmp/qwen35-0.8b-synth, written once a machine)."""
+    with log_path.open("w") as f:
+        subprocess.run(["bash", "-c", ". scripts/device/build_engines.sh && synth_08b"], cwd=ROOT, check=True, stdout=f,
+                       stderr=subprocess.STDOUT)
+
+
 def build_ours() -> None:
     t = time.time()
     run_logged(["cmake", "-S", "engines", "-B", str(GPU_BUILD), "-DLUCEBENCH_BACKEND=cuda",

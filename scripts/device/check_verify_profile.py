@@ -57,13 +57,9 @@ def save() -> None:
 
 
 def build() -> None:
-    with (OUT / "build.log").open("w") as f:
-        subprocess.run(["cmake", "-S", str(ROOT / "engines"), "-B", str(BUILD), "-DLUCEBENCH_BACKEND=cuda",
-                        f"-DCMAKE_CUDA_ARCHITECTURES={ARCH}", "-DCMAKE_BUILD_TYPE=Release",
-                        "-DLUCEBENCH_SOURCE_HASH=dflash"], check=True, stdout=f, stderr=subprocess.STDOUT)
-        subprocess.run(["cmake", "--build", str(BUILD), "-j", str(os.cpu_count() or 16), "--target",
-                        "lucebench-gpu-op-check", "lucebench-verify-gpu-check", "lucebench-ar", "lucebench-dflash"],
-                       check=True, stdout=f, stderr=subprocess.STDOUT)
+    R["build_s"] = cq.cmake_build(ROOT / "engines", BUILD, ["lucebench-gpu-op-check", "lucebench-verify-gpu-check",
+                                                           "lucebench-ar", "lucebench-dflash"],
+                                  os.cpu_count() or 16, OUT / "build.log", "dflash")
 
 
 def synth(paths: dict) -> None:
