@@ -574,23 +574,32 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 #if LB_QUANT_MMA
 // qmma_kernel<T, NT> (q4_K and q6_K, 5..72 rows: a verify's, DDTree budget 64 included): the tensor cores on weights
 // dequantised in registers, each block read once for all rows. A warp computes 16 output rows at a time and
-// runs mma.m16n8k16 (bf16 in, fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free
-// (a dot product), so each lane's A fragment (rows g, g + 8; k 2q, 2q + 1, 2q + 8, 2q + 9 of 16) takes 4
-// consecutive elements of a 64-element run that lane owns in every super-block, exactly the bytes it loads:
-//   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), low nibbles then high;
-//   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4);
-// weights dequantised in fp32 as ggml does, then rounded to bf16 (as qgemm_kernel and gemm_tc).
+// runs mma.m16n8k16 (fp32 accumulate) over NT tiles of 8 tokens. The K order inside an mma is free (a dot
+// product), so each lane's A fragment (rows g, g + 8; k 2q, 2q + 1, 2q + 8, 2q + 9 of 16) takes elements of a
+// 64-element run that lane owns in every super-block, exactly the bytes it loads:
+//   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), sub-block 2q in the low
+//   nibbles, 2q + 1 in the high ones;
+//   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4).
+// Two numerical contracts (fp32 sums in both):
+//   q4_K, exact quants in fp16: the A operand is sc q (6-bit scale times 4-bit quant, <= 945: exact in fp16),
+//   the B operand the activations of each (token, super-block) scaled by 2^e (max |x| 2^e in [2^9, 2^10): no
+//   overflow, ~11 bits each) rounded to fp16; a super-block's products go to fresh accumulators, folded into
+//   the group's sums as acc += 2^-e (d acc_sb - dmin sum_j m_j xs_j), xs_j the sub-block sums of the staged
+//   activations (fp32 at staging, into the mma as fp16 hi + lo: one more mma a tile). The weights enter exact
+//   (ggml's fp32 d sc q - dmin m is rounded, this is not), the activations with fp16's 2^-11.
+//   q6_K (int8 scales: sc q up to 4,096, not exact in fp16): weights dequantised in fp32 as ggml does, then
+//   rounded to bf16 (as qgemm_kernel and gemm_tc), activations rounded to bf16.
 //
 // The verify's product must stream the weights at the copy bandwidth, so nothing in the K loop waits for the
 // block: a block (grid (row blocks, K splits)) stages its split's activations, all NT tiles of tokens over the
-// split's super-blocks, as bf16 in shared memory ONCE (one barrier), then each warp runs its row groups (16
+// split's super-blocks, in shared memory ONCE (one barrier), then each warp runs its row groups (16
 // rows: groups w, w + W, ... for warp w of W in the split, numbered across the blocks first so that a last,
 // partial round spreads over the multiprocessors) over those super-blocks as one sequence of steps
 // (a step: one super-block of the group's 16 rows, 2.3 KB of q4_K), the next step's weights loaded into
 // registers before this step's arithmetic, across group seams, and step s + kQmmaAhead asked of L2. The
-// staged activations are permuted within each super-block so that a lane's two consecutive chunks are one
-// 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks
-// (qmma_k4). A split's slice of activations for all tiles must fit the shared memory, so the host splits
+// staged activations are permuted within each super-block so that the two chunks a lane takes together are
+// one 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks.
+// A split's slice of activations for all tiles must fit the shared memory, so the host splits
 // K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
 // partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
 // row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
@@ -602,20 +611,31 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 constexpr int kQmmaWarps = 16;
 constexpr int kQmmaAhead = 3;  // steps asked of L2 ahead of the one in registers (~7-10 KB a warp)
 constexpr int kQmmaSmemBudget = 224 * 1024;  // shared memory of a block at most (sm_90: 227 KB)
-// Staged activations: token rows of `chunk` super-blocks of 256 bf16 plus 32 bf16 (16 words: a row stride of 16
-// banks mod 32, so tokens g and g + 1 of a quarter-warp's reads take the two halves of the banks).
+// Staged activations: token rows of `chunk` super-blocks of 256 16-bit values plus 32 (16 words: a row stride of
+// 16 banks mod 32, so tokens g and g + 1 of a quarter-warp's reads take the two halves of the banks). q4_K adds
+// for each (super-block, token) its 8 sub-block sums as fp16 hi, lo (32 bytes: lane q reads hi_2q, hi_2q+1,
+// lo_2q, lo_2q+1 at byte 8q) and 2^-e (4 bytes), after the activations.
 __host__ __device__ constexpr int qmma_row_elems(int chunk) { return chunk * 256 + 32; }
-inline size_t qmma_smem_bytes(int nt, int chunk) { return size_t(8 * nt) * qmma_row_elems(chunk) * 2; }
-
-// The staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at 4-unit
-// 8 (c / 2) + 2 q, + 1, one 16-byte read. qmma_k4 gives the x elements 4 k4 .. 4 k4 + 3 staged at unit p4: the
-// chunk c = 2 (p4 / 8) + p4 % 2 of lane q = (p4 / 2) % 4, which holds elements (qmma_chunk's order)
-//   q4_K: 64q + 4c + e;  q6_K: 128h + 16l + 32j + 4m + e with q = 2h + l, c = 4j + m.
+constexpr int kQmmaSideBytes = 36;
 template <DType T>
+inline size_t qmma_smem_bytes(int nt, int chunk) {
+    return size_t(8 * nt) * (size_t(qmma_row_elems(chunk)) * 2 + (T == DType::Q4_K ? size_t(chunk) * kQmmaSideBytes : 0));
+}
+
+// q6_K's staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at
+// 4-unit 8 (c / 2) + 2 q, + 1, one 16-byte read. qmma_k4 gives the x elements 4 k4 .. 4 k4 + 3 staged at unit p4:
+// the chunk c = 2 (p4 / 8) + p4 % 2 of lane q = (p4 / 2) % 4, which holds elements 128h + 16l + 32j + 4m + e with
+// q = 2h + l, c = 4j + m (qmma_chunk's order).
 __device__ __forceinline__ int qmma_k4(int p4) {
     const int c = 2 * (p4 >> 3) + (p4 & 1), q = (p4 >> 1) & 3;
-    if constexpr (T == DType::Q4_K) return 16 * q + c;
-    else return 32 * (q >> 1) + 8 * (c >> 2) + 4 * (q & 1) + (c & 3);
+    return 32 * (q >> 1) + 8 * (c >> 2) + 4 * (q & 1) + (c & 3);
+}
+// q4_K's: word w (w < 8) of lane q's 32 quant bytes holds elements 64q + 4w + i (low nibbles, chunk w) and
+// 64q + 32 + 4w + i (high, chunk w + 8); both chunks are one 16-byte read at 4-unit 8w + 2q, + 1, each unit
+// stored as the fp16 pairs (x0, x2), (x1, x3): the nibbles of bytes 0 and 2 of a word make one fp16 pair
+// (qmma_q4_pair), those of bytes 1 and 3 the other. Element unit k4 (elements 4 k4 .. + 3) is staged at:
+__host__ __device__ constexpr int qmma_q4_p4(int k4) {
+    return 8 * (k4 & 7) + 2 * (k4 >> 4) + ((k4 >> 3) & 1);
 }
 
 template <DType T>
@@ -633,6 +653,10 @@ struct QmmaRaw<DType::Q4_K> {
         s0 = h.y;
         s1 = h.z;
         s2 = h.w;
+    }
+    __device__ __forceinline__ uint32_t word(int w) const {
+        const uint32_t src[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        return src[w];
     }
 };
 
@@ -657,78 +681,93 @@ struct QmmaRaw<DType::Q6_K> {
     }
 };
 
-// The 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs. LOP: q4_K by
-// nibble position (below; the kernel at up to 4 tiles, where it needs no more registers), else through bytes_f:
-// the same values either way.
-template <DType T, bool LOP>
-__device__ __forceinline__ void qmma_chunk(const QmmaRaw<T>& w, int c, const float sc[4], const float mn[4],
-                                           uint32_t* p01, uint32_t* p23) {
+// q6_K: the 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs, dequantised
+// in fp32 as ggml does (sc: d times the run's int8 scale, qmma_scales6).
+__device__ __forceinline__ void qmma_chunk6(const QmmaRaw<DType::Q6_K>& w, int c, const float sc[4], uint32_t* p01,
+                                            uint32_t* p23) {
     float v[4];
-    if constexpr (T == DType::Q4_K && !LOP) {
-        const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
-        const uint32_t word = c < 8 ? (src[c] & 0x0F0F0F0Fu) : ((src[c - 8] >> 4) & 0x0F0F0F0Fu);
-        unpack4(word, 0.f, v);
-        const int j = c < 8 ? 0 : 2;  // sub-block 2q or 2q + 1 (scales sc[0], sc[2]: qmma_scales)
+    const int j = c >> 2, m = c & 3;
+    uint32_t word;
+    if (j == 0) word = (w.A[m] & 0x0F0F0F0Fu) | ((w.H[m] << 4) & 0x30303030u);
+    else if (j == 1) word = (w.C[m] & 0x0F0F0F0Fu) | ((w.H[m] << 2) & 0x30303030u);
+    else if (j == 2) word = ((w.A[m] >> 4) & 0x0F0F0F0Fu) | (w.H[m] & 0x30303030u);
+    else word = ((w.C[m] >> 4) & 0x0F0F0F0Fu) | ((w.H[m] >> 2) & 0x30303030u);
+    unpack4(word, 32.f, v);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = __fmaf_rn(sc[j], v[e], -mn[j / 2]);
-    } else if constexpr (T == DType::Q4_K) {
-        // A nibble at bit p (p = 0, 4, 8, 12 of w or of w >> 16) is made the float 2^23 + q 2^p by one
-        // LOP3 ((w & mask) | the exponent), 2^23 comes off exactly and one FMA with d sc 2^-p (qmma_scales)
-        // gives fl(d sc q - dmin m), the value ggml's (and the other kernels') d sc * q - dmin m: d sc q is
-        // exact either way (17 + 4 bits). Three instructions a weight and a half (the bf16 pack), one byte
-        // permute and a nibble mask a word fewer than the bytes_f route.
-        const uint32_t src[8] = {w.lo.x, w.lo.y, w.lo.z, w.lo.w, w.hi.x, w.hi.y, w.hi.z, w.hi.w};
-        const uint32_t wl = src[c & 7], wh = wl >> 16;
-        const int hi = c < 8 ? 0 : 1;  // sub-block 2q (low nibbles) or 2q + 1 (high): scales sc[2 hi], + 1
-        const uint32_t m0 = 0x0Fu << (4 * hi), m1 = 0x0F00u << (4 * hi);
-        const uint32_t b[4] = {(wl & m0) | 0x4B000000u, (wl & m1) | 0x4B000000u, (wh & m0) | 0x4B000000u,
-                               (wh & m1) | 0x4B000000u};
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            v[e] = __fmaf_rn(__fadd_rn(__uint_as_float(b[e]), -8388608.f), sc[2 * hi + (e & 1)], -mn[hi]);
-    } else {
-        const int j = c >> 2, m = c & 3;
-        uint32_t word;
-        if (j == 0) word = (w.A[m] & 0x0F0F0F0Fu) | ((w.H[m] << 4) & 0x30303030u);
-        else if (j == 1) word = (w.C[m] & 0x0F0F0F0Fu) | ((w.H[m] << 2) & 0x30303030u);
-        else if (j == 2) word = ((w.A[m] >> 4) & 0x0F0F0F0Fu) | (w.H[m] & 0x30303030u);
-        else word = ((w.C[m] >> 4) & 0x0F0F0F0Fu) | ((w.H[m] >> 2) & 0x30303030u);
-        unpack4(word, 32.f, v);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e];
-    }
+    for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e];
     __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
     *p01 = *(uint32_t*)&a;
     *p23 = *(uint32_t*)&b;
 }
 
-// Per-run scales of the lane's run: q4_K: dmin m of sub-blocks 2q, 2q + 1 (mn[0], mn[1]) and d sc of them in
-// sc[0], sc[2]; for qmma_chunk's LOP route by nibble position: d sc of 2q times 1, 2^-8 (sc[0], sc[1]), of
-// 2q + 1 times 2^-4, 2^-12 (sc[2], sc[3]); q6_K: d sc of runs j.
-template <DType T, bool LOP>
-__device__ __forceinline__ void qmma_scales(const QmmaRaw<T>& w, int q, float sc[4], float mn[4]) {
-    if constexpr (T == DType::Q4_K) {
-        const float d = h2f(uint16_t(w.dm & 0xFFFF)), dmin = h2f(uint16_t(w.dm >> 16));
-        uint32_t sc2, mn2;  // the 6-bit scales and mins of sub-blocks 2q, 2q + 1 (no branch on the lane's q)
-        q4k_sm_pair(q, w.s0, w.s1, w.s2, &sc2, &mn2);
-        // qmma_chunk's scales by nibble position: sub-block 2q at bits 0 and 8, 2q + 1 at bits 4 and 12
-        // (exact powers of two: d sc >= 2^-24, or zero)
-        const float s0 = d * small_f(sc2 & 0xFFu), s1 = d * small_f(sc2 >> 8);
-        sc[0] = s0;
-        sc[1] = s0 * 0x1p-8f;
-        sc[2] = LOP ? s1 * 0x1p-4f : s1;
-        sc[3] = s1 * 0x1p-12f;
-        mn[0] = dmin * small_f(mn2 & 0xFFu);
-        mn[1] = dmin * small_f(mn2 >> 8);
-        mn[2] = mn[3] = 0.f;
-    } else {
-        const float d = h2f(w.d);
+__device__ __forceinline__ void qmma_scales6(const QmmaRaw<DType::Q6_K>& w, float sc[4]) {
+    const float d = h2f(w.d);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            sc[j] = d * float(int8_t(uint32_t(w.sc) >> (8 * j)));
-            mn[j] = 0.f;
-        }
-    }
+    for (int j = 0; j < 4; ++j) sc[j] = d * float(int8_t(uint32_t(w.sc) >> (8 * j)));
+}
+
+// fp16 pairs in 32-bit registers (PTX f16x2: the low half first)
+__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ uint32_t hmul2_u(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// A q4_K row's step constants for the lane's sub-blocks 2q (low nibbles) and 2q + 1 (high): the fp16 pairs
+// (sc_2q, sc_2q+1 2^-4) and (-1024 sc_2q, -64 sc_2q+1) that turn magic-number nibbles into sc q (qmma_q4_pair
+// takes one half of each, broadcast: an operand swizzle of HFMA2, no instruction), the mins (m_2q, m_2q+1) as
+// an fp16 pair (the min mma's A operand), and the fp16 d, dmin (converted where used: fewer registers). All
+// exact: 6-bit integers times 2^-4, -2^6, -2^10 (<= 64,512 < 65,504).
+struct QmmaQ4 {
+    uint32_t mul, add, m, dm;
+};
+__device__ __forceinline__ QmmaQ4 qmma_q4_scales(const QmmaRaw<DType::Q4_K>& w, int q) {
+    uint32_t sc2, mn2;  // the 6-bit scales and mins of sub-blocks 2q, 2q + 1 (no branch on the lane's q)
+    q4k_sm_pair(q, w.s0, w.s1, w.s2, &sc2, &mn2);
+    QmmaQ4 r;
+    r.dm = w.dm;
+    // a byte b < 2^10 in the mantissa of 0x6400 (1024) is the fp16 1024 + b; 1024 comes off exactly
+    const uint32_t k1024 = 0x64006400u;
+    const uint32_t sc = hsub2_u(__byte_perm(sc2, 0x64u, 0x4140u), k1024);  // (sc_2q, sc_2q+1)
+    r.mul = hmul2_u(sc, 0x2C003C00u);                                     // (sc_2q, sc_2q+1 2^-4)
+    r.add = hmul2_u(sc, 0xD400E400u);                                     // (-1024 sc_2q, -64 sc_2q+1)
+    r.m = hsub2_u(__byte_perm(mn2, 0x64u, 0x4140u), k1024);               // (m_2q, m_2q+1)
+    return r;
+}
+__device__ __forceinline__ float qmma_d(uint32_t dm) { return h2f(uint16_t(dm & 0xFFFF)); }
+__device__ __forceinline__ float qmma_dmin(uint32_t dm) { return h2f(uint16_t(dm >> 16)); }
+// half H of an fp16 pair in both halves
+template <int H>
+__device__ __forceinline__ uint32_t hbcast(uint32_t v) {
+    const __half2 h = *(const __half2*)&v, r = H ? __high2half2(h) : __low2half2(h);
+    return *(const uint32_t*)&r;
+}
+// Quant word w's nibble pairs as A operands, sc q exact: bits 0 and 16 (mask 0x000F000F, scale lo) or 4 and 20
+// (0x00F000F0, hi: 1024 + 16 q) OR 0x64006400 are the fp16 pair 1024 + 2^p q; one fma with sc 2^-p and
+// -1024 sc 2^-p gives sc q (the exact product and sum, < 2^16, are rounded once, to themselves).
+// `magic` holds 0x64006400 in a register (qmma_magic): with both constants immediate the mask-and-or is two
+// LOP3s (one immediate an instruction), with one in a register one.
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t qmma_q4_pair(uint32_t w, uint32_t magic, uint32_t mul, uint32_t add) {
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "n"(kMask), "r"(magic));  // (w & mask) | magic
+    return hfma2_u(v, mul, add);
+}
+// 0x64006400, opaque to the compiler's constant folding
+__device__ __forceinline__ uint32_t qmma_magic() {
+    uint32_t m;
+    asm volatile("mov.b32 %0, 0x64006400;" : "=r"(m));
+    return m;
 }
 
 __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -738,10 +777,25 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void mma_f16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// the same into fresh accumulators (C = 0)
+__device__ __forceinline__ void mma_f16_16816_z(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+}
 
 // Grid (row blocks, K splits of `per` super-blocks); kQmmaWarps warps; `iters` row groups a warp (the same for every
 // warp: the barriers of a chunked split are uniform). n <= 8 NT tokens (the rest of the last tile is zeros);
-// qmma_smem_bytes(NT, chunk) of dynamic shared memory. part: the split partials [split][n][out], or null (one
+// qmma_smem_bytes<T>(NT, chunk) of dynamic shared memory. part: the split partials [split][n][out], or null (one
 // split: y written directly).
 template <DType T, int NT>
 __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* __restrict__ x, int n, int in,
@@ -749,13 +803,16 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                                                                 float* __restrict__ y, int ldy, bool accumulate,
                                                                 int per, int chunk, int iters,
                                                                 float* __restrict__ part) {
-    constexpr int BB = T == DType::Q4_K ? 144 : 210, NTOK = 8 * NT;
-    // qmma_chunk's route by nibble position at up to 4 tiles, the last round's split over warps (below) at up to
-    // 3: above, their registers would spill (ptxas -v, sm_90: 128 registers and no spills at 1-4 tiles)
-    constexpr bool kLop = NT <= 4, kTail = NT <= 3;
+    constexpr bool kQ4 = T == DType::Q4_K;
+    constexpr int BB = kQ4 ? 144 : 210, NTOK = 8 * NT;
+    // the last round's split over warps (below) at up to 3 tiles: above, its registers would spill (ptxas -v)
+    constexpr bool kTail = NT <= 3;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
-    __nv_bfloat16* xs = (__nv_bfloat16*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)]
+    uint16_t* xs = (uint16_t*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)] fp16 (q4_K) or bf16 (q6_K)
     const int rs = qmma_row_elems(chunk);
+    // q4_K: the sub-block sums [chunk][NTOK][4 lanes] (uint2: 4 fp16) and 2^-e [chunk][NTOK] after xs
+    uint2* xsum = (uint2*)(qmma_smem + size_t(NTOK) * rs * 2);
+    float* xinv = (float*)(xsum + size_t(chunk) * NTOK * 4);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
     const int nblk = in / 256, sb_lo = blockIdx.y * per, nsb = min(nblk, sb_lo + per) - sb_lo;
     const size_t rb = size_t(nblk) * BB;
@@ -779,11 +836,11 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         const uintptr_t a = p & ~uintptr_t(15);
         prefetch_l2((const void*)a, size_t(((p + BB + 15) & ~uintptr_t(15)) - a));
     };
-    // super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
+    // q6_K: super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
     // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row;
     // U (a std::integral_constant) float4s a thread loaded before any is stored, U round trips of L2 in flight;
     // U = 0: a loop unrolled by 4 (fewer registers: the chunked split restages inside the K loop)
-    auto stage = [&](int j0, int cnt, auto u) {
+    auto stage6 = [&](int j0, int cnt, auto u) {
         constexpr int U = decltype(u)::value, kT = kQmmaWarps * 32;
         const int per_tok = cnt * 64, total = NTOK * per_tok;  // float4s a token, in all
         if constexpr (U == 0) {
@@ -791,7 +848,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
             for (int i = threadIdx.x; i < total; i += kT) {
                 const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
                 const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
-                                                          4 * qmma_k4<T>(p4))
+                                                          4 * qmma_k4(p4))
                                        : make_float4(0.f, 0.f, 0.f, 0.f);
                 __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
                 *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
@@ -802,7 +859,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
 #pragma unroll
                 for (int k = 0; k < U; ++k) {
                     const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
-                    const size_t at = size_t(t) * in + size_t(sb_lo + j0 + (r >> 6)) * 256 + 4 * qmma_k4<T>(r & 63);
+                    const size_t at = size_t(t) * in + size_t(sb_lo + j0 + (r >> 6)) * 256 + 4 * qmma_k4(r & 63);
                     v[k] = i < total && t < n ? *(const float4*)(x + at) : make_float4(0.f, 0.f, 0.f, 0.f);
                 }
 #pragma unroll
@@ -815,7 +872,69 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
             }
         }
     };
+    // q4_K: the same super-blocks -> xs as fp16 in qmma_q4_p4's order, with xsum and xinv. 16 consecutive
+    // threads take one (token, super-block), 16 elements each (4 float4s), its max |x| in 4 shuffles, e from
+    // its exponent, each value times 2^e rounded to fp16 (exact scaling: a power of two) and summed in fp32
+    // by sub-block (a thread's 16 in order, then the pair of threads of its sub-block). U (a
+    // std::integral_constant): (token, super-block)s a half-warp loads before any is stored.
+    auto stage4 = [&](int j0, int cnt, auto u) {
+        constexpr int U = decltype(u)::value, kHalves = 2 * kQmmaWarps;
+        const int units = NTOK * cnt, k = lane & 15;
+        // warp-uniform trip count: the shuffles need both half-warps
+        for (int u0 = 2 * warp; u0 < units; u0 += U * kHalves) {
+            float4 v[U][4];
+#pragma unroll
+            for (int h = 0; h < U; ++h) {
+                const int ui = u0 + h * kHalves + (lane >> 4), t = ui / cnt, sbl = ui - t * cnt;
+                const float4* src = (const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 + 16 * k);
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    v[h][e] = ui < units && t < n ? src[e] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int h = 0; h < U; ++h) {
+                const int ui = u0 + h * kHalves + (lane >> 4), t = ui / cnt, sbl = ui - t * cnt;
+                float m = 0.f;
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    m = fmaxf(fmaxf(m, fmaxf(fabsf(v[h][e].x), fabsf(v[h][e].y))),
+                              fmaxf(fabsf(v[h][e].z), fabsf(v[h][e].w)));
+#pragma unroll
+                for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+                // max |x| 2^e in [2^9, 2^10): e = 9 - floor(log2 max) (136 - the biased exponent); zero: 1;
+                // at most 2^126 (max |x| below 2^-117: values that small lose bits, not range)
+                const int e = m > 0.f ? min(126, 136 - int(__float_as_uint(m) >> 23)) : 0;
+                const float up = __uint_as_float(uint32_t(127 + e) << 23);
+                float sum = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const __half h0 = __float2half_rn(v[h][i].x * up), h1 = __float2half_rn(v[h][i].y * up),
+                                 h2 = __float2half_rn(v[h][i].z * up), h3 = __float2half_rn(v[h][i].w * up);
+                    sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(sum, __half2float(h0)), __half2float(h1)),
+                                              __half2float(h2)),
+                                    __half2float(h3));
+                    const __half2 p[2] = {__halves2half2(h0, h2), __halves2half2(h1, h3)};
+                    if (ui < units) *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q4_p4(4 * k + i)] = *(const uint2*)p;
+                }
+                sum = __fadd_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, 1));  // the same sum in both (a + b = b + a)
+                if (ui < units && (k & 1) == 0) {
+                    // sub-block sb = k / 2 of lane sb / 2: hi at half 4 (sb / 2) + sb % 2, lo 2 halves after it
+                    const int sb = k >> 1;
+                    const __half hi = __float2half_rn(sum), lo = __float2half_rn(__fsub_rn(sum, __half2float(hi)));
+                    __half* s = (__half*)&xsum[(size_t(sbl) * NTOK + t) * 4 + (sb >> 1)];
+                    s[sb & 1] = hi;
+                    s[2 + (sb & 1)] = lo;
+                }
+                if (ui < units && k == 0) xinv[sbl * NTOK + t] = __uint_as_float(uint32_t(127 - e) << 23);
+            }
+        }
+    };
+    auto stage = [&](int j0, int cnt, auto u) {
+        if constexpr (kQ4) stage4(j0, cnt, std::integral_constant<int, decltype(u)::value == 0 ? 1 : 2>());
+        else stage6(j0, cnt, u);
+    };
 
+    const uint32_t magic = qmma_magic();  // q4_K: qmma_q4_pair
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -912,24 +1031,79 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         if (nit < iters && ngrp < groups) load(na, nb, ngrp, nj);
         prefetch_ahead(it, grp, j, j1, kQmmaAhead + 1);
         if (grp < groups) {
-            float sa[4], ma[4], sbv[4], mbv[4];
-            qmma_scales<T, kLop>(ca, q, sa, ma);
-            qmma_scales<T, kLop>(cb, q, sbv, mbv);
-            const __nv_bfloat16* xj = xs + 256 * (j % chunk) + 8 * q;
+            const int jj = chunked ? j % chunk : j;  // the super-block's place in the staged slice
+            if constexpr (kQ4) {
+                const QmmaQ4 sa = qmma_q4_scales(ca, q), sb = qmma_q4_scales(cb, q);
+                // the mins first: sum_j m_j xs_j (rows g, g + 8; tokens 8t + 2q, + 1) through one mma a tile,
+                // A = (m_2q, m_2q+1) at k 2q, 2q + 1 and again at 2q + 8, 2q + 9, B = xs hi there, lo here
+                const float2* inv = (const float2*)&xinv[jj * NTOK + 2 * q];  // 2^-e of tokens 8t + 2q, + 1: inv[4t]
+                {
+                    const uint32_t am[4] = {sa.m, sb.m, sa.m, sb.m};
 #pragma unroll
-            for (int c = 0; c < 16; c += 2) {
-                // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
-                // {row g + 8}
-                uint32_t a0[4], a1[4];
-                qmma_chunk<T, kLop>(ca, c, sa, ma, &a0[0], &a0[2]);
-                qmma_chunk<T, kLop>(cb, c, sbv, mbv, &a0[1], &a0[3]);
-                qmma_chunk<T, kLop>(ca, c + 1, sa, ma, &a1[0], &a1[2]);
-                qmma_chunk<T, kLop>(cb, c + 1, sbv, mbv, &a1[1], &a1[3]);
+                    for (int t = 0; t < NT; ++t) {
+                        const uint2 bm = xsum[(size_t(jj) * NTOK + 8 * t + g) * 4 + q];
+                        const float2 iv = inv[4 * t];
+                        float mn[4];
+                        mma_f16_16816_z(mn, am, bm.x, bm.y);
+                        acc[t][0] = __fmaf_rn(-qmma_dmin(sa.dm) * iv.x, mn[0], acc[t][0]);
+                        acc[t][1] = __fmaf_rn(-qmma_dmin(sa.dm) * iv.y, mn[1], acc[t][1]);
+                        acc[t][2] = __fmaf_rn(-qmma_dmin(sb.dm) * iv.x, mn[2], acc[t][2]);
+                        acc[t][3] = __fmaf_rn(-qmma_dmin(sb.dm) * iv.y, mn[3], acc[t][3]);
+                    }
+                }
+                // then sum sc q x over the super-block into fresh accumulators: word w gives the mma of chunk w
+                // (low nibbles: bytes 0, 2 at k 2q, 2q + 1; bytes 1, 3 at 2q + 8, 2q + 9) and of chunk w + 8
+                float sx[NT][4];
+                const uint16_t* xj = xs + 256 * jj + 8 * q;
 #pragma unroll
-                for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
-                    const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
-                    mma_bf16_16816(acc[t], a0, bx.x, bx.y);
-                    mma_bf16_16816(acc[t], a1, bx.z, bx.w);
+                for (int w = 0; w < 8; ++w) {
+                    const uint32_t wa = ca.word(w), wb = cb.word(w), wa8 = wa >> 8, wb8 = wb >> 8;
+                    const uint32_t a0[4] = {
+                        qmma_q4_pair<0x000F000Fu>(wa, magic, hbcast<0>(sa.mul), hbcast<0>(sa.add)),
+                        qmma_q4_pair<0x000F000Fu>(wb, magic, hbcast<0>(sb.mul), hbcast<0>(sb.add)),
+                        qmma_q4_pair<0x000F000Fu>(wa8, magic, hbcast<0>(sa.mul), hbcast<0>(sa.add)),
+                        qmma_q4_pair<0x000F000Fu>(wb8, magic, hbcast<0>(sb.mul), hbcast<0>(sb.add))};
+                    const uint32_t a1[4] = {
+                        qmma_q4_pair<0x00F000F0u>(wa, magic, hbcast<1>(sa.mul), hbcast<1>(sa.add)),
+                        qmma_q4_pair<0x00F000F0u>(wb, magic, hbcast<1>(sb.mul), hbcast<1>(sb.add)),
+                        qmma_q4_pair<0x00F000F0u>(wa8, magic, hbcast<1>(sa.mul), hbcast<1>(sa.add)),
+                        qmma_q4_pair<0x00F000F0u>(wb8, magic, hbcast<1>(sb.mul), hbcast<1>(sb.add))};
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
+                        const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 32 * w];
+                        if (w == 0) mma_f16_16816_z(sx[t], a0, bx.x, bx.y);
+                        else mma_f16_16816(sx[t], a0, bx.x, bx.y);
+                        mma_f16_16816(sx[t], a1, bx.z, bx.w);
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    const float2 iv = inv[4 * t];
+                    acc[t][0] = __fmaf_rn(qmma_d(sa.dm) * iv.x, sx[t][0], acc[t][0]);
+                    acc[t][1] = __fmaf_rn(qmma_d(sa.dm) * iv.y, sx[t][1], acc[t][1]);
+                    acc[t][2] = __fmaf_rn(qmma_d(sb.dm) * iv.x, sx[t][2], acc[t][2]);
+                    acc[t][3] = __fmaf_rn(qmma_d(sb.dm) * iv.y, sx[t][3], acc[t][3]);
+                }
+            } else {
+                float sa[4], sbv[4];
+                qmma_scales6(ca, sa);
+                qmma_scales6(cb, sbv);
+                const uint16_t* xj = xs + 256 * jj + 8 * q;
+#pragma unroll
+                for (int c = 0; c < 16; c += 2) {
+                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
+                    // {row g + 8}
+                    uint32_t a0[4], a1[4];
+                    qmma_chunk6(ca, c, sa, &a0[0], &a0[2]);
+                    qmma_chunk6(cb, c, sbv, &a0[1], &a0[3]);
+                    qmma_chunk6(ca, c + 1, sa, &a1[0], &a1[2]);
+                    qmma_chunk6(cb, c + 1, sbv, &a1[1], &a1[3]);
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
+                        const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
+                        mma_bf16_16816(acc[t], a0, bx.x, bx.y);
+                        mma_bf16_16816(acc[t], a1, bx.z, bx.w);
+                    }
                 }
             }
         }
@@ -950,7 +1124,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         j1 = nj1;
     }
     if (ts > 1) {  // qmma_tail: the last round's K runs, summed in run order by the group's first warp
-        // [kQmmaWarps][NT][4][32] over the staged activations: 8 KB NT <= qmma_smem_bytes(NT, chunk), as a split
+        // [kQmmaWarps][NT][4][32] over the staged activations: 8 KB NT <= qmma_smem_bytes<T>(NT, chunk), as a split
         // of ts >= 2 super-blocks staged at once has chunk >= 2
         float* red = (float*)qmma_smem;
         __syncthreads();                 // every warp done with them
@@ -1183,8 +1357,10 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
     const int device = context().device;
     auto it = std::find_if(devs.begin(), devs.end(), [&](const QmmaDevice& d) { return d.device == device; });
     if (it == devs.end()) {
-        const int chunk_max = std::max(1, (std::min(context().smem_optin, kQmmaSmemBudget) / (8 * NT * 2) - 32) / 256);
-        const int smem = int(qmma_smem_bytes(NT, chunk_max));
+        // a token's bytes: 64 fixed, 512 (+ q4_K's side data) a super-block
+        const int per_sb = 512 + (T == DType::Q4_K ? kQmmaSideBytes : 0);
+        const int chunk_max = std::max(1, (std::min(context().smem_optin, kQmmaSmemBudget) / (8 * NT) - 64) / per_sb);
+        const int smem = int(qmma_smem_bytes<T>(NT, chunk_max));
         GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int b = 0;
         GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, qmma_kernel<T, NT>, kQmmaWarps * 32, smem));
@@ -1199,7 +1375,7 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
     float* part = nullptr;
     if (p.splits > 1 && !(part = context().splitk.get(size_t(p.splits) * n * out, s)))
         p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
-    launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes(NT, p.chunk), s, x, n,
+    launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes<T>(NT, p.chunk), s, x, n,
              in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
     if (p.splits > 1) {
         const size_t count = size_t(n) * out;
