@@ -9,9 +9,9 @@
 // fp32 (different summation order, __expf), 1e-4 for the fused MLP's and DeltaNet's fixed-point sums, 5e-4 for
 // the delta rule and attention (long chains of fp32 updates, softmax over hundreds of positions; the chunked
 // and the recurrent delta rule differ in rounding), 2e-2 where the GPU rounds activations to the weight type
-// (tensor-core GEMM and attention; qmma_kernel also 5e-4 against its own contract, the CPU product of the
-// bf16-rounded operands), and the cache type's rounding for KV rows the GPU writes (bf16 8e-3, f16
-// 1e-3, q8_0 2e-2, q4_0 0.15). A wrong index, mask or position shows as an error of 1e-2 and more.
+// (tensor-core GEMM and attention; qmma_kernel per element against sum |w| |x| instead, check_qmma: 1e-3 for
+// q4_K's fp16 x, 1e-2 for q6_K's bf16, 5e-5 against its own contract), and the cache type's rounding for KV
+// rows the GPU writes (bf16 8e-3, f16 1e-3, q8_0 2e-2, q4_0 0.15). A wrong index, mask or position shows as an error of 1e-2 and more.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -236,55 +236,119 @@ void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int c
 }
 
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
-// qmma_kernel (q4_K, q6_K, a verify's 5..72 rows) against the CPU reference twice: the plain one (weights
-// dequantised as ggml does, fp32 x; 2e-2: the kernel rounds both to bf16) and its numerical contract, the
-// same weights and x rounded to bf16 then cpu::matmul (fp32 sums in another order: 5e-4, where one weight or
-// activation read at a wrong element is ~1e-2); a second launch must equal the first bitwise (the split
-// partials summed in a fixed order); and one K split (the graph-capture path: the activations restaged chunk
-// by chunk) against the contract.
+// qmma_kernel's activations: r.vec's values, and by token t % 5: 1 times 1e4 (fp16 overflows at 65,504 unscaled),
+// 2 times 1e-4 (fp16 subnormal below 6.1e-5 unscaled), 3 all zero, 4 super-blocks alternately times 1e4 and
+// 1e-4 with every 7th element a further 1e-4 smaller (values 1e8 below their super-block's largest)
+std::vector<float> qmma_activations(Rng& r, int n, int in) {
+    std::vector<float> x = r.vec(size_t(n) * in);
+    for (int t = 0; t < n; ++t)
+        for (int k = 0; k < in; ++k) {
+            float& v = x[size_t(t) * in + k];
+            switch (t % 5) {
+                case 1: v *= 1e4f; break;
+                case 2: v *= 1e-4f; break;
+                case 3: v = 0.f; break;
+                case 4: v *= ((k / 256) % 2 ? 1e-4f : 1e4f) * (k % 7 == 0 ? 1e-4f : 1.f); break;
+                default: break;
+            }
+        }
+    return x;
+}
+
+// q4_K's activations as qmma_kernel takes them: each (token, super-block) times 2^e (its largest |x| times 2^e
+// in [2^9, 2^10); all zero: e = 0; e <= 126), rounded to fp16, times 2^-e
+std::vector<float> qmma_q4_staged(const std::vector<float>& x, int n, int in) {
+    std::vector<float> r(x.size());
+    for (int t = 0; t < n; ++t)
+        for (int k0 = 0; k0 < in; k0 += 256) {
+            const float* v = &x[size_t(t) * in + k0];
+            float m = 0.f;
+            for (int k = 0; k < 256; ++k) m = std::fmax(m, std::fabs(v[k]));
+            uint32_t bits;
+            std::memcpy(&bits, &m, 4);
+            const int e = m > 0.f ? std::min(126, 136 - int(bits >> 23)) : 0;
+            for (int k = 0; k < 256; ++k)
+                r[size_t(t) * in + k0 + k] =
+                    float(std::ldexp(double(f16_to_f32(f32_to_f16(std::ldexp(v[k], e)))), -e));
+        }
+    return r;
+}
+
+// max over the elements of |got - ref| / bound, where bound holds sum |w| |x| (+ |y0| where accumulated) of the
+// element: an error stated against the magnitudes that the rounding of each operand scales with, so that rows
+// of small activations are held to the same relative standard as large ones; an element whose bound is zero (a
+// zero activation row, y outside the written columns) must be exact
+double bound_err(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& bound) {
+    double e = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        const double d = std::fabs(double(got[i]) - double(ref[i]));
+        if (d > 0) e = std::max(e, bound[i] > 0 ? d / bound[i] : INFINITY);
+    }
+    return e;
+}
+
+// qmma_kernel (q4_K, q6_K, a verify's 5..72 rows) against the CPU reference twice, on activations of every
+// magnitude (qmma_activations), errors per element against sum |w| |x| (bound_err): the plain reference (weights
+// dequantised as ggml does, fp32 x) and the kernel's numerical contract, cpu::matmul on the operands it rounds
+// (fp32 sums in another order: 5e-5, where one weight or activation read at a wrong element shows at ~1e-2):
+//   q4_K: x rounded to fp16 after its (token, super-block) power-of-two scale (qmma_q4_staged), the weights
+//   exact (sc q and the mins' term in the sums): the plain error is fp16's rounding of x, <= 2^-11 = 4.9e-4
+//   of the bound (1e-3);
+//   q6_K: weights and x rounded to bf16: 2^-9 each (1e-2).
+// A second launch must equal the first bitwise (the split partials summed in a fixed order); one K split (the
+// graph-capture path: the activations restaged chunk by chunk) against the contract.
 void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out, bool acc, int col0, int ldy,
                 const char* variant) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
-    std::vector<float> W16 = Wf;
-    for (float& v : W16) v = bf16_to_f32(f32_to_bf16(v));
+    const bool q4 = t == DType::Q4_K;
+    std::vector<float> Wc = Wf, Wabs = Wf;
+    if (!q4)
+        for (float& v : Wc) v = bf16_to_f32(f32_to_bf16(v));
+    for (float& v : Wabs) v = std::fabs(v);
     Dev<uint8_t> dw(raw);
     for (const int n : ns) {
-        auto x = r.vec(size_t(n) * in), y0 = r.vec(size_t(n) * ldy);
+        const std::vector<float> x = qmma_activations(r, n, in);
+        std::vector<float> y0 = r.vec(size_t(n) * ldy), xc = x, xabs = x, y0abs = y0;
+        if (q4) xc = qmma_q4_staged(x, n, in);
+        else
+            for (float& v : xc) v = bf16_to_f32(f32_to_bf16(v));
+        for (float& v : xabs) v = std::fabs(v);
+        for (float& v : y0abs) v = std::fabs(v);
         Dev<float> dx(x), dy(y0), dy2(y0), dy1(y0);
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, 2);
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy2.p + col0, ldy, acc, g_s, 2);
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy1.p + col0, ldy, acc, g_s, 5);
-        auto reference = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
-            return matmul_into_reference(xs, n, in, ws, out, y0, ldy, col0, acc);
+        auto reference = [&](const std::vector<float>& xs, const std::vector<float>& ws, const std::vector<float>& y) {
+            return matmul_into_reference(xs, n, in, ws, out, y, ldy, col0, acc);
         };
-        const std::vector<float> ref = reference(x, Wf);
-        for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
-        const std::vector<float> ref16 = reference(x, W16);
+        const std::vector<float> ref = reference(x, Wf, y0), refc = reference(xc, Wc, y0),
+                                 bound = reference(xabs, Wabs, y0abs);
         const std::vector<float> got = dy.down(), again = dy2.down(), one = dy1.down();
         const std::string v = std::string(dtype_name(t)) + ", " + variant + (acc ? " +=" : "");
         const std::string sh =
             shape({{"n", n}, {"in", in}, {"out", out}}) + (ldy != out ? " ldy=" + std::to_string(ldy) : "");
+        const std::string contract = q4 ? "fp16 x contract" : "bf16 contract";
         size_t differ = 0;
         for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], sizeof(float)) != 0;
-        report("matmul_quant", v, sh, rel_err(got, ref), 2e-2);
-        report("matmul_quant", v + ": bf16 contract", sh, rel_err(got, ref16), 5e-4);
+        report("matmul_quant", v, sh, bound_err(got, ref, bound), q4 ? 1e-3 : 1e-2);
+        report("matmul_quant", v + ": " + contract, sh, bound_err(got, refc, bound), 5e-5);
         report("matmul_quant", v + ": run to run (values differing)", sh, double(differ), 0);
-        report("matmul_quant", v + ": one K split, bf16 contract", sh, rel_err(one, ref16), 5e-4);
+        report("matmul_quant", v + ": one K split, " + contract, sh, bound_err(one, refc, bound), 5e-5);
     }
 }
 
-// qmma_kernel's two routes to the q4_K weights (qmma_chunk: by nibble position at up to 4 tiles of 8 tokens,
-// through bytes_f above) must give the same bf16 weights: a token's sums do not depend on the other tiles, so
-// the first `na` rows of an `nb`-row product (nb > 32) equal the `na`-row product (na <= 32) bitwise, both in
-// one K split (the split count is part of the numerics, the tile count is not). The shapes keep the last round
-// of row groups at 15-16 warps a block, so that no group is split over warps (qmma_kernel's tail at up to 3
-// tiles, whose sums follow the grid).
-void check_qmma_routes(Rng& r, DType t, int na, int nb, int in, int out, const char* variant) {
+// A token's sums do not depend on the other token tiles (q4_K: its activations are scaled per token and
+// super-block): the first `na` rows of an `nb`-row product (nb > 32) equal the `na`-row product (na <= 32)
+// bitwise, both in one K split (the split count is part of the numerics, the tile count is not). The shapes
+// keep the last round of row groups at 15-16 warps a block, so that no group is split over warps (qmma_kernel's
+// tail at up to 3 tiles, whose sums follow the grid).
+void check_qmma_tiles(Rng& r, DType t, int na, int nb, int in, int out, const char* variant) {
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
     Dev<uint8_t> dw(raw);
-    Dev<float> dx(r.vec(size_t(nb) * in)), dya(std::vector<float>(size_t(na) * out)),
+    Dev<float> dx(qmma_activations(r, nb, in)), dya(std::vector<float>(size_t(na) * out)),
         dyb(std::vector<float>(size_t(nb) * out));
     gpu::matmul_quant(dx.p, na, in, dw.p, t, out, dya.p, out, false, g_s, 5);
     gpu::matmul_quant(dx.p, nb, in, dw.p, t, out, dyb.p, out, false, g_s, 5);
@@ -311,8 +375,13 @@ void check_qmma_all(Rng& r) {
         check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 256, 77, true, 3, 90, "77 rows, 1 super-block, at column 3");
         check_qmma(r, t, {5, 9, 16, 23, 33, 41, 72}, 17408, 309, true, 0, 309, "309 rows, 68 super-blocks");
     }
-    check_qmma_routes(r, DType::Q4_K, 23, 33, 5120, 2000, "qmma_kernel by nibble position = through bytes_f");
-    check_qmma_routes(r, DType::Q4_K, 5, 72, 1280, 1000, "qmma_kernel by nibble position = through bytes_f");
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        check_qmma_tiles(r, t, 23, 33, 5120, 2000, "qmma_kernel, tile count");
+        check_qmma_tiles(r, t, 5, 72, 1280, 1000, "qmma_kernel, tile count");
+    }
+    // the decode row counts (1..4) through the hook, the kernel's first tile partly empty
+    for (DType t : {DType::Q4_K, DType::Q6_K})
+        check_qmma(r, t, {1, 2, 4}, 5120, 1000, false, 0, 1000, "1000 rows at decode's row counts");
     // the last round's groups split over several warps each (qmma_kernel's tail): one round (5 groups of 3
     // warps), and two rounds (2 super-blocks: 2 warps a group)
     for (DType t : {DType::Q4_K, DType::Q6_K}) {
@@ -1316,8 +1385,8 @@ void time_quant() {
         // before them: docs/engines.md's "tried and superseded" figures): qgemv_kernel (8) at n <= 4, the
         // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows; qmv_kernel at one token also with
         // 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
-        // (qmv_kernel and qmma_kernel at 2..4 rows: where one overtakes the other)
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {2, 1}, {2, 2}, {3, 1}, {3, 2}, {4, 8},
+        // (qmv_kernel and qmma_kernel at 1..4 rows: where one overtakes the other)
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {1, 2}, {2, 1}, {2, 2}, {3, 1}, {3, 2}, {4, 8},
                                             {4, 1}, {4, 2}, {8, 1}, {8, 2},
                                             {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
                                             {33, -1}, {33, 2}, {41, 2}, {65, -1}, {65, 2}};
@@ -1530,10 +1599,10 @@ int main(int argc, char** argv) {
 #endif
     }
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
-    // qmma_kernel against its bf16 contract, run to run, and in one K split (`--qmma`: the 27B's shapes)
+    // qmma_kernel against its contracts, run to run, and in one K split (`--qmma`: the 27B's shapes)
     check_qmma(r, DType::Q4_K, {23}, 5120, 2000, false, 0, 2000, "qmma_kernel, 23 rows");
     check_qmma(r, DType::Q6_K, {41}, 17408, 700, true, 5, 720, "qmma_kernel, 68 super-blocks, at column 5");
-    check_qmma_routes(r, DType::Q4_K, 23, 33, 5120, 2000, "qmma_kernel by nibble position = through bytes_f");
+    check_qmma_tiles(r, DType::Q4_K, 23, 33, 5120, 2000, "qmma_kernel, tile count");
     check_qmma(r, DType::Q4_K, {9}, 1024, 77, true, 2, 80, "qmma_kernel, the last round's groups over 3 warps");
     check_qmma(r, DType::Q6_K, {9}, 512, 40000, false, 0, 40000, "qmma_kernel, the last round's groups over 2 warps");
 #endif

@@ -1,24 +1,27 @@
 """qmma_kernel (the verify's quantised GEMM, q4_K / q6_K at 5..72 rows), before and after, on one card (run on the
 device machine from the repository root, PYTHONPATH=.). SYNTHETIC weights: speed figures only.
 
-"Before" is the engines/ tree of BEFORE_COMMIT (default ed21b94: main before the qmma branch's q4_K dequantisation
-by nibble position and last-round split over warps), from .carry/qmma/before/engines when its COMMIT matches,
-else `git archive`; "after" is this tree. Both CUDA builds, the synthetic 27B Q4_K_M GGUF and its random DFlash
-draft in parallel at the start (check_dec_gpu.py's helpers), then, most important first:
-  1. lucebench-gpu-op-check --qmma (after): qmma_kernel on the 27B's shapes at 9 / 23 / 41 rows and odd shapes
-     at 5..72 rows, against the CPU reference (2e-2) and its bf16 contract (5e-4), run to run bitwise, in one
-     K split (the graph-capture path), the last round's groups split over warps, and the two q4_K routes'
-     weights equal (bitwise);
-  2. --time-quant of both builds: per matrix ms and weight GB/s, before / after (time_quant_cmp.md), and
-     qmma at 4 / 9 / 17 / 23 / 33 / 65 rows before / after and against the same build's one-row qmv_kernel,
-     and qmv against qmma at 2 / 3 / 4 rows (the dispatch's crossover; qmma_vs_qmv.md, printed);
-  3. lucebench-verify-gpu-check (after): the GPU verify + commit equal to AR decoding;
-  4. the verify cost of B + 1 rows against a decode step on the 27B (--time-model, after);
-  5. as time allows (DEADLINE_S): DFlash forced AL 8.31 at budgets 8 and 22 (after), the whole op check
-     (after), the verify cost of the before build.
-Writes $OUT/qmma/: check_qmma_gpu.json, op_check_qmma.md, time_quant{,_before,_cmp}.md, qmma_vs_qmv.md,
-verify_time_27b{,_before}.txt, dflash_speed.log, op_check.md, table.md (also printed last), build logs. About
-6-7 minutes on an H100 (at most ~8).
+"Before" is the engines/ tree of BEFORE_COMMIT (default d1d2484: main before q4_K's exact fp16 route), from
+.carry/qmma/before/engines when its COMMIT matches, else `git archive`; "after" is this tree. Both CUDA builds,
+the synthetic 27B Q4_K_M GGUF and its random DFlash draft in parallel at the start (check_dec_gpu.py's
+helpers), then, most important first:
+  1. lucebench-gpu-op-check --qmma (after): qmma_kernel on the 27B's shapes at 9 / 23 / 41 rows, odd shapes at
+     5..72 rows and decode's 1 / 2 / 4, activations of every magnitude (1e4, 1e-4, zero rows), per element
+     against sum |w| |x|: the CPU reference (q4_K 1e-3: fp16 x; q6_K 1e-2: bf16) and each type's contract
+     (5e-5), run to run bitwise, one K split (the graph-capture path), the last round split over warps, a
+     token's sums independent of the tile count (bitwise);
+  2. the whole op check (after);
+  3. --time-quant of both builds: per matrix ms and weight GB/s, before / after (time_quant_cmp.md), qmma at
+     1 / 4 / 9 / 17 / 23 / 33 / 65 rows before / after and against the same build's one-row qmv_kernel, and
+     qmv against qmma at 1..4 rows (qmma_vs_qmv.md, printed);
+  4. lucebench-verify-gpu-check (after): the GPU verify + commit equal to AR decoding;
+  5. the verify cost of B + 1 rows against a decode step on the 27B (--time-model), after and before;
+  6. as time allows (DEADLINE_S): DFlash forced AL 8.31 at budgets 8 and 22 (after: tok/s and against ar),
+     then DFlash == AR greedy on the synthetic 0.8B Q4_K_M GGUF (check_dflash_gpu.sh's lossless-synth part:
+     chain, budgets 8 / 22 / 40, KV bf16 and q8_0; the verify's rows through qmma_kernel, AR's through qmv).
+Writes $OUT/qmma/: check_qmma_gpu.json, op_check_qmma.md, op_check.md, time_quant{,_before,_cmp}.md,
+qmma_vs_qmv.md, verify_time_27b{,_before}.txt, dflash_speed.log, dflash_lossless.log, table.md (also printed),
+build logs; the last line printed is SUMMARY. About 6-7 minutes on an H100 (at most ~8).
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("DEC_NAME", "qmma")
-os.environ.setdefault("BEFORE_COMMIT", "ed21b94")
+os.environ.setdefault("BEFORE_COMMIT", "d1d2484")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_dec_gpu as cd  # noqa: E402  (builds, synthetic models, verify timing, DFlash speed)
 
 OUT, R = cd.OUT, cd.R
 AFTER_BUILD, BEFORE_BUILD = cd.AFTER_BUILD, cd.BEFORE_BUILD
-DEADLINE_S = float(os.environ.get("DEADLINE_S", "430"))
+DEADLINE_S = float(os.environ.get("DEADLINE_S", "450"))
 cd.DEADLINE_S = DEADLINE_S
 log, left = cd.log, cd.left
 
@@ -57,11 +60,15 @@ def op_check_qmma() -> int:
     for ln in lines:  # the largest error of each kind of row
         c = [x.strip() for x in ln.strip().strip("|").split("|")]
         if len(c) == 6 and c[0] == "matmul_quant":
-            kind = ("the q4_K routes' weights (values differing)" if "= the first of" in c[1] else
-                    next((k for k in ("one K split, bf16 contract", "bf16 contract", "run to run (values differing)")
-                          if c[1].endswith(": " + k)), "against the CPU reference"))
+            typ = c[1].split(",")[0]
+            if "= the first of" in c[1]:
+                kind = "tile count (values differing)"
+            else:
+                kind = next((k for k in ("one K split, fp16 x contract", "one K split, bf16 contract",
+                                         "fp16 x contract", "bf16 contract", "run to run (values differing)")
+                             if c[1].endswith(": " + k)), "against the CPU reference")
             try:
-                worst[kind] = max(worst.get(kind, 0.0), float(c[3]))
+                worst[f"{typ} {kind}"] = max(worst.get(f"{typ} {kind}", 0.0), float(c[3]))
             except ValueError:
                 pass
     R["op_check_qmma"] = {"rc": rc.returncode, "summary": lines[-1:], "failed": bad, "worst": worst}
@@ -81,7 +88,7 @@ def time_quant() -> None:
     qmma_vs_qmv()
 
 
-NS = (4, 9, 17, 23, 33, 65)  # a verify's row counts (DFlash budget 8: 9; DDTree 22: 23) and around them
+NS = (1, 4, 9, 17, 23, 33, 65)  # a verify's row counts (DFlash budget 8: 9; DDTree 22: 23) and around them
 
 
 def qmma_vs_qmv() -> None:
@@ -116,7 +123,7 @@ def qmma_vs_qmv() -> None:
     out += ["", "| matrix (after) | qmv 1 row us | rows | qmv us | qmma us | qmma / qmv |", "|---|---|---|---|---|---|"]
     for m in mats:
         qa = rows["after"].get((m, "1 (qmv)"))
-        for n in (2, 3, 4):
+        for n in (1, 2, 3, 4):
             v, a = rows["after"].get((m, f"{n} (qmv)")), rows["after"].get((m, f"{n} (qmma)"))
             out.append(f"| {m} | {fmt(qa)} | {n} | {fmt(v)} | {fmt(a)} | {f'{a / v:.2f}x' if a and v else '-'} |")
     txt = "\n".join(out) + "\n"
@@ -160,56 +167,46 @@ def main() -> int:
         log("FAILED: " + "; ".join(errors))
         return 1
 
-    steps = [(op_check_qmma,), (time_quant,)]
     rc_qmma = 1
-    for fn, *a in steps:
-        try:
-            r = fn(*a)
-            if fn is op_check_qmma:
-                rc_qmma = r
-        except Exception as exc:
-            errors.append(f"{fn.__name__}: {exc!r}")
-            log(f"FAILED {fn.__name__}: {exc!r}")
+    try:
+        rc_qmma = op_check_qmma()
+    except Exception as exc:
+        errors.append(f"op_check_qmma: {exc!r}")
+        log(f"FAILED op_check_qmma: {exc!r}")
+    op_check_all()
+    try:
+        time_quant()
+    except Exception as exc:
+        errors.append(f"time_quant: {exc!r}")
+        log(f"FAILED time_quant: {exc!r}")
     vc = subprocess.run([str(AFTER_BUILD / "lucebench-verify-gpu-check")], capture_output=True, text=True, timeout=240)
     (OUT / "verify_gpu_check.txt").write_text(vc.stdout + vc.stderr)
     R["verify_gpu_check"] = {"rc": vc.returncode, "tail": vc.stdout.strip().splitlines()[-6:]}
     log(f"lucebench-verify-gpu-check (verify == AR, after): rc {vc.returncode}\n"
         + "\n".join(R["verify_gpu_check"]["tail"]))
     save()
-    try:
-        cd.verify_time(paths["27b"], AFTER_BUILD, "after")
-    except Exception as exc:
-        errors.append(f"verify_time after: {exc!r}")
-        log(f"FAILED verify_time after: {exc!r}")
-    save()
-    # as time allows, most useful first: DFlash at forced AL (~90 s), the whole op check (~40 s: the qmv rows and
-    # qmma's default rows), the verify cost of the before build (~30 s)
-    if left() > 130:
+    for build_dir, key in ((AFTER_BUILD, "after"), (BEFORE_BUILD, "before")):
+        try:
+            cd.verify_time(paths["27b"], build_dir, key)
+        except Exception as exc:
+            errors.append(f"verify_time {key}: {exc!r}")
+            log(f"FAILED verify_time {key}: {exc!r}")
+        save()
+    # as time allows: DFlash at forced AL (~90 s), then DFlash == AR on the 0.8B Q4_K_M (~60 s)
+    if left() > 100:
         try:
             cd.dflash_speed(paths)
         except Exception as exc:
             log(f"DFlash speed failed: {exc!r}")
     else:
         log("skipped DFlash speed (time)")
-    if left() > 50:
-        oc = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check")], capture_output=True, text=True,
-                            timeout=max(60.0, left() + 60))
-        (OUT / "op_check.md").write_text(oc.stdout + oc.stderr)
-        R["op_check"] = {"rc": oc.returncode, "summary": oc.stdout.strip().splitlines()[-1:],
-                         "rows": [ln for ln in oc.stdout.splitlines() if "qmma" in ln or "FAIL" in ln]}
-        print("\n".join(R["op_check"]["rows"]), flush=True)
-        log(f"op check (after, all ops): rc {oc.returncode}, {R['op_check']['summary']}")
-        save()
-    else:
-        log("skipped the whole op check (time)")
-    if left() > 30:
+    if left() > 70:
         try:
-            cd.verify_time(paths["27b"], BEFORE_BUILD, "before")
+            dflash_lossless(paths)
         except Exception as exc:
-            log(f"verify_time before failed: {exc!r}")
-        save()
+            log(f"DFlash lossless failed: {exc!r}")
     else:
-        log("skipped the before build's verify cost (time)")
+        log("skipped DFlash lossless on the 0.8B Q4_K_M (time)")
     R["errors"] = errors
     R["wall_s"] = round(time.time() - cd.T0, 1)
     save()
@@ -224,7 +221,58 @@ def main() -> int:
            + R.get("qmma_vs_qmv", ""))
     (OUT / "table.md").write_text(txt)
     print(txt, flush=True)
-    return 1 if errors or rc_qmma or R["verify_gpu_check"]["rc"] or R.get("op_check", {}).get("rc") else 0
+    rc = 1 if errors or rc_qmma or R["verify_gpu_check"]["rc"] or R.get("op_check", {}).get("rc") else 0
+    print(summary_line(rc), flush=True)
+    return rc
+
+
+def op_check_all() -> None:
+    """The whole op check (after): every op, qmma's default rows and the qmv kernels included (~40 s)."""
+    oc = subprocess.run([str(AFTER_BUILD / "lucebench-gpu-op-check")], capture_output=True, text=True, timeout=240)
+    (OUT / "op_check.md").write_text(oc.stdout + oc.stderr)
+    R["op_check"] = {"rc": oc.returncode, "summary": oc.stdout.strip().splitlines()[-1:],
+                     "failed": [ln for ln in oc.stdout.splitlines() if "FAIL" in ln]}
+    if R["op_check"]["failed"]:
+        print("\n".join(R["op_check"]["failed"][:40]), flush=True)
+    log(f"op check (after, all ops): rc {oc.returncode}, {R['op_check']['summary']}")
+    save()
+
+
+def dflash_lossless(paths: dict) -> None:
+    """check_dflash_gpu.sh's lossless-synth part on the synthetic 0.8B Q4_K_M GGUF (a verify's rows through
+    qmma_kernel) with a random draft of its shape: dflash == ar greedy, chain and trees, KV bf16 and q8_0."""
+    env = dict(os.environ, OUT=str(OUT), PARTS="lossless-synth", DFLASH_LOSSLESS_TARGET=str(paths["0.8b"]),
+               DFLASH_LOSSLESS_DRAFT=str(cd.cq.synth_draft("qwen3.5-0.8b")), ARCH=cd.ARCH)
+    with (OUT / "dflash_lossless.log").open("w") as f:
+        rc = subprocess.run(["bash", "scripts/device/check_dflash_gpu.sh"], cwd=cd.ROOT, env=env, stdout=f,
+                            stderr=subprocess.STDOUT, timeout=max(60.0, left() + 60)).returncode
+    txt = (OUT / "dflash_lossless.log").read_text()
+    rows = [ln for ln in txt.splitlines() if "lossless" in ln.lower() or "FAIL" in ln or "diverg" in ln]
+    print("\n".join(rows[-30:]), flush=True)
+    R["dflash_lossless"] = {"rc": rc, "rows": rows}
+    log(f"DFlash == AR on the 0.8B Q4_K_M (after): rc {rc}")
+    save()
+
+
+def summary_line(rc: int) -> str:
+    """One line of the key numbers: the checks' results, the verify / step ratios, qmma against qmv at 1 and 4
+    rows (gate_up), DFlash tok/s against ar where it ran."""
+    oq = R.get("op_check_qmma", {})
+
+    def ratio(key: str, b: int) -> str:
+        m = re.search(rf"^\| {b} \| {b + 1} \| [0-9.]+ \| ([0-9.]+) \|", R.get(f"verify_27b_{key}") or "", re.M)
+        return m.group(1) if m else "?"
+
+    qv = R.get("qmma_over_qmv_after", {})
+    gu = {n: qv.get(f"ffn gate_up q4_K n={n}") for n in (1, 4, 9, 23)}
+    ds = R.get("dflash_speed", {}).get("rows", [])
+    dl = R.get("dflash_lossless", {})
+    return (f"SUMMARY rc {rc} | op check --qmma rc {oq.get('rc')} failed {len(oq.get('failed', []))} | whole op check "
+            f"rc {R.get('op_check', {}).get('rc', 'not run')} | verify==AR rc {R.get('verify_gpu_check', {}).get('rc')}"
+            f" | verify/step B8 {ratio('before', 8)}x -> {ratio('after', 8)}x, B22 {ratio('before', 22)}x -> "
+            f"{ratio('after', 22)}x | gate_up qmma/qmv(1 row) at n=1,4,9,23: {gu} | DFlash speed rc "
+            f"{R.get('dflash_speed', {}).get('rc', 'not run')} ({len(ds)} rows printed above) | 0.8B lossless rc "
+            f"{dl.get('rc', 'not run')}")
 
 
 if __name__ == "__main__":
