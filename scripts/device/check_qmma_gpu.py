@@ -165,6 +165,7 @@ def main() -> int:
     save()
     if errors:
         log("FAILED: " + "; ".join(errors))
+        print(f"SUMMARY rc 1 | builds / synthetic models FAILED: {'; '.join(errors)}", flush=True)
         return 1
 
     rc_qmma = 1
@@ -266,13 +267,20 @@ def summary_line(rc: int) -> str:
     qv = R.get("qmma_over_qmv_after", {})
     gu = {n: qv.get(f"ffn gate_up q4_K n={n}") for n in (1, 4, 9, 23)}
     ds = R.get("dflash_speed", {}).get("rows", [])
+    ar = next((ln.split("ar:")[1].split("tok/s")[0].strip() for ln in ds if " ar: " in ln), "?")
+    # the speed part's rows: | budget | mode | forced AL | AL | tok/s | x ar | ... (check_dflash_gpu.py)
+    sp = []
+    for ln in ds:
+        c = [x.strip() for x in ln.strip().strip("|").split("|")]
+        if len(c) >= 6 and c[0].isdigit():
+            sp.append(f"B{c[0]} {c[1]} {c[4]} tok/s {c[5]}x ar")
     dl = R.get("dflash_lossless", {})
     return (f"SUMMARY rc {rc} | op check --qmma rc {oq.get('rc')} failed {len(oq.get('failed', []))} | whole op check "
             f"rc {R.get('op_check', {}).get('rc', 'not run')} | verify==AR rc {R.get('verify_gpu_check', {}).get('rc')}"
             f" | verify/step B8 {ratio('before', 8)}x -> {ratio('after', 8)}x, B22 {ratio('before', 22)}x -> "
-            f"{ratio('after', 22)}x | gate_up qmma/qmv(1 row) at n=1,4,9,23: {gu} | DFlash speed rc "
-            f"{R.get('dflash_speed', {}).get('rc', 'not run')} ({len(ds)} rows printed above) | 0.8B lossless rc "
-            f"{dl.get('rc', 'not run')}")
+            f"{ratio('after', 22)}x | gate_up qmma/qmv(1 row) at n=1,4,9,23: {gu} | DFlash forced AL 8.31 (after, rc "
+            f"{R.get('dflash_speed', {}).get('rc', 'not run')}): ar {ar} tok/s, {'; '.join(sp) or '-'} | 0.8B "
+            f"Q4_K_M DFlash == AR rc {dl.get('rc', 'not run')}")
 
 
 if __name__ == "__main__":
