@@ -930,7 +930,9 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         }
     };
     auto stage = [&](int j0, int cnt, auto u) {
-        if constexpr (kQ4) stage4(j0, cnt, std::integral_constant<int, decltype(u)::value == 0 ? 1 : 2>());
+        // q4_K: 2 (token, super-block)s in flight up to 3 tiles (8 float4s a thread, as U = 8 below), 1 above
+        // (at 4 tiles 2 spill registers: ptxas -v)
+        if constexpr (kQ4) stage4(j0, cnt, std::integral_constant<int, (decltype(u)::value == 0 || NT > 3) ? 1 : 2>());
         else stage6(j0, cnt, u);
     };
 
@@ -1031,7 +1033,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         if (nit < iters && ngrp < groups) load(na, nb, ngrp, nj);
         prefetch_ahead(it, grp, j, j1, kQmmaAhead + 1);
         if (grp < groups) {
-            const int jj = chunked ? j % chunk : j;  // the super-block's place in the staged slice
+            const int jj = j % chunk;  // the super-block's place in the staged slice
             if constexpr (kQ4) {
                 const QmmaQ4 sa = qmma_q4_scales(ca, q), sb = qmma_q4_scales(cb, q);
                 // the mins first: sum_j m_j xs_j (rows g, g + 8; tokens 8t + 2q, + 1) through one mma a tile,
