@@ -11,7 +11,8 @@
 // and the recurrent delta rule differ in rounding), 2e-2 where the GPU rounds activations to the weight type
 // (tensor-core GEMM and attention; qmma_kernel per element against sum |w| |x| instead, check_qmma: 1e-3 for
 // q4_K's fp16 x, 1e-2 for q6_K's bf16, 5e-5 against its own contract), and the cache type's rounding for KV
-// rows the GPU writes (bf16 8e-3, f16 1e-3, q8_0 2e-2, q4_0 0.15). A wrong index, mask or position shows as an error of 1e-2 and more.
+// rows the GPU writes (bf16 8e-3, f16 1e-3, q8_0 2e-2, q4_0 0.15). A wrong index, mask or position shows as an
+// error of 1e-2 and more.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -1386,8 +1387,8 @@ void time_quant() {
         // tensor-core qgemm_kernel (-1) above, gemm_tc from kGemmTcMinRows; qmv_kernel at one token also with
         // 2 (3) and 4 (4, q4_K) rows a warp, whatever the matrix's default
         // (qmv_kernel and qmma_kernel at 1..4 rows: where one overtakes the other)
-        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {1, 2}, {2, 1}, {2, 2}, {3, 1}, {3, 2}, {4, 8},
-                                            {4, 1}, {4, 2}, {8, 1}, {8, 2},
+        const std::pair<int, int> runs[] = {{1, 8}, {1, 1}, {1, 3}, {1, 4}, {1, 2}, {2, 1}, {2, 2}, {3, 1}, {3, 2},
+                                            {4, 8}, {4, 1}, {4, 2}, {8, 1}, {8, 2},
                                             {9, -1}, {9, 2}, {16, 1}, {17, 2}, {23, -1}, {23, 1}, {23, 2}, {32, 2},
                                             {33, -1}, {33, 2}, {41, 2}, {65, -1}, {65, 2}};
         for (auto [n, gemv] : runs) {

@@ -619,7 +619,8 @@ __host__ __device__ constexpr int qmma_row_elems(int chunk) { return chunk * 256
 constexpr int kQmmaSideBytes = 36;
 template <DType T>
 inline size_t qmma_smem_bytes(int nt, int chunk) {
-    return size_t(8 * nt) * (size_t(qmma_row_elems(chunk)) * 2 + (T == DType::Q4_K ? size_t(chunk) * kQmmaSideBytes : 0));
+    const size_t side = T == DType::Q4_K ? size_t(chunk) * kQmmaSideBytes : 0;
+    return size_t(8 * nt) * (size_t(qmma_row_elems(chunk)) * 2 + side);
 }
 
 // q6_K's staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at
@@ -914,7 +915,8 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                                               __half2float(h2)),
                                     __half2float(h3));
                     const __half2 p[2] = {__halves2half2(h0, h2), __halves2half2(h1, h3)};
-                    if (ui < units) *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q4_p4(4 * k + i)] = *(const uint2*)p;
+                    if (ui < units)
+                        *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q4_p4(4 * k + i)] = *(const uint2*)p;
                 }
                 sum = __fadd_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, 1));  // the same sum in both (a + b = b + a)
                 if (ui < units && (k & 1) == 0) {
@@ -1037,7 +1039,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
             if constexpr (kQ4) {
                 const QmmaQ4 sa = qmma_q4_scales(ca, q), sb = qmma_q4_scales(cb, q);
                 // the mins first: sum_j m_j xs_j (rows g, g + 8; tokens 8t + 2q, + 1) through one mma a tile,
-                // A = (m_2q, m_2q+1) at k 2q, 2q + 1 and again at 2q + 8, 2q + 9, B = xs hi there, lo here
+                // A = (m_2q, m_2q+1) at k 2q, 2q + 1 and again at 2q + 8, 2q + 9; B = the sums' hi, then lo
                 const float2* inv = (const float2*)&xinv[jj * NTOK + 2 * q];  // 2^-e of tokens 8t + 2q, + 1: inv[4t]
                 {
                     const uint32_t am[4] = {sa.m, sb.m, sa.m, sb.m};
