@@ -153,12 +153,28 @@ def _partner_key(v: CellView) -> tuple[Any, ...]:
     return tuple(sorted((k, C._hashable(val)) for k, val in v.params.items() if k not in _SPEC_ONLY))
 
 
-def ar_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
-    """The autoregressive cell that a speculative cell is measured against (same params but engine axes)."""
+def _baseline_engine(v: CellView) -> str | None:
+    content = v.result.config.content
+    return content.get("baseline") if isinstance(content, dict) else None
+
+
+def ar_partners(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
+    """Every autoregressive cell a speculative cell is measured against (our `ar` and llama.cpp on the same GGUF,
+    say), by engine: the same params but the engine axes, the same KV type preferred; the run's baseline first."""
     key = _partner_key(v)
     cands = [o for o in _ok(views) if not C.is_speculative(o) and not C.is_compressed(o) and _partner_key(o) == key]
     cands.sort(key=lambda o: C.kv_label(o) != C.kv_label(v))
-    return cands[0] if cands else None
+    found: dict[str, CellView] = {}
+    for o in cands:
+        found.setdefault(o.engine, o)
+    base = _baseline_engine(v)
+    return dict(sorted(found.items(), key=lambda kv: kv[0] != base))
+
+
+def ar_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
+    """The autoregressive cell that a speculative cell's speedup is against: the run's baseline engine's if it
+    has one, else the first."""
+    return next(iter(ar_partners(v, views).values()), None)
 
 
 UPSTREAM_BUDGET = 22  # the DDTree budget of upstream's published DFlash table
@@ -179,14 +195,16 @@ def headline_budget(spec: Sequence[CellView]) -> Any:
     return UPSTREAM_BUDGET if UPSTREAM_BUDGET in tied else min(tied)
 
 
+def _ratio_text(v: CellView, partner: CellView | None) -> str:
+    a, b = v.median("decode_tok_s"), partner.median("decode_tok_s") if partner else None
+    return f"{a / b:.2f}x (ratio of medians)" if a is not None and b else NA
+
+
 def _speedup_text(v: CellView, partner: CellView | None) -> str:
     s = v.cell.metrics.get("speedup_decode")
     if s is not None and s.median is not None:
         return fmt_summary(s, "speedup_decode")
-    a, b = v.median("decode_tok_s"), partner.median("decode_tok_s") if partner else None
-    if a is not None and b:
-        return f"{a / b:.2f}x (ratio of medians)"
-    return NA
+    return _ratio_text(v, partner)
 
 
 def speculative_table(views: Sequence[CellView]) -> Table | None:
@@ -200,26 +218,34 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
     label_keys = ["suite"] + [k for k in C.varying_keys(spec, exclude=["suite", "budget", "gpu"]) if k != "suite"]
     if len({v.engine for v in spec}) > 1:  # e.g. tree and chain: varying_keys leaves the engine to the caller
         label_keys.insert(1, "engine")
-    partners = {id(v): ar_partner(v, views) for v in spec}
-    ar_names = sorted({p.engine for p in partners.values() if p is not None})
+    partners = {id(v): ar_partners(v, views) for v in spec}
+    ar_names = list(dict.fromkeys(e for ps in partners.values() for e in ps))  # the baseline first
     spec_names = sorted({v.engine for v in spec})
-    ar_head = f"AR {'/'.join(ar_names)} (tok/s)" if ar_names else "AR (tok/s)"
-    spec_head = f"{'/'.join(spec_names)} (tok/s)"
+    one = len(ar_names) <= 1  # one AR engine: the plain layout; several (ar, llama.cpp): a column pair each
     headers = ["Benchmark" if k == "suite" else _header(k) for k in label_keys]
-    headers += [ar_head, spec_head, "AL", "Speedup"]
+    headers += ([f"AR {'/'.join(ar_names)} (tok/s)" if ar_names else "AR (tok/s)"] if one
+                else [f"AR {e} (tok/s)" for e in ar_names])
+    headers += [f"{'/'.join(spec_names)} (tok/s)", "AL"]
+    headers += ["Speedup"] if one else [f"Speedup vs {e}" for e in ar_names]
     with_energy = any(v.median("decode_tok_per_j") is not None for v in spec)
     if with_energy:
-        headers += ["AR tok/J", f"{'/'.join(spec_names)} tok/J"]
+        headers += (["AR tok/J"] if one else [f"{e} tok/J" for e in ar_names])
+        headers += [f"{'/'.join(spec_names)} tok/J"]
     rows = []
     for v in sorted(spec, key=lambda v: C.key_of(v, label_keys).__repr__()):
-        p = partners[id(v)]
-        row = [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))] + [
-            _metric_cell(p, "decode_tok_s"), _metric_cell(v, "decode_tok_s"), _al_cell(v), _speedup_text(v, p)]
+        ps = [partners[id(v)].get(e) for e in ar_names] or [None]
+        row = [C.fmt_param(k, val) for k, val in zip(label_keys, C.key_of(v, label_keys))]
+        row += [_metric_cell(p, "decode_tok_s") for p in ps]
+        row += [_metric_cell(v, "decode_tok_s"), _al_cell(v)]
+        # the run's speedup metric is against its baseline (the first); the others are ratios of medians
+        row += [_speedup_text(v, ps[0])] + [_ratio_text(v, p) for p in ps[1:]]
         if with_energy:
-            row += [_metric_cell(p, "decode_tok_per_j"), _metric_cell(v, "decode_tok_per_j")]
+            row += [_metric_cell(p, "decode_tok_per_j") for p in ps] + [_metric_cell(v, "decode_tok_per_j")]
         rows.append(row)
     notes = [f"DDTree budget {hb}" if hb is not None else "",
-             "speedup = speculative decode tok/s over AR decode tok/s on the same prompts",
+             "speedup = speculative decode tok/s over AR decode tok/s on the same prompts"
+             + ("" if one else f"; against {ar_names[0]} the run's speedup metric, against the others the "
+                                "ratio of medians"),
              "AL = tokens committed per draft+verify round, bonus token included (docs/metrics.md)",
              "tok/J = decode tokens per joule of the decode phase, gross" if with_energy else "",
              FORCED_NOTE if any(C.is_forced(v) for v in spec) else ""]
@@ -228,7 +254,7 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
 
 def dataset_table(views: Sequence[CellView]) -> Table | None:
     """Dataset suites run without speculative decoding: Benchmark | Method | TTFT | decode (| speedup)."""
-    shown = {id(p) for s in _ok(views) if C.is_speculative(s) and (p := ar_partner(s, views)) is not None}
+    shown = {id(p) for s in _ok(views) if C.is_speculative(s) for p in ar_partners(s, views).values()}
     dv = [v for v in _ok(views) if C.is_dataset(v) and not C.is_speculative(v) and not C.is_context(v)
           and id(v) not in shown]  # AR cells paired with a speculative cell are already in that table
     if not dv:

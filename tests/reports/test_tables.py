@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lucebench.reports import cells as C
 from lucebench.reports import tables as T
+from tests.results.fabricate import derive_metrics
 
 
 def _table(tables, key):
@@ -295,3 +296,29 @@ def test_forced_acceptance_is_marked_and_kept_out_of_acceptance(fab):
     assert not any(r[1] == "humaneval" and r[2] == "22" for r in acc.rows)
     ar = next(c for c in result.cells if c.params.get("engine") == "ar" and c.params.get("suite") == "humaneval")
     assert token_match(forced, ar) is None
+
+
+def test_speculative_table_against_ar_and_llamacpp(fab):
+    """With llama.cpp run on the same prompts as `ar`, the DFlash row shows both AR rates and a speedup against
+    each: the run's baseline first, the other as a ratio of medians; neither AR cell repeats below."""
+    result = fab.gpu_result()
+    ar = next(c for c in result.cells if c.params.get("engine") == "ar" and c.params.get("suite") == "humaneval")
+    llama = ar.model_copy(deep=True)
+    llama.id = ar.id.replace("ar/", "llama.cpp-gguf/", 1)
+    llama.params["engine"] = "llama.cpp-gguf"
+    for s in llama.samples:  # half of ar's decode rate: the DFlash speedup against it doubles
+        s.decode_s *= 2
+    llama.metrics = derive_metrics(llama.samples)
+    result.cells.append(llama)
+    views = C.collect([result])
+    t = T.speculative_table(views)
+    assert t.headers[:6] == ["Benchmark", "AR ar (tok/s)", "AR llama.cpp-gguf (tok/s)", "dflash (tok/s)", "AL",
+                             "Speedup vs ar"]
+    assert t.headers[6] == "Speedup vs llama.cpp-gguf"
+    row = next(r for r in t.rows if r[0] == "humaneval")
+    vs_ar, vs_llama = float(row[5].split("x")[0].split()[0]), float(row[6].split("x")[0])
+    assert abs(vs_llama / vs_ar - 2.0) < 0.05 and row[6].endswith("(ratio of medians)")
+    gsm = next(r for r in t.rows if r[0] == "gsm8k")
+    assert gsm[2] == "n/a" and gsm[6] == "n/a"  # llama.cpp ran HumanEval only
+    ds = T.dataset_table(views)
+    assert ds is None or not any("llama.cpp-gguf" in r for r in ds.rows)
