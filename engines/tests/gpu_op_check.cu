@@ -304,9 +304,12 @@ void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out,
     std::vector<float> Wf;
     std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf);
     const bool q4 = t == DType::Q4_K;
-    std::vector<float> Wc = Wf, Wabs = Wf;
-    if (!q4)
-        for (float& v : Wc) v = bf16_to_f32(f32_to_bf16(v));
+    std::vector<float> W16, Wabs = Wf;  // q6_K's contract: the weights rounded to bf16 (q4_K's are exact)
+    if (!q4) {
+        W16 = Wf;
+        for (float& v : W16) v = bf16_to_f32(f32_to_bf16(v));
+    }
+    const std::vector<float>& Wc = q4 ? Wf : W16;
     for (float& v : Wabs) v = std::fabs(v);
     Dev<uint8_t> dw(raw);
     for (const int n : ns) {
