@@ -8,7 +8,7 @@ helpers), then, most important first:
   1. lucebench-gpu-op-check --qmma (after): qmma_kernel on the 27B's shapes at 9 / 23 / 41 rows, odd shapes at
      5..72 rows and decode's 1 / 2 / 4, activations of every magnitude (1e4, 1e-4, zero rows), per element
      against sum |w| |x|: the CPU reference (q4_K 1e-3: fp16 x; q6_K 1e-2: bf16) and each type's contract
-     (5e-5), run to run bitwise, one K split (the graph-capture path), the last round split over warps, a
+     (2e-5), run to run bitwise, one K split (the graph-capture path), the last round split over warps, a
      token's sums independent of the tile count (bitwise);
   2. the whole op check (after);
   3. --time-quant of both builds: per matrix ms and weight GB/s, before / after (time_quant_cmp.md), qmma at
