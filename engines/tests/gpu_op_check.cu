@@ -297,7 +297,9 @@ double bound_err(const std::vector<float>& got, const std::vector<float>& ref, c
 //   exact (sc q and the mins' term in the sums): the plain error is fp16's rounding of x, <= 2^-11 = 4.9e-4
 //   of the bound (1e-3);
 //   q6_K: weights and x rounded to bf16: 2^-9 each (1e-2).
-// A second launch must equal the first bitwise (the split partials summed in a fixed order); one K split (the
+// A second launch must equal the first bitwise (the split partials summed in a fixed order), and where it took
+// K splits it must equal, bitwise, its own partials (left in the split scratch) summed on the host in split order
+// (as a separate sum kernel after the launch did), with every arrival counter back at zero; one K split (the
 // graph-capture path: the activations restaged chunk by chunk) against the contract.
 void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out, bool acc, int col0, int ldy,
                 const char* variant) {
@@ -323,6 +325,17 @@ void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out,
         Dev<float> dx(x), dy(y0), dy2(y0), dy1(y0);
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p + col0, ldy, acc, g_s, 2);
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy2.p + col0, ldy, acc, g_s, 2);
+        // the second launch's partials [split][row group][token][16 rows] and arrival counters
+        const int splits = gpu::context().qmma_splits, groups = (out + 15) / 16;
+        std::vector<float> part(splits > 1 ? size_t(splits) * groups * 16 * n : 0);
+        std::vector<unsigned> arrivals(splits > 1 ? size_t(groups) : 0);
+        GPU_CHECK(gpuStreamSynchronize(g_s));
+        if (splits > 1) {
+            GPU_CHECK(gpuMemcpy(part.data(), gpu::context().splitk.p, part.size() * sizeof(float),
+                                gpuMemcpyDeviceToHost));
+            GPU_CHECK(gpuMemcpy(arrivals.data(), gpu::context().qmma_arrivals.p, arrivals.size() * sizeof(unsigned),
+                                gpuMemcpyDeviceToHost));
+        }
         gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy1.p + col0, ldy, acc, g_s, 5);
         auto reference = [&](const std::vector<float>& xs, const std::vector<float>& ws, const std::vector<float>& y) {
             return matmul_into_reference(xs, n, in, ws, out, y, ldy, col0, acc);
@@ -340,6 +353,22 @@ void check_qmma(Rng& r, DType t, std::initializer_list<int> ns, int in, int out,
         report("matmul_quant", v + ": " + contract, sh, bound_err(got, refc, bound), 2e-5);
         report("matmul_quant", v + ": run to run (values differing)", sh, double(differ), 0);
         report("matmul_quant", v + ": one K split, " + contract, sh, bound_err(one, refc, bound), 2e-5);
+        if (splits > 1) {
+            std::vector<float> sum = y0;  // y (+)= p_0 + p_1 + ... in split order, element by element
+            for (int tok = 0; tok < n; ++tok)
+                for (int c = 0; c < out; ++c) {
+                    float a = acc ? y0[size_t(tok) * ldy + col0 + c] : 0.f;
+                    for (int z = 0; z < splits; ++z)
+                        a += part[((size_t(z) * groups + c / 16) * n + tok) * 16 + c % 16];
+                    sum[size_t(tok) * ldy + col0 + c] = a;
+                }
+            size_t off = 0, left = 0;
+            for (size_t i = 0; i < sum.size(); ++i) off += std::memcmp(&sum[i], &again[i], sizeof(float)) != 0;
+            for (unsigned c : arrivals) left += c != 0;
+            const std::string sv = v + ": " + std::to_string(splits) + " K splits summed in split order";
+            report("matmul_quant", sv + " (values differing)", sh, double(off), 0);
+            report("matmul_quant", sv + ": arrival counters left nonzero", sh, double(left), 0);
+        }
     }
 }
 
@@ -388,6 +417,17 @@ void check_qmma_all(Rng& r) {
         check_qmma(r, t, {1, 2, 4}, 5120, 1000, false, 0, 1000, "1000 rows at decode's row counts");
     // the last round's groups split over several warps each (qmma_kernel's tail): one round (5 groups of 3
     // warps), and two rounds (2 super-blocks: 2 warps a group)
+    // K split counts 3..8 on a 132-multiprocessor card (2 and 4: the 27B gate_up above; 7: two rounds, the
+    // last one's groups over 2 warps), rows not a multiple of 16, tokens not of 8, with and without accumulate,
+    // at a column offset: the sum in the launch against its partials summed in split order on the host
+    for (DType t : {DType::Q4_K, DType::Q6_K}) {
+        check_qmma(r, t, {9, 23}, 768, 700, true, 0, 700, "700 rows, 3 super-blocks");
+        check_qmma(r, t, {9}, 1024, 300, false, 0, 300, "300 rows, 4 super-blocks");
+        check_qmma(r, t, {41}, 1280, 300, false, 1, 303, "300 rows, 5 super-blocks, at column 1");
+        check_qmma(r, t, {23}, 1536, 150, true, 0, 150, "150 rows, 6 super-blocks");
+        check_qmma(r, t, {9}, 3584, 5000, true, 0, 5000, "5000 rows, 14 super-blocks");
+        check_qmma(r, t, {41}, 2048, 77, false, 0, 77, "77 rows, 8 super-blocks");
+    }
     for (DType t : {DType::Q4_K, DType::Q6_K}) {
         check_qmma(r, t, {9, 33}, 1024, 77, true, 2, 80, "77 rows, the last round's groups over 3 warps");
         check_qmma(r, t, {9, 41}, 512, 40000, false, 0, 40000, "40000 rows, the last round's groups over 2 warps");

@@ -600,9 +600,11 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // staged activations are permuted within each super-block so that the two chunks a lane takes together are
 // one 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks.
 // A split's slice of activations for all tiles must fit the shared memory, so the host splits
-// K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
-// partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
-// row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
+// K: each split writes its partials of a row group, then counts itself in at the group's arrival counter; the
+// warp that arrives last sums the group's partials in split order into y (a fixed order: identical run to run,
+// whichever split arrives last) and zeroes the counter for the next launch. Where the partials' scratch or the
+// counters cannot grow (graph capture) one split restages its slice chunk by chunk for each round of row groups
+// (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
 // warp or block takes it, except a last round's groups split over several warps (below, at up to 3 tiles): the
 // split count and, for those groups, the grid are part of the numerics (both fixed for a device and a shape:
 // identical run to run).
@@ -796,14 +798,16 @@ __device__ __forceinline__ void mma_f16_16816_z(float c[4], const uint32_t a[4],
 
 // Grid (row blocks, K splits of `per` super-blocks); kQmmaWarps warps; `iters` row groups a warp (the same for every
 // warp: the barriers of a chunked split are uniform). n <= 8 NT tokens (the rest of the last tile is zeros);
-// qmma_smem_bytes<T>(NT, chunk) of dynamic shared memory. part: the split partials [split][n][out], or null (one
-// split: y written directly).
+// qmma_smem_bytes<T>(NT, chunk) of dynamic shared memory. part: the split partials [split][row group][token][16
+// rows] (rows past `out` too: a group's are whole float4s), or null (one split: y written directly); arrivals:
+// a counter a row group, zero at the launch and left zero (with part).
 template <DType T, int NT>
 __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* __restrict__ x, int n, int in,
                                                                 const uint8_t* __restrict__ W, int out,
                                                                 float* __restrict__ y, int ldy, bool accumulate,
                                                                 int per, int chunk, int iters,
-                                                                float* __restrict__ part) {
+                                                                float* __restrict__ part,
+                                                                unsigned* __restrict__ arrivals) {
     constexpr bool kQ4 = T == DType::Q4_K;
     constexpr int BB = kQ4 ? 144 : 210, NTOK = 8 * NT;
     // the last round's split over warps (below) at up to 3 tiles: above, its registers would spill (ptxas -v)
@@ -998,26 +1002,82 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     if (it < iters)
         for (int s = 1; s <= kQmmaAhead; ++s) prefetch_ahead(it, grp, j, j1, s);
     // launched with programmatic dependent launch (launch_k): the weights above are requested while the kernel
-    // before still runs; x, y and the partials are touched only after the wait
+    // before still runs; x, y, the partials and the arrival counters are touched only after the wait (a
+    // qmma_kernel before has then finished and left its counters zero)
     griddep_launch();
     griddep_wait();
     if (!chunked) {  // the split's slice at once (23 rows, 10 super-blocks: 30 float4s a thread, 4 round trips)
         stage(0, nsb, std::integral_constant<int, NT <= 4 ? 8 : 0>());
         __syncthreads();
     }
-    float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
+    const size_t split_floats = size_t(groups) * 16 * n;  // a split's partials
+    float* pz = part ? part + size_t(blockIdx.y) * split_floats : nullptr;
     // the group's sums over this split (C fragment: acc[t][0, 1]: row g, tokens 8t + 2q, + 1; acc[t][2, 3]:
     // row g + 8) to y or the split's partials
     auto put = [&](int grp, int t, int e, float v) {
-        const int tok = 8 * t + 2 * q + (e & 1), row = 16 * grp + g + (e < 2 ? 0 : 8);
-        if (grp < groups && tok < n && row < out) {
-            if (pz) {
-                pz[size_t(tok) * out + row] = v;
-            } else {
-                float* dst = y + size_t(tok) * ldy + row;
-                *dst = accumulate ? *dst + v : v;
+        const int tok = 8 * t + 2 * q + (e & 1), r = g + (e < 2 ? 0 : 8), row = 16 * grp + r;
+        if (grp >= groups || tok >= n) return;
+        if (pz) {
+            pz[(size_t(grp) * n + tok) * 16 + r] = v;
+        } else if (row < out) {
+            float* dst = y + size_t(tok) * ldy + row;
+            *dst = accumulate ? *dst + v : v;
+        }
+    };
+    // After the warp put a group's partials of this split (the whole warp): its arrival; the split that
+    // arrives last sums the group's partials of every split in split order, y (+)= p_0 + p_1 + ..., bitwise
+    // the order of a separate sum after the launch, and zeroes the counter. Release: the lanes' partials, the
+    // warp barrier, lane 0's fence (cumulative: it orders what the barrier ordered before it), the count;
+    // acquire: the count, the fence, the barrier, then the reads (through L2: .cg).
+    auto arrive = [&](int grp) {
+        if (!part || grp >= groups) return;
+        __syncwarp();
+        unsigned before = 0;
+        if (lane == 0) {
+            __threadfence();
+            before = atomicAdd(&arrivals[grp], 1u);
+            __threadfence();
+        }
+        __syncwarp();
+        if (__shfl_sync(0xFFFFFFFFu, before, 0) != gridDim.y - 1) return;
+        // the group's 16 rows x n tokens as float4s (4 rows of a token), lane + 32 k: up to NT a lane
+        const float4* pg = (const float4*)(part + size_t(grp) * 16 * n);
+        const size_t zs = split_floats / 4;
+        float4 a[NT];
+#pragma unroll
+        for (int k = 0; k < NT; ++k) {
+            const int i = lane + 32 * k, tok = i >> 2, row = 16 * grp + 4 * (i & 3);
+            const float* src = y + size_t(tok) * ldy + row;
+            a[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (accumulate && i < 4 * n) {
+                if (row < out) a[k].x = src[0];
+                if (row + 1 < out) a[k].y = src[1];
+                if (row + 2 < out) a[k].z = src[2];
+                if (row + 3 < out) a[k].w = src[3];
             }
         }
+        for (unsigned z = 0; z < gridDim.y; ++z)
+#pragma unroll
+            for (int k = 0; k < NT; ++k) {
+                const int i = lane + 32 * k;
+                if (i < 4 * n) {
+                    const float4 v = __ldcg(pg + z * zs + i);
+                    a[k] = make_float4(__fadd_rn(a[k].x, v.x), __fadd_rn(a[k].y, v.y), __fadd_rn(a[k].z, v.z),
+                                       __fadd_rn(a[k].w, v.w));
+                }
+            }
+#pragma unroll
+        for (int k = 0; k < NT; ++k) {
+            const int i = lane + 32 * k, tok = i >> 2, row = 16 * grp + 4 * (i & 3);
+            float* dst = y + size_t(tok) * ldy + row;
+            if (i < 4 * n) {
+                if (row < out) dst[0] = a[k].x;
+                if (row + 1 < out) dst[1] = a[k].y;
+                if (row + 2 < out) dst[2] = a[k].z;
+                if (row + 3 < out) dst[3] = a[k].w;
+            }
+        }
+        if (lane == 0) arrivals[grp] = 0u;
     };
     while (it < iters) {
         if (chunked && j % chunk == 0) {  // every warp is on the same super-block here (no tail split)
@@ -1121,6 +1181,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                     put(grp, t, e, acc[t][e]);
                     acc[t][e] = 0.f;
                 }
+            arrive(grp);
         }
         it = nit;
         grp = ngrp;
@@ -1148,6 +1209,7 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                     for (int p = 1; p < ts; ++p) v = __fadd_rn(v, red[(((warp + p) * NT + t) * 4 + e) * 32 + lane]);
                     put(grp, t, e, v);
                 }
+            arrive(grp);
         }
     }
 }
@@ -1229,9 +1291,8 @@ __global__ __launch_bounds__(128) void qgemm_kernel(const float* __restrict__ x,
     }
 }
 
-// y[t][c] (+)= sum over z of part[z][t][c], in split order. After qmma_kernel launched with programmatic
-// dependent launch (launch_k), so that its launch overlaps the GEMM's last round; the partials and y are read
-// only after the wait.
+// y[t][c] (+)= sum over z of part[z][t][c], in split order: qgemm_kernel's split partials. (The wait is for a
+// launch with programmatic dependent launch; this one's is ordinary.)
 __global__ void qsplit_sum_kernel(const float* __restrict__ part, int splits, int n, int out, float* __restrict__ y,
                                   int ldy, bool accumulate) {
     griddep_launch();
@@ -1322,10 +1383,11 @@ struct QmmaPlan {
 // The plan that minimises the time, counted in bytes over the whole GPU: the warps' steps (a block's share of
 // its split's row groups, ceil(groups / gx) x per steps of 16 blocks, over its kQmmaWarps warps: the groups of
 // a last, partial round fall on every block, so a multiprocessor's work, not its slowest warp's, is the
-// measure), the split partials written and summed (8 bytes each, counted at half as they stay in L2, and ~8 MB
-// for the sum kernel's launch) and the activations staged (fp32 from L2, at half). A split's slice is staged
-// once where per <= chunk_max, else restaged for each round of groups. Splits only where the scratch may grow
-// (can_split). gx is as many blocks as a round of `slots` holds for the split.
+// measure), the split partials written and summed (8 bytes each, counted at half as they stay in L2, and ~8 MB:
+// set for a separate sum kernel's launch, kept for the sums after the last round, so that the plans, and with
+// them the numerics, did not move when the sum joined the kernel) and the activations staged (fp32 from L2, at
+// half). A split's slice is staged once where per <= chunk_max, else restaged for each round of groups. Splits
+// only where the scratch may grow (can_split). gx is as many blocks as a round of `slots` holds for the split.
 inline QmmaPlan qmma_plan(int out, int nblk, int n, int nt, int bb, int chunk_max, long slots, bool can_split) {
     const long groups = (out + 15) / 16, warp_slots = slots * kQmmaWarps;
     QmmaPlan best;
@@ -1375,17 +1437,19 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
     const int nblk = in / 256;
     const long slots = long(it->per_sm) * context().sms;
     QmmaPlan p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, split);
-    // the partials need scratch, refused during graph capture (then one split, restaged chunk by chunk)
+    // the partials (whole groups of 16 rows) and the arrival counters need scratch, refused during graph capture
+    // where they would grow (then one split, restaged chunk by chunk)
     float* part = nullptr;
-    if (p.splits > 1 && !(part = context().splitk.get(size_t(p.splits) * n * out, s)))
-        p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
-    launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes<T>(NT, p.chunk), s, x, n,
-             in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
+    unsigned* arrivals = nullptr;
     if (p.splits > 1) {
-        const size_t count = size_t(n) * out;
-        launch_k(qsplit_sum_kernel, dim3(unsigned((count + 255) / 256)), dim3(256), 0, s, (const float*)part, p.splits,
-                 n, out, y, ldy, accumulate);
+        const int groups = (out + 15) / 16;
+        arrivals = context().qmma_arrivals.get(size_t(groups), s);
+        if (arrivals) part = context().splitk.get(size_t(p.splits) * groups * 16 * n, s);
+        if (!part) p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
     }
+    context().qmma_splits = p.splits;
+    launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes<T>(NT, p.chunk), s, x, n,
+             in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part, arrivals);
 }
 
 template <DType T>
