@@ -591,8 +591,8 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 //   fp16 hi + lo: one more mma a tile).
 //   q6_K: sc q (int8 scale times q6 - 32) reaches 4,096 with 12 significant bits, one more than fp16 has, so
 //   the scale is split, sc = 16 sh + sl (sl in 0..15, sh in -8..7), and each chunk enters two mmas into the
-//   same accumulators: A = sl q (|.| <= 480) and A = 16 sh q (16 times an integer of |.| <= 256), both exact;
-//   acc += d 2^-e acc_sb.
+//   same accumulators: A = sl q (|.| <= 480) and A = 16 sh q (16 times an integer of |.| <= 256), both exact,
+//   made from the quants with the fp16 magic number (qmma_q6_scales); acc += d 2^-e acc_sb.
 //
 // The verify's product must stream the weights at the copy bandwidth, so nothing in the K loop waits for the
 // block: a block (grid (row blocks, K splits)) stages its split's activations, all NT tiles of tokens over the
@@ -724,7 +724,9 @@ __device__ __forceinline__ QmmaQ4 qmma_q4_scales(const QmmaRaw<DType::Q4_K>& w, 
 // A q6_K row's step constants: the int8 scales of its runs j = 0..3 split as sc_j = 16 sh_j + sl_j (sl in 0..15,
 // sh in -8..7), as fp16 pairs (runs 0, 1 in word 0, runs 2, 3 in word 1; hsel takes one half) that turn the
 // magic-number quant v = 1024 + 16 q6 (qmma_q6_quants) into sl q = v sl 2^-4 - 96 sl and 16 sh q = v sh - 1536 sh
-// (q = q6 - 32; one HFMA2 each: the exact product and sum round to themselves; constants exact, <= 12,288).
+// (q = q6 - 32; one HFMA2 each: the exact product and sum round to themselves; constants exact, <= 12,288). From
+// 3 tiles the kernel takes 16 q = v - 1536 (exact) times sl 2^-4 and sh instead: the same values, one instruction
+// more a pair, the 8 registers of the sums' constants fewer (ptxas -v: none spilled at 3 tiles).
 struct QmmaQ6 {
     uint32_t ml[2], al[2], mh[2], ah[2];
 };
@@ -885,11 +887,10 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                 for (int i = 0; i < 4; ++i) {
                     const __half h0 = __float2half_rn(v[h][i].x * up), h1 = __float2half_rn(v[h][i].y * up),
                                  h2 = __float2half_rn(v[h][i].z * up), h3 = __float2half_rn(v[h][i].w * up);
-                    if constexpr (kQ4)
+                    if constexpr (kQ4) {
                         sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(sum, __half2float(h0)), __half2float(h1)),
                                                   __half2float(h2)),
                                         __half2float(h3));
-                    if constexpr (kQ4) {
                         const __half2 p[2] = {__halves2half2(h0, h2), __halves2half2(h1, h3)};
                         if (ui < units)
                             *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q4_p4(4 * k + i)] = *(const uint2*)p;
