@@ -590,8 +590,8 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 //   dmin sum_j m_j xs_j), xs_j the sub-block sums of the staged activations (fp32 at staging, into the mma as
 //   fp16 hi + lo: one more mma a tile).
 //   q6_K: sc q (int8 scale times q6 - 32) reaches 4,096 with 12 significant bits, one more than fp16 has, so
-//   the scale is split, sc = 16 sh + sl (sl in 0..15, sh in -8..7), and each chunk enters two mmas into the
-//   same accumulators: A = sl q (|.| <= 480) and A = 16 sh q (16 times an integer of |.| <= 256), both exact,
+//   the scale is split, sc = 16 sh + sl (sl in -8..7, sh in -8..8), and each chunk enters two mmas into the
+//   same accumulators: A = sl q (|.| <= 256) and A = 16 sh q (16 times an integer of |.| <= 256), both exact,
 //   made from the quants with the fp16 magic number (qmma_q6_scales); acc += d 2^-e acc_sb.
 //
 // The verify's product must stream the weights at the copy bandwidth, so nothing in the K loop waits for the
@@ -721,8 +721,8 @@ __device__ __forceinline__ QmmaQ4 qmma_q4_scales(const QmmaRaw<DType::Q4_K>& w, 
     r.m = hsub2_u(__byte_perm(mn2, 0x64u, 0x4140u), k1024);               // (m_2q, m_2q+1)
     return r;
 }
-// A q6_K row's step constants: the int8 scales of its runs j = 0..3 split as sc_j = 16 sh_j + sl_j (sl in 0..15,
-// sh in -8..7), as fp16 pairs (runs 0, 1 in word 0, runs 2, 3 in word 1; hsel takes one half) that turn the
+// A q6_K row's step constants: the int8 scales of its runs j = 0..3 split as sc_j = 16 sh_j + sl_j (sl in -8..7,
+// sh in -8..8: |16 sh| + |sl| <= 3 |sc|, so the two parts' sums do not cancel much), as fp16 pairs (runs 0, 1 in word 0, runs 2, 3 in word 1; hsel takes one half) that turn the
 // magic-number quant v = 1024 + 16 q6 (qmma_q6_quants) into sl q = v sl 2^-4 - 96 sl and 16 sh q = v sh - 1536 sh
 // (q = q6 - 32; one HFMA2 each: the exact product and sum round to themselves; constants exact, <= 12,288). From
 // 3 tiles the kernel takes 16 q = v - 1536 (exact) times sl 2^-4 and sh instead: the same values, one instruction
@@ -731,14 +731,16 @@ struct QmmaQ6 {
     uint32_t ml[2], al[2], mh[2], ah[2];
 };
 __device__ __forceinline__ QmmaQ6 qmma_q6_scales(const QmmaRaw<DType::Q6_K>& w) {
-    const uint32_t lo = uint32_t(w.sc) & 0x0F0F0F0Fu;                        // sl_j
-    const uint32_t hi = ((uint32_t(w.sc) >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // sh_j + 8
+    // per byte u = sc mod 256: sl + 8 = (u + 8) mod 16, sh + 8 = (sc + 136) / 16 = (u ^ 0x80) / 16 + bit 3 of u
+    const uint32_t u = uint32_t(w.sc);
+    const uint32_t lo = (u & 0x0F0F0F0Fu) ^ 0x08080808u;
+    const uint32_t hi = (((u ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu) + ((u >> 3) & 0x01010101u);
     QmmaQ6 r;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        // bytes 2h, 2h + 1 in the mantissa of 0x6400 (1024): 1024 + b, 1024 (+ 8) comes off exactly
+        // bytes 2h, 2h + 1 in the mantissa of 0x6400 (1024): 1024 + b, 1032 comes off exactly
         const uint32_t sel = h ? 0x4342u : 0x4140u;
-        const uint32_t sl = hsub2_u(__byte_perm(lo, 0x64u, sel), 0x64006400u);
+        const uint32_t sl = hsub2_u(__byte_perm(lo, 0x64u, sel), 0x64086408u);
         const uint32_t sh = hsub2_u(__byte_perm(hi, 0x64u, sel), 0x64086408u);
         r.ml[h] = hmul2_u(sl, 0x2C002C00u);  // sl 2^-4
         r.al[h] = hmul2_u(sl, 0xD600D600u);  // -96 sl
