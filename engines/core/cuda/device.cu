@@ -43,25 +43,6 @@ GrowBuffer::~GrowBuffer() {
     if (p) (void)gpuFree(p);
 }
 
-unsigned* CounterBuffer::get(size_t n, gpuStream_t s) {
-    if (n <= cap) return p;
-#if defined(LB_CUDA)
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    GPU_CHECK(cudaStreamIsCapturing(s, &st));
-    if (st != cudaStreamCaptureStatusNone) return nullptr;
-#endif
-    GPU_CHECK(gpuStreamSynchronize(s));
-    if (p) GPU_CHECK(gpuFree(p));
-    p = nullptr;
-    GPU_CHECK(gpuMalloc(&p, n * sizeof(unsigned)));
-    GPU_CHECK(gpuMemsetAsync(p, 0, n * sizeof(unsigned), s));
-    cap = n;
-    return p;
-}
-CounterBuffer::~CounterBuffer() {
-    if (p) (void)gpuFree(p);
-}
-
 
 // The attention kernels built for a bf16 K and V cache (the default) carry that path alone; any other cache
 // type takes the kernels that switch on the type at run time.

@@ -37,19 +37,6 @@ struct GrowBuffer {
     ~GrowBuffer();
 };
 
-// Device counters that only grow, zeroed when allocated; each user leaves the counters it took zero again
-// (qmma_kernel: the K splits' arrivals at a row group). Growing synchronises the stream, so it is refused
-// (nullptr) during graph capture, as GrowBuffer's.
-struct CounterBuffer {
-    unsigned* p = nullptr;
-    size_t cap = 0;  // counters
-    unsigned* get(size_t n, gpuStream_t s);
-    CounterBuffer() = default;
-    CounterBuffer(const CounterBuffer&) = delete;
-    CounterBuffer& operator=(const CounterBuffer&) = delete;
-    ~CounterBuffer();
-};
-
 struct DeviceContext {
     explicit DeviceContext(int device);  // reads the device's multiprocessors and shared memory limit
     DeviceContext(const DeviceContext&) = delete;
@@ -59,8 +46,6 @@ struct DeviceContext {
     int smem_optin = 48 * 1024;  // the most dynamic shared memory a block may opt into
     DecodeCfg dec;               // decode_setup
     GrowBuffer splitk;           // matmul: split-K partials
-    CounterBuffer qmma_arrivals; // qmma_kernel: the K splits done with each row group
-    int qmma_splits = 1;         // qmma_kernel: the K splits of the last launch (the op check sums its partials)
     GrowBuffer gemm_x, gemm_w;   // gemm_tc: activations as bf16 (n x in), a bf16 panel of W (~128 MB)
     GrowBuffer delta_prep;       // delta_rule: chunk data (delta_chunk_prep_kernel)
 };

@@ -10,7 +10,7 @@
 //    an MLP's SwiGLU after it (matmul_quant_rmsnorm: the decode step's folds).
 //  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
 //    cores, weights dequantised in registers and each block read once for all rows; a block's K slice of the
-//    activations staged once as fp16, no barrier in the K loop (split-K partials summed in split order).
+//    activations staged once as bf16, no barrier in the K loop (split-K partials summed in split order).
 //  * qgemv_kernel<T, N> (the other types, and q4_K / q6_K matrices qmv_kernel does not take: a q4_K matrix
 //    not 16-byte aligned; the fp16 build and HIP above kQmvMaxRows; n <= kQuantGemvMax, or over groups of
 //    that many where no tensor-core kernel is built): 8 elements at a time (dq8), one warp per two output
@@ -579,20 +579,16 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // 64-element run that lane owns in every super-block, exactly the bytes it loads:
 //   q4_K: lane q owns elements [64q, 64q + 64): its 32 quant bytes (two 16-byte loads), sub-block 2q in the low
 //   nibbles, 2q + 1 in the high ones;
-//   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4): run j is one
-//   sub-block, so the 4 lanes' elements of an mma come from 4 sub-blocks (4 scales).
-// One numerical contract, exact weights (fp32 sums): the B operand is the activations of each (token,
-// super-block) scaled by 2^e (max |x| 2^e in [2^9, 2^10): no overflow, ~11 bits each) rounded to fp16; the A
-// operand is the exact integers sc q; a super-block's products go to fresh accumulators, folded into the group's
-// sums with d 2^-e. The weights enter exact (ggml's fp32 d sc q - dmin m is rounded, this is not), the
-// activations with fp16's 2^-11.
-//   q4_K: A = sc q (6-bit scale times 4-bit quant, <= 945: exact in fp16); the fold is acc += 2^-e (d acc_sb -
-//   dmin sum_j m_j xs_j), xs_j the sub-block sums of the staged activations (fp32 at staging, into the mma as
-//   fp16 hi + lo: one more mma a tile).
-//   q6_K: sc q (int8 scale times q6 - 32) reaches 4,096 with 12 significant bits, one more than fp16 has, so
-//   the scale is split, sc = 16 sh + sl (sl in -8..7, sh in -8..8), and each chunk enters two mmas into the
-//   same accumulators: A = sl q (|.| <= 256) and A = 16 sh q (16 times an integer of |.| <= 256), both exact,
-//   made from the quants with the fp16 magic number (qmma_q6_scales); acc += d 2^-e acc_sb.
+//   q6_K: lane q owns elements 128h + l + 32j (h = q / 2, l in [16 (q % 2), + 16), j < 4).
+// Two numerical contracts (fp32 sums in both):
+//   q4_K, exact quants in fp16: the A operand is sc q (6-bit scale times 4-bit quant, <= 945: exact in fp16),
+//   the B operand the activations of each (token, super-block) scaled by 2^e (max |x| 2^e in [2^9, 2^10): no
+//   overflow, ~11 bits each) rounded to fp16; a super-block's products go to fresh accumulators, folded into
+//   the group's sums as acc += 2^-e (d acc_sb - dmin sum_j m_j xs_j), xs_j the sub-block sums of the staged
+//   activations (fp32 at staging, into the mma as fp16 hi + lo: one more mma a tile). The weights enter exact
+//   (ggml's fp32 d sc q - dmin m is rounded, this is not), the activations with fp16's 2^-11.
+//   q6_K (int8 scales: sc q up to 4,096, not exact in fp16): weights dequantised in fp32 as ggml does, then
+//   rounded to bf16 (as qgemm_kernel and gemm_tc), activations rounded to bf16.
 //
 // The verify's product must stream the weights at the copy bandwidth, so nothing in the K loop waits for the
 // block: a block (grid (row blocks, K splits)) stages its split's activations, all NT tiles of tokens over the
@@ -604,11 +600,9 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // staged activations are permuted within each super-block so that the two chunks a lane takes together are
 // one 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks.
 // A split's slice of activations for all tiles must fit the shared memory, so the host splits
-// K: each split writes its partials of a row group, then counts itself in at the group's arrival counter; the
-// warp that arrives last sums the group's partials in split order into y (a fixed order: identical run to run,
-// whichever split arrives last) and zeroes the counter for the next launch. Where the partials' scratch or the
-// counters cannot grow (graph capture) one split restages its slice chunk by chunk for each round of row groups
-// (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
+// K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
+// partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
+// row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
 // warp or block takes it, except a last round's groups split over several warps (below, at up to 3 tiles): the
 // split count and, for those groups, the grid are part of the numerics (both fixed for a device and a shape:
 // identical run to run).
@@ -617,22 +611,25 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 constexpr int kQmmaWarps = 16;
 constexpr int kQmmaAhead = 3;  // steps asked of L2 ahead of the one in registers (~7-10 KB a warp)
 constexpr int kQmmaSmemBudget = 224 * 1024;  // shared memory of a block at most (sm_90: 227 KB)
-// Staged activations: token rows of `chunk` super-blocks of 256 fp16 values plus 32 (16 words: a row stride of
-// 16 banks mod 32, so tokens g and g + 1 of a quarter-warp's reads take the two halves of the banks), then for
-// each (super-block, token): q4_K its 8 sub-block sums as fp16 hi, lo (32 bytes: lane q reads hi_2q, hi_2q+1,
-// lo_2q, lo_2q+1 at byte 8q); both types 2^-e (4 bytes).
+// Staged activations: token rows of `chunk` super-blocks of 256 16-bit values plus 32 (16 words: a row stride of
+// 16 banks mod 32, so tokens g and g + 1 of a quarter-warp's reads take the two halves of the banks). q4_K adds
+// for each (super-block, token) its 8 sub-block sums as fp16 hi, lo (32 bytes: lane q reads hi_2q, hi_2q+1,
+// lo_2q, lo_2q+1 at byte 8q) and 2^-e (4 bytes), after the activations.
 __host__ __device__ constexpr int qmma_row_elems(int chunk) { return chunk * 256 + 32; }
-constexpr int qmma_side_bytes(DType t) { return t == DType::Q4_K ? 36 : 4; }
+constexpr int kQmmaSideBytes = 36;
 template <DType T>
 inline size_t qmma_smem_bytes(int nt, int chunk) {
-    return size_t(8 * nt) * (size_t(qmma_row_elems(chunk)) * 2 + size_t(chunk) * qmma_side_bytes(T));
+    const size_t side = T == DType::Q4_K ? size_t(chunk) * kQmmaSideBytes : 0;
+    return size_t(8 * nt) * (size_t(qmma_row_elems(chunk)) * 2 + side);
 }
 
 // q6_K's staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at
-// 4-unit 8 (c / 2) + 2 q, + 1, one 16-byte read, each unit in element order. Chunk c = 4j + m of lane q = 2h + l
-// holds elements 128h + 32j + 16l + 4m + e, so element unit k4 (elements 4 k4 .. + 3) is staged at:
-__host__ __device__ constexpr int qmma_q6_p4(int k4) {
-    return 8 * (2 * ((k4 >> 3) & 3) + ((k4 & 3) >> 1)) + 2 * (2 * (k4 >> 5) + ((k4 >> 2) & 1)) + (k4 & 1);
+// 4-unit 8 (c / 2) + 2 q, + 1, one 16-byte read. qmma_k4 gives the x elements 4 k4 .. 4 k4 + 3 staged at unit p4:
+// the chunk c = 2 (p4 / 8) + p4 % 2 of lane q = (p4 / 2) % 4, which holds elements 128h + 16l + 32j + 4m + e with
+// q = 2h + l, c = 4j + m (qmma_chunk's order).
+__device__ __forceinline__ int qmma_k4(int p4) {
+    const int c = 2 * (p4 >> 3) + (p4 & 1), q = (p4 >> 1) & 3;
+    return 32 * (q >> 1) + 8 * (c >> 2) + 4 * (q & 1) + (c & 3);
 }
 // q4_K's: word w (w < 8) of lane q's 32 quant bytes holds elements 64q + 4w + i (low nibbles, chunk w) and
 // 64q + 32 + 4w + i (high, chunk w + 8); both chunks are one 16-byte read at 4-unit 8w + 2q, + 1, each unit
@@ -685,6 +682,31 @@ struct QmmaRaw<DType::Q6_K> {
     }
 };
 
+// q6_K: the 4 weights of chunk c (elements P(4c) .. P(4c + 3) of the lane's run) as two bf16 pairs, dequantised
+// in fp32 as ggml does (sc: d times the run's int8 scale, qmma_scales6).
+__device__ __forceinline__ void qmma_chunk6(const QmmaRaw<DType::Q6_K>& w, int c, const float sc[4], uint32_t* p01,
+                                            uint32_t* p23) {
+    float v[4];
+    const int j = c >> 2, m = c & 3;
+    uint32_t word;
+    if (j == 0) word = (w.A[m] & 0x0F0F0F0Fu) | ((w.H[m] << 4) & 0x30303030u);
+    else if (j == 1) word = (w.C[m] & 0x0F0F0F0Fu) | ((w.H[m] << 2) & 0x30303030u);
+    else if (j == 2) word = ((w.A[m] >> 4) & 0x0F0F0F0Fu) | (w.H[m] & 0x30303030u);
+    else word = ((w.C[m] >> 4) & 0x0F0F0F0Fu) | ((w.H[m] >> 2) & 0x30303030u);
+    unpack4(word, 32.f, v);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = sc[j] * v[e];
+    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+    *p01 = *(uint32_t*)&a;
+    *p23 = *(uint32_t*)&b;
+}
+
+__device__ __forceinline__ void qmma_scales6(const QmmaRaw<DType::Q6_K>& w, float sc[4]) {
+    const float d = h2f(w.d);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sc[j] = d * float(int8_t(uint32_t(w.sc) >> (8 * j)));
+}
+
 // fp16 pairs in 32-bit registers (PTX f16x2: the low half first)
 __device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
     uint32_t d;
@@ -723,47 +745,6 @@ __device__ __forceinline__ QmmaQ4 qmma_q4_scales(const QmmaRaw<DType::Q4_K>& w, 
     r.m = hsub2_u(__byte_perm(mn2, 0x64u, 0x4140u), k1024);               // (m_2q, m_2q+1)
     return r;
 }
-// A q6_K row's step constants: the int8 scales of its runs j = 0..3 split as sc_j = 16 sh_j + sl_j (sl in -8..7,
-// sh in -8..8: |16 sh| + |sl| <= 3 |sc|, so the two parts' sums do not cancel much), as fp16 pairs (runs 0, 1 in word 0, runs 2, 3 in word 1; hsel takes one half) that turn the
-// magic-number quant v = 1024 + 16 q6 (qmma_q6_quants) into sl q = v sl 2^-4 - 96 sl and 16 sh q = v sh - 1536 sh
-// (q = q6 - 32; one HFMA2 each: the exact product and sum round to themselves; constants exact, <= 12,288). From
-// 3 tiles the kernel takes 16 q = v - 1536 (exact) times sl 2^-4 and sh instead: the same values, one instruction
-// more a pair, the 8 registers of the sums' constants fewer (ptxas -v: none spilled at 3 tiles).
-struct QmmaQ6 {
-    uint32_t ml[2], al[2], mh[2], ah[2];
-};
-__device__ __forceinline__ QmmaQ6 qmma_q6_scales(const QmmaRaw<DType::Q6_K>& w) {
-    // per byte u = sc mod 256: sl + 8 = (u + 8) mod 16, sh + 8 = (sc + 136) / 16 = (u ^ 0x80) / 16 + bit 3 of u
-    const uint32_t u = uint32_t(w.sc);
-    const uint32_t lo = (u & 0x0F0F0F0Fu) ^ 0x08080808u;
-    const uint32_t hi = (((u ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu) + ((u >> 3) & 0x01010101u);
-    QmmaQ6 r;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        // bytes 2h, 2h + 1 in the mantissa of 0x6400 (1024): 1024 + b, 1032 comes off exactly
-        const uint32_t sel = h ? 0x4342u : 0x4140u;
-        const uint32_t sl = hsub2_u(__byte_perm(lo, 0x64u, sel), 0x64086408u);
-        const uint32_t sh = hsub2_u(__byte_perm(hi, 0x64u, sel), 0x64086408u);
-        r.ml[h] = hmul2_u(sl, 0x2C002C00u);  // sl 2^-4
-        r.al[h] = hmul2_u(sl, 0xD600D600u);  // -96 sl
-        r.mh[h] = sh;
-        r.ah[h] = hmul2_u(sh, 0xE600E600u);  // -1536 sh
-    }
-    return r;
-}
-// Chunk c = 4j + m of a q6_K row (quant bytes 4m .. 4m + 3 of run j) as the fp16 pairs 1024 + 16 q6 of its
-// elements (0, 1) and (2, 3): a half's high byte 0x64 | the 2 high bits (mantissa bits 8, 9), its low byte the
-// nibble times 16, put together by one byte permute a pair. `magic6` holds 0x64646464 in a register.
-__device__ __forceinline__ void qmma_q6_quants(const QmmaRaw<DType::Q6_K>& w, int c, uint32_t magic6, uint32_t& v01,
-                                               uint32_t& v23) {
-    const int j = c >> 2, m = c & 3;
-    const uint32_t src = (j & 1) ? w.C[m] : w.A[m];  // runs 0, 2: ql[l]; runs 1, 3: ql[l + 32]
-    const uint32_t nib = j < 2 ? (src << 4) & 0xF0F0F0F0u : src & 0xF0F0F0F0u;
-    uint32_t hb;  // (H >> 2j) & 0x03030303 | magic6: one LOP3 (with the magic number as an immediate, two)
-    asm("lop3.b32 %0, %1, 0x03030303, %2, 0xEA;" : "=r"(hb) : "r"(w.H[m] >> (2 * j)), "r"(magic6));
-    v01 = __byte_perm(nib, hb, 0x5140u);
-    v23 = __byte_perm(nib, hb, 0x7362u);
-}
 __device__ __forceinline__ float qmma_d(uint32_t dm) { return h2f(uint16_t(dm & 0xFFFF)); }
 __device__ __forceinline__ float qmma_dmin(uint32_t dm) { return h2f(uint16_t(dm >> 16)); }
 // half H of an fp16 pair in both halves
@@ -772,8 +753,6 @@ __device__ __forceinline__ uint32_t hbcast(uint32_t v) {
     const __half2 h = *(const __half2*)&v, r = H ? __high2half2(h) : __low2half2(h);
     return *(const uint32_t*)&r;
 }
-// half h (0 or 1, known once unrolled) of an fp16 pair in both halves
-__device__ __forceinline__ uint32_t hsel(uint32_t v, int h) { return h ? hbcast<1>(v) : hbcast<0>(v); }
 // Quant word w's nibble pairs as A operands, sc q exact: bits 0 and 16 (mask 0x000F000F, scale lo) or 4 and 20
 // (0x00F000F0, hi: 1024 + 16 q) OR 0x64006400 are the fp16 pair 1024 + 2^p q; one fma with sc 2^-p and
 // -1024 sc 2^-p gives sc q (the exact product and sum, < 2^16, are rounded once, to themselves).
@@ -785,14 +764,20 @@ __device__ __forceinline__ uint32_t qmma_q4_pair(uint32_t w, uint32_t magic, uin
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "n"(kMask), "r"(magic));  // (w & mask) | magic
     return hfma2_u(v, mul, add);
 }
-// V (q4_K: 0x64006400; q6_K: 0x64646464) in a register, opaque to the compiler's constant folding
-template <uint32_t V>
+// 0x64006400, opaque to the compiler's constant folding
 __device__ __forceinline__ uint32_t qmma_magic() {
     uint32_t m;
-    asm volatile("mov.b32 %0, %1;" : "=r"(m) : "n"(V));
+    asm volatile("mov.b32 %0, 0x64006400;" : "=r"(m));
     return m;
 }
 
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ void mma_f16_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -811,26 +796,24 @@ __device__ __forceinline__ void mma_f16_16816_z(float c[4], const uint32_t a[4],
 
 // Grid (row blocks, K splits of `per` super-blocks); kQmmaWarps warps; `iters` row groups a warp (the same for every
 // warp: the barriers of a chunked split are uniform). n <= 8 NT tokens (the rest of the last tile is zeros);
-// qmma_smem_bytes<T>(NT, chunk) of dynamic shared memory. part: the split partials [split][row group][token][16
-// rows] (rows past `out` too: a group's are whole float4s), or null (one split: y written directly); arrivals:
-// a counter a row group, zero at the launch and left zero (with part).
+// qmma_smem_bytes<T>(NT, chunk) of dynamic shared memory. part: the split partials [split][n][out], or null (one
+// split: y written directly).
 template <DType T, int NT>
 __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* __restrict__ x, int n, int in,
                                                                 const uint8_t* __restrict__ W, int out,
                                                                 float* __restrict__ y, int ldy, bool accumulate,
                                                                 int per, int chunk, int iters,
-                                                                float* __restrict__ part,
-                                                                unsigned* __restrict__ arrivals) {
+                                                                float* __restrict__ part) {
     constexpr bool kQ4 = T == DType::Q4_K;
     constexpr int BB = kQ4 ? 144 : 210, NTOK = 8 * NT;
     // the last round's split over warps (below) at up to 3 tiles: above, its registers would spill (ptxas -v)
     constexpr bool kTail = NT <= 3;
     extern __shared__ __align__(16) unsigned char qmma_smem[];
-    uint16_t* xs = (uint16_t*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)] fp16
+    uint16_t* xs = (uint16_t*)qmma_smem;  // [NTOK][qmma_row_elems(chunk)] fp16 (q4_K) or bf16 (q6_K)
     const int rs = qmma_row_elems(chunk);
-    // after xs: q4_K's sub-block sums [chunk][NTOK][4 lanes] (uint2: 4 fp16), then 2^-e [chunk][NTOK]
+    // q4_K: the sub-block sums [chunk][NTOK][4 lanes] (uint2: 4 fp16) and 2^-e [chunk][NTOK] after xs
     uint2* xsum = (uint2*)(qmma_smem + size_t(NTOK) * rs * 2);
-    float* xinv = (float*)(xsum + (kQ4 ? size_t(chunk) * NTOK * 4 : 0));
+    float* xinv = (float*)(xsum + size_t(chunk) * NTOK * 4);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane >> 2, q = lane & 3;
     const int nblk = in / 256, sb_lo = blockIdx.y * per, nsb = min(nblk, sb_lo + per) - sb_lo;
     const size_t rb = size_t(nblk) * BB;
@@ -854,13 +837,48 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         const uintptr_t a = p & ~uintptr_t(15);
         prefetch_l2((const void*)a, size_t(((p + BB + 15) & ~uintptr_t(15)) - a));
     };
-    // Super-blocks [sb_lo + j0, + cnt) of the n tokens (tokens >= n: zeros) -> xs as fp16 (q4_K in
-    // qmma_q4_p4's order, q6_K in qmma_q6_p4's) and xinv, q4_K's xsum. 16 consecutive threads take one (token,
-    // super-block), 16 elements each (4 float4s), its max |x| in 4 shuffles, e from its exponent, each value
-    // times 2^e rounded to fp16 (exact scaling: a power of two); q4_K sums them in fp32 by sub-block (a
-    // thread's 16 in order, then the pair of threads of its sub-block). U (a std::integral_constant): (token,
-    // super-block)s a half-warp loads before any is stored.
-    auto stage16 = [&](int j0, int cnt, auto u) {
+    // q6_K: super-blocks [sb_lo + j0, + cnt) of the n tokens -> xs as bf16 in qmma_k4's order (tokens >= n: zeros);
+    // consecutive threads write consecutive 8 bytes (no bank conflicts) and read 16 bytes each of one 1 KB row;
+    // U (a std::integral_constant) float4s a thread loaded before any is stored, U round trips of L2 in flight;
+    // U = 0: a loop unrolled by 4 (fewer registers: the chunked split restages inside the K loop)
+    auto stage6 = [&](int j0, int cnt, auto u) {
+        constexpr int U = decltype(u)::value, kT = kQmmaWarps * 32;
+        const int per_tok = cnt * 64, total = NTOK * per_tok;  // float4s a token, in all
+        if constexpr (U == 0) {
+#pragma unroll 4
+            for (int i = threadIdx.x; i < total; i += kT) {
+                const int t = i / per_tok, r = i - t * per_tok, sbl = r >> 6, p4 = r & 63;
+                const float4 v = t < n ? *(const float4*)(x + size_t(t) * in + size_t(sb_lo + j0 + sbl) * 256 +
+                                                          4 * qmma_k4(p4))
+                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+                __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+                *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * p4] = *(const uint2*)p;
+            }
+        } else {
+            for (int i0 = threadIdx.x; i0 < total; i0 += U * kT) {
+                float4 v[U];
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
+                    const size_t at = size_t(t) * in + size_t(sb_lo + j0 + (r >> 6)) * 256 + 4 * qmma_k4(r & 63);
+                    v[k] = i < total && t < n ? *(const float4*)(x + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int k = 0; k < U; ++k) {
+                    const int i = i0 + k * kT, t = i / per_tok, r = i - t * per_tok;
+                    __nv_bfloat162 p[2] = {__floats2bfloat162_rn(v[k].x, v[k].y),
+                                           __floats2bfloat162_rn(v[k].z, v[k].w)};
+                    if (i < total) *(uint2*)&xs[size_t(t) * rs + 256 * (r >> 6) + 4 * (r & 63)] = *(const uint2*)p;
+                }
+            }
+        }
+    };
+    // q4_K: the same super-blocks -> xs as fp16 in qmma_q4_p4's order, with xsum and xinv. 16 consecutive
+    // threads take one (token, super-block), 16 elements each (4 float4s), its max |x| in 4 shuffles, e from
+    // its exponent, each value times 2^e rounded to fp16 (exact scaling: a power of two) and summed in fp32
+    // by sub-block (a thread's 16 in order, then the pair of threads of its sub-block). U (a
+    // std::integral_constant): (token, super-block)s a half-warp loads before any is stored.
+    auto stage4 = [&](int j0, int cnt, auto u) {
         constexpr int U = decltype(u)::value, kHalves = 2 * kQmmaWarps;
         const int units = NTOK * cnt, k = lane & 15;
         // warp-uniform trip count: the shuffles need both half-warps
@@ -893,21 +911,15 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                 for (int i = 0; i < 4; ++i) {
                     const __half h0 = __float2half_rn(v[h][i].x * up), h1 = __float2half_rn(v[h][i].y * up),
                                  h2 = __float2half_rn(v[h][i].z * up), h3 = __float2half_rn(v[h][i].w * up);
-                    if constexpr (kQ4) {
-                        sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(sum, __half2float(h0)), __half2float(h1)),
-                                                  __half2float(h2)),
-                                        __half2float(h3));
-                        const __half2 p[2] = {__halves2half2(h0, h2), __halves2half2(h1, h3)};
-                        if (ui < units)
-                            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q4_p4(4 * k + i)] = *(const uint2*)p;
-                    } else {
-                        const __half2 p[2] = {__halves2half2(h0, h1), __halves2half2(h2, h3)};
-                        if (ui < units)
-                            *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q6_p4(4 * k + i)] = *(const uint2*)p;
-                    }
+                    sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(sum, __half2float(h0)), __half2float(h1)),
+                                              __half2float(h2)),
+                                    __half2float(h3));
+                    const __half2 p[2] = {__halves2half2(h0, h2), __halves2half2(h1, h3)};
+                    if (ui < units)
+                        *(uint2*)&xs[size_t(t) * rs + 256 * sbl + 4 * qmma_q4_p4(4 * k + i)] = *(const uint2*)p;
                 }
-                if constexpr (kQ4) sum = __fadd_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, 1));  // a + b = b + a
-                if (kQ4 && ui < units && (k & 1) == 0) {
+                sum = __fadd_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, 1));  // the same sum in both (a + b = b + a)
+                if (ui < units && (k & 1) == 0) {
                     // sub-block sb = k / 2 of lane sb / 2: hi at half 4 (sb / 2) + sb % 2, lo 2 halves after it
                     const int sb = k >> 1;
                     const __half hi = __float2half_rn(sum), lo = __float2half_rn(__fsub_rn(sum, __half2float(hi)));
@@ -920,12 +932,13 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
         }
     };
     auto stage = [&](int j0, int cnt, auto u) {
-        // 2 (token, super-block)s in flight up to 3 tiles (8 float4s a thread), 1 above (q4_K at 4 tiles: 2
-        // would spill registers, ptxas -v)
-        stage16(j0, cnt, std::integral_constant<int, (decltype(u)::value == 0 || NT > 3) ? 1 : 2>());
+        // q4_K: 2 (token, super-block)s in flight up to 3 tiles (8 float4s a thread, as U = 8 below), 1 above
+        // (at 4 tiles 2 spill registers: ptxas -v)
+        if constexpr (kQ4) stage4(j0, cnt, std::integral_constant<int, (decltype(u)::value == 0 || NT > 3) ? 1 : 2>());
+        else stage6(j0, cnt, u);
     };
 
-    const uint32_t magic = qmma_magic<kQ4 ? 0x64006400u : 0x64646464u>();  // qmma_q4_pair, qmma_q6_quants
+    const uint32_t magic = qmma_magic();  // q4_K: qmma_q4_pair
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -985,84 +998,26 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
     if (it < iters)
         for (int s = 1; s <= kQmmaAhead; ++s) prefetch_ahead(it, grp, j, j1, s);
     // launched with programmatic dependent launch (launch_k): the weights above are requested while the kernel
-    // before still runs; x, y, the partials and the arrival counters are touched only after the wait (a
-    // qmma_kernel before has then finished and left its counters zero)
+    // before still runs; x, y and the partials are touched only after the wait
     griddep_launch();
     griddep_wait();
     if (!chunked) {  // the split's slice at once (23 rows, 10 super-blocks: 30 float4s a thread, 4 round trips)
         stage(0, nsb, std::integral_constant<int, NT <= 4 ? 8 : 0>());
         __syncthreads();
     }
-    const size_t split_floats = size_t(groups) * 16 * n;  // a split's partials
-    float* pz = part ? part + size_t(blockIdx.y) * split_floats : nullptr;
+    float* pz = part ? part + size_t(blockIdx.y) * n * out : nullptr;
     // the group's sums over this split (C fragment: acc[t][0, 1]: row g, tokens 8t + 2q, + 1; acc[t][2, 3]:
     // row g + 8) to y or the split's partials
     auto put = [&](int grp, int t, int e, float v) {
-        const int tok = 8 * t + 2 * q + (e & 1), r = g + (e < 2 ? 0 : 8), row = 16 * grp + r;
-        if (grp >= groups || tok >= n) return;
-        if (pz) {
-            pz[(size_t(grp) * n + tok) * 16 + r] = v;
-        } else if (row < out) {
-            float* dst = y + size_t(tok) * ldy + row;
-            *dst = accumulate ? *dst + v : v;
-        }
-    };
-    // After the warp put a group's partials of this split (the whole warp): its arrival; the split that
-    // arrives last sums the group's partials of every split in split order, y (+)= p_0 + p_1 + ..., bitwise
-    // the order of a separate sum after the launch, and zeroes the counter. Release: the lanes' partials, the
-    // warp barrier, lane 0's fence (cumulative: it orders what the barrier ordered before it), the count;
-    // acquire: the count, the fence, the barrier, then the reads (through L2: .cg).
-    auto arrive = [&](int grp) {
-        if (!part || grp >= groups) return;
-        __syncwarp();
-        unsigned before = 0;
-        if (lane == 0) {
-            __threadfence();
-            before = atomicAdd(&arrivals[grp], 1u);
-            __threadfence();
-        }
-        __syncwarp();
-        if (__shfl_sync(0xFFFFFFFFu, before, 0) != gridDim.y - 1) return;
-        // the group's 16 rows x n tokens as float4s (4 rows of a token), lane + 32 k: up to NT a lane
-        const float4* pg = (const float4*)(part + size_t(grp) * 16 * n);
-        const size_t zs = split_floats / 4;
-        float4 a[NT];
-#pragma unroll
-        for (int k = 0; k < NT; ++k) {
-            const int i = lane + 32 * k, tok = i >> 2, row = 16 * grp + 4 * (i & 3);
-            const float* src = y + size_t(tok) * ldy + row;
-            a[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (accumulate && i < 4 * n) {
-                if (row < out) a[k].x = src[0];
-                if (row + 1 < out) a[k].y = src[1];
-                if (row + 2 < out) a[k].z = src[2];
-                if (row + 3 < out) a[k].w = src[3];
+        const int tok = 8 * t + 2 * q + (e & 1), row = 16 * grp + g + (e < 2 ? 0 : 8);
+        if (grp < groups && tok < n && row < out) {
+            if (pz) {
+                pz[size_t(tok) * out + row] = v;
+            } else {
+                float* dst = y + size_t(tok) * ldy + row;
+                *dst = accumulate ? *dst + v : v;
             }
         }
-        // split by split (loading more splits ahead, ~12 float4s a lane, spilled 70-480 bytes at every tile
-        // count: ptxas -v)
-        for (unsigned z = 0; z < gridDim.y; ++z)
-#pragma unroll
-            for (int k = 0; k < NT; ++k) {
-                const int i = lane + 32 * k;
-                if (i < 4 * n) {
-                    const float4 v = __ldcg(pg + z * zs + i);
-                    a[k] = make_float4(__fadd_rn(a[k].x, v.x), __fadd_rn(a[k].y, v.y), __fadd_rn(a[k].z, v.z),
-                                       __fadd_rn(a[k].w, v.w));
-                }
-            }
-#pragma unroll
-        for (int k = 0; k < NT; ++k) {
-            const int i = lane + 32 * k, tok = i >> 2, row = 16 * grp + 4 * (i & 3);
-            float* dst = y + size_t(tok) * ldy + row;
-            if (i < 4 * n) {
-                if (row < out) dst[0] = a[k].x;
-                if (row + 1 < out) dst[1] = a[k].y;
-                if (row + 2 < out) dst[2] = a[k].z;
-                if (row + 3 < out) dst[3] = a[k].w;
-            }
-        }
-        if (lane == 0) arrivals[grp] = 0u;
     };
     while (it < iters) {
         if (chunked && j % chunk == 0) {  // every warp is on the same super-block here (no tail split)
@@ -1134,69 +1089,25 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                     acc[t][3] = __fmaf_rn(qmma_d(sb.dm) * iv.y, sx[t][3], acc[t][3]);
                 }
             } else {
-                // sum sc q x over the super-block into fresh accumulators: chunk c's A fragments (rows g, g + 8:
-                // elements 0, 1 at k 2q, 2q + 1, elements 2, 3 at 2q + 8, 2q + 9) as sl q and 16 sh q, two
-                // mmas on the same activations (chunks c, c + 1: one 16-byte read a tile)
-                const QmmaQ6 sa = qmma_q6_scales(ca), sb = qmma_q6_scales(cb);
-                const float2* inv = (const float2*)&xinv[jj * NTOK + 2 * q];  // 2^-e of tokens 8t + 2q, + 1: inv[4t]
-                float sx[NT][4];
+                float sa[4], sbv[4];
+                qmma_scales6(ca, sa);
+                qmma_scales6(cb, sbv);
                 const uint16_t* xj = xs + 256 * jj + 8 * q;
 #pragma unroll
-                for (int s = 0; s < 8; ++s) {
-                    // chunks c, c + 1 = 4j + m, + 1: quant words m, m + 1 (m = 0, then 2: the first two words of
-                    // each row dead after 4 rounds), run j: scale word j / 2, half j % 2
-                    const int j = s & 3, c = 4 * j + 2 * (s >> 2), r = j >> 1, h = j & 1;
-                    const uint32_t mla = hsel(sa.ml[r], h), ala = hsel(sa.al[r], h), mha = hsel(sa.mh[r], h),
-                                   aha = hsel(sa.ah[r], h), mlb = hsel(sb.ml[r], h), alb = hsel(sb.al[r], h),
-                                   mhb = hsel(sb.mh[r], h), ahb = hsel(sb.ah[r], h);
-                    uint32_t lo[2][4], hi[2][4];
+                for (int c = 0; c < 16; c += 2) {
+                    // A fragments of chunks c, c + 1: {row g: k 2q, 2q+1}, {row g + 8}, {row g: k 2q+8, 2q+9},
+                    // {row g + 8}
+                    uint32_t a0[4], a1[4];
+                    qmma_chunk6(ca, c, sa, &a0[0], &a0[2]);
+                    qmma_chunk6(cb, c, sbv, &a0[1], &a0[3]);
+                    qmma_chunk6(ca, c + 1, sa, &a1[0], &a1[2]);
+                    qmma_chunk6(cb, c + 1, sbv, &a1[1], &a1[3]);
 #pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        uint32_t a01, a23, b01, b23;
-                        qmma_q6_quants(ca, c + i, magic, a01, a23);
-                        qmma_q6_quants(cb, c + i, magic, b01, b23);
-                        if constexpr (NT <= 2) {
-                            lo[i][0] = hfma2_u(a01, mla, ala);
-                            lo[i][1] = hfma2_u(b01, mlb, alb);
-                            lo[i][2] = hfma2_u(a23, mla, ala);
-                            lo[i][3] = hfma2_u(b23, mlb, alb);
-                            hi[i][0] = hfma2_u(a01, mha, aha);
-                            hi[i][1] = hfma2_u(b01, mhb, ahb);
-                            hi[i][2] = hfma2_u(a23, mha, aha);
-                            hi[i][3] = hfma2_u(b23, mhb, ahb);
-                        } else {  // the same values: 16 q = v - 1536 exactly, times sl 2^-4 and sh (8 registers fewer)
-                            a01 = hsub2_u(a01, 0x66006600u);
-                            a23 = hsub2_u(a23, 0x66006600u);
-                            b01 = hsub2_u(b01, 0x66006600u);
-                            b23 = hsub2_u(b23, 0x66006600u);
-                            lo[i][0] = hmul2_u(a01, mla);
-                            lo[i][1] = hmul2_u(b01, mlb);
-                            lo[i][2] = hmul2_u(a23, mla);
-                            lo[i][3] = hmul2_u(b23, mlb);
-                            hi[i][0] = hmul2_u(a01, mha);
-                            hi[i][1] = hmul2_u(b01, mhb);
-                            hi[i][2] = hmul2_u(a23, mha);
-                            hi[i][3] = hmul2_u(b23, mhb);
-                        }
-                    }
-#pragma unroll
-                    for (int t = 0; t < NT; ++t) {
+                    for (int t = 0; t < NT; ++t) {  // both chunks' activations in one 16-byte read a tile
                         const uint4 bx = *(const uint4*)&xj[size_t(8 * t + g) * rs + 16 * c];
-                        if (s == 0) mma_f16_16816_z(sx[t], lo[0], bx.x, bx.y);
-                        else mma_f16_16816(sx[t], lo[0], bx.x, bx.y);
-                        mma_f16_16816(sx[t], hi[0], bx.x, bx.y);
-                        mma_f16_16816(sx[t], lo[1], bx.z, bx.w);
-                        mma_f16_16816(sx[t], hi[1], bx.z, bx.w);
+                        mma_bf16_16816(acc[t], a0, bx.x, bx.y);
+                        mma_bf16_16816(acc[t], a1, bx.z, bx.w);
                     }
-                }
-                const float da = h2f(ca.d), db = h2f(cb.d);
-#pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    const float2 iv = inv[4 * t];
-                    acc[t][0] = __fmaf_rn(da * iv.x, sx[t][0], acc[t][0]);
-                    acc[t][1] = __fmaf_rn(da * iv.y, sx[t][1], acc[t][1]);
-                    acc[t][2] = __fmaf_rn(db * iv.x, sx[t][2], acc[t][2]);
-                    acc[t][3] = __fmaf_rn(db * iv.y, sx[t][3], acc[t][3]);
                 }
             }
         }
@@ -1210,7 +1121,6 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                     put(grp, t, e, acc[t][e]);
                     acc[t][e] = 0.f;
                 }
-            arrive(grp);
         }
         it = nit;
         grp = ngrp;
@@ -1238,7 +1148,6 @@ __global__ __launch_bounds__(kQmmaWarps * 32, 1) void qmma_kernel(const float* _
                     for (int p = 1; p < ts; ++p) v = __fadd_rn(v, red[(((warp + p) * NT + t) * 4 + e) * 32 + lane]);
                     put(grp, t, e, v);
                 }
-            arrive(grp);
         }
     }
 }
@@ -1320,8 +1229,9 @@ __global__ __launch_bounds__(128) void qgemm_kernel(const float* __restrict__ x,
     }
 }
 
-// y[t][c] (+)= sum over z of part[z][t][c], in split order: qgemm_kernel's split partials. (The wait is for a
-// launch with programmatic dependent launch; this one's is ordinary.)
+// y[t][c] (+)= sum over z of part[z][t][c], in split order. After qmma_kernel launched with programmatic
+// dependent launch (launch_k), so that its launch overlaps the GEMM's last round; the partials and y are read
+// only after the wait.
 __global__ void qsplit_sum_kernel(const float* __restrict__ part, int splits, int n, int out, float* __restrict__ y,
                                   int ldy, bool accumulate) {
     griddep_launch();
@@ -1412,11 +1322,10 @@ struct QmmaPlan {
 // The plan that minimises the time, counted in bytes over the whole GPU: the warps' steps (a block's share of
 // its split's row groups, ceil(groups / gx) x per steps of 16 blocks, over its kQmmaWarps warps: the groups of
 // a last, partial round fall on every block, so a multiprocessor's work, not its slowest warp's, is the
-// measure), the split partials written and summed (8 bytes each, counted at half as they stay in L2, and ~8 MB:
-// set for a separate sum kernel's launch, kept for the sums after the last round, so that the plans, and with
-// them the numerics, did not move when the sum joined the kernel) and the activations staged (fp32 from L2, at
-// half). A split's slice is staged once where per <= chunk_max, else restaged for each round of groups. Splits
-// only where the scratch may grow (can_split). gx is as many blocks as a round of `slots` holds for the split.
+// measure), the split partials written and summed (8 bytes each, counted at half as they stay in L2, and ~8 MB
+// for the sum kernel's launch) and the activations staged (fp32 from L2, at half). A split's slice is staged
+// once where per <= chunk_max, else restaged for each round of groups. Splits only where the scratch may grow
+// (can_split). gx is as many blocks as a round of `slots` holds for the split.
 inline QmmaPlan qmma_plan(int out, int nblk, int n, int nt, int bb, int chunk_max, long slots, bool can_split) {
     const long groups = (out + 15) / 16, warp_slots = slots * kQmmaWarps;
     QmmaPlan best;
@@ -1452,8 +1361,8 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
     const int device = context().device;
     auto it = std::find_if(devs.begin(), devs.end(), [&](const QmmaDevice& d) { return d.device == device; });
     if (it == devs.end()) {
-        // a token's bytes: 64 fixed, 512 + the side data a super-block
-        const int per_sb = 512 + qmma_side_bytes(T);
+        // a token's bytes: 64 fixed, 512 (+ q4_K's side data) a super-block
+        const int per_sb = 512 + (T == DType::Q4_K ? kQmmaSideBytes : 0);
         const int chunk_max = std::max(1, (std::min(context().smem_optin, kQmmaSmemBudget) / (8 * NT) - 64) / per_sb);
         const int smem = int(qmma_smem_bytes<T>(NT, chunk_max));
         GPU_CHECK(cudaFuncSetAttribute(qmma_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1466,19 +1375,17 @@ void launch_qmma_nt(const float* x, int n, int in, const uint8_t* W, int out, fl
     const int nblk = in / 256;
     const long slots = long(it->per_sm) * context().sms;
     QmmaPlan p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, split);
-    // the partials (whole groups of 16 rows) and the arrival counters need scratch, refused during graph capture
-    // where they would grow (then one split, restaged chunk by chunk)
+    // the partials need scratch, refused during graph capture (then one split, restaged chunk by chunk)
     float* part = nullptr;
-    unsigned* arrivals = nullptr;
-    if (p.splits > 1) {
-        const int groups = (out + 15) / 16;
-        arrivals = context().qmma_arrivals.get(size_t(groups), s);
-        if (arrivals) part = context().splitk.get(size_t(p.splits) * groups * 16 * n, s);
-        if (!part) p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
-    }
-    context().qmma_splits = p.splits;
+    if (p.splits > 1 && !(part = context().splitk.get(size_t(p.splits) * n * out, s)))
+        p = qmma_plan(out, nblk, n, NT, BB, chunk_max, slots, false);
     launch_k(qmma_kernel<T, NT>, dim3(p.gx, p.splits), dim3(kQmmaWarps * 32), qmma_smem_bytes<T>(NT, p.chunk), s, x, n,
-             in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part, arrivals);
+             in, W, out, y, ldy, accumulate, p.per, p.chunk, p.iters, part);
+    if (p.splits > 1) {
+        const size_t count = size_t(n) * out;
+        launch_k(qsplit_sum_kernel, dim3(unsigned((count + 255) / 256)), dim3(256), 0, s, (const float*)part, p.splits,
+                 n, out, y, ldy, accumulate);
+    }
 }
 
 template <DType T>
