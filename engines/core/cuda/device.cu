@@ -26,12 +26,14 @@ DeviceContext& context() {
 }
 
 float* GrowBuffer::get(size_t floats, gpuStream_t s) {
-    if (floats <= cap) return p;
 #if defined(LB_CUDA)
+    // Refused during capture even when no growth is needed: a later growth frees p, which a captured graph
+    // would still use, and the path a captured launch takes must not depend on what ran before it.
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     GPU_CHECK(cudaStreamIsCapturing(s, &st));
     if (st != cudaStreamCaptureStatusNone) return nullptr;
 #endif
+    if (floats <= cap) return p;
     GPU_CHECK(gpuStreamSynchronize(s));
     if (p) GPU_CHECK(gpuFree(p));
     p = nullptr;

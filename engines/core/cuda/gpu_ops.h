@@ -26,7 +26,8 @@ struct DecodeCfg {
 };
 
 // A device buffer that only grows, for prefill scratch (split-K partials, delta-rule chunk data). Growing
-// synchronises the stream, so it is refused (nullptr) during graph capture; callers then fall back.
+// synchronises the stream and frees the old buffer, so during graph capture it is refused (nullptr) whatever
+// its size: a captured graph never holds a pointer that a later growth would free. Callers then fall back.
 struct GrowBuffer {
     float* p = nullptr;
     size_t cap = 0;  // floats
