@@ -18,7 +18,7 @@
 //
 // Scratch (the device context's GrowBuffers, grown once, kept): gemm_x, n x ldk bf16 (half the fp32 input
 // the caller already holds); gemm_w, one panel, ~kPanelElems bf16 (128 MB; none for bf16 W read in place);
-// splitk, the partials when split. A GrowBuffer cannot grow during graph capture: gemm_tc then returns false
+// splitk, the partials when split. A GrowBuffer is refused during graph capture: gemm_tc then returns false
 // and the caller takes its fallback.
 #include "common.cuh"
 #include "quant_blocks.cuh"

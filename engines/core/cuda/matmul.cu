@@ -173,7 +173,7 @@ void matmul(const float* x, int n, int in, const wtype* W, int out, float* y, bo
     const int warps = 8;
     const dim3 grid((out + warps - 1) / warps);
 #if defined(LB_CUDA) && !defined(LB_GPU_FP16)
-    // gemm_tc refuses only when its scratch cannot grow (graph capture): then GEMV groups, as HIP
+    // gemm_tc refuses only when its scratch is refused (graph capture): then GEMV groups, as HIP
     if (n > 8 && gemm_tc(x, n, in, W, kWtypeDType, out, y, out, accumulate, s)) return;
 #elif defined(LB_CUDA)
     if (n > 8) {

@@ -601,7 +601,7 @@ void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float*
 // one 16-byte shared-memory read and a quarter-warp's reads (2 tokens x 4 lanes) fall in distinct banks.
 // A split's slice of activations for all tiles must fit the shared memory, so the host splits
 // K (partials summed in split order by qsplit_sum_kernel: fixed order, identical run to run); where the
-// partials' scratch cannot grow (graph capture) one split restages its slice chunk by chunk for each round of
+// partials' scratch is refused (graph capture) one split restages its slice chunk by chunk for each round of
 // row groups (a barrier pair a chunk). A group's sums are the same operations in the same order whichever
 // warp or block takes it, except a last round's groups split over several warps (below, at up to 3 tiles): the
 // split count and, for those groups, the grid are part of the numerics (both fixed for a device and a shape:
