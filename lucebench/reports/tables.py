@@ -281,18 +281,23 @@ def budget_sweep_table(views: Sequence[CellView]) -> Table | None:
     groups: dict[tuple[Any, ...], list[CellView]] = {}
     for v in spec:
         groups.setdefault(C.key_of(v, label_keys), []).append(v)
+    swept = {key: members for key, members in groups.items()
+             if len({v.cell.params["budget"] for v in members}) >= 2}
+    # the baseline's speedup column, then one for each other AR engine on the same prompts (llama.cpp, say)
+    ar_names = list(dict.fromkeys(e for members in swept.values() for v in members for e in ar_partners(v, views)))
     rows = []
-    for key, members in groups.items():
-        if len({v.cell.params["budget"] for v in members}) < 2:
-            continue
+    for key, members in swept.items():
         best = max(members, key=lambda v: v.median("decode_tok_s") or float("-inf"))
         for v in sorted(members, key=lambda v: float(v.cell.params["budget"])):
+            partners = ar_partners(v, views)
+            others = [_ratio_text(v, partners.get(e)) for e in ar_names[1:]]
             rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, key)] + [
                 str(v.cell.params["budget"]), _al_cell(v), _metric_cell(v, "decode_tok_s"),
-                _speedup_text(v, ar_partner(v, views)), "★ fastest" if v is best else ""])
+                _speedup_text(v, ar_partner(v, views)), *others, "★ fastest" if v is best else ""])
     if not rows:
         return None
-    headers = [_header(k) for k in label_keys] + ["Budget", "AL", "Decode (tok/s)", "Speedup", ""]
+    speedups = ["Speedup"] if len(ar_names) <= 1 else [f"Speedup vs {e}" for e in ar_names]
+    headers = [_header(k) for k in label_keys] + ["Budget", "AL", "Decode (tok/s)", *speedups, ""]
     forced = any(C.is_forced(v) for v in spec)
     return Table("budget_sweep", "DDTree budget sweep", headers, rows, notes=[FORCED_NOTE] if forced else [])
 

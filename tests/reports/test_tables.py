@@ -322,3 +322,18 @@ def test_speculative_table_against_ar_and_llamacpp(fab):
     assert gsm[2] == "n/a" and gsm[6] == "n/a"  # llama.cpp ran HumanEval only
     ds = T.dataset_table(views)
     assert ds is None or not any("llama.cpp-gguf" in r for r in ds.rows)
+
+
+def test_budget_sweep_speedup_against_each_ar_engine(fab):
+    """The sweep's speedup column is against the baseline; with llama.cpp on the same prompts, one more."""
+    result = fab.gpu_result()
+    ar = next(c for c in result.cells if c.params.get("engine") == "ar" and c.params.get("suite") == "humaneval")
+    llama = ar.model_copy(deep=True)
+    llama.id = ar.id.replace("ar/", "llama.cpp-gguf/", 1)
+    llama.params["engine"] = "llama.cpp-gguf"
+    result.cells.append(llama)
+    sweep = T.budget_sweep_table(C.collect([result]))
+    assert sweep.headers[-3:] == ["Speedup vs ar", "Speedup vs llama.cpp-gguf", ""]
+    for row in sweep.rows:  # the same decode rate as ar: the same speedup, as a ratio of medians
+        assert row[-2].endswith("(ratio of medians)")
+        assert abs(float(row[-2].split("x")[0]) - float(row[-3].split("x")[0].split()[0])) < 0.02
