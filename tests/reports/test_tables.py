@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from lucebench.reports import cells as C
 from lucebench.reports import tables as T
-from tests.results.fabricate import derive_metrics
 
 
 def _table(tables, key):
@@ -308,7 +307,7 @@ def test_speculative_table_against_ar_and_llamacpp(fab):
     llama.params["engine"] = "llama.cpp-gguf"
     for s in llama.samples:  # half of ar's decode rate: the DFlash speedup against it doubles
         s.decode_s *= 2
-    llama.metrics = derive_metrics(llama.samples)
+    llama.metrics = fab.derive_metrics(llama.samples)
     result.cells.append(llama)
     views = C.collect([result])
     t = T.speculative_table(views)
