@@ -207,6 +207,19 @@ def _speedup_text(v: CellView, partner: CellView | None) -> str:
     return _ratio_text(v, partner)
 
 
+def _speedup_vs(v: CellView, partner: CellView | None, engine: str, several: bool) -> str:
+    """The speedup in the column of AR engine `engine`: the cell's speedup metric only where that engine is the
+    run's baseline (the metric is against it) or the only AR engine shown, else the ratio of medians."""
+    return _speedup_text(v, partner) if engine == _baseline_engine(v) or not several else _ratio_text(v, partner)
+
+
+def _ar_engine_order(spec: Sequence[CellView], partners: Sequence[dict[str, CellView]]) -> list[str]:
+    """The AR engines of the speculative cells' partners, the runs' baseline engines first, then as met."""
+    names = list(dict.fromkeys(e for ps in partners for e in ps))
+    bases = {_baseline_engine(v) for v in spec}
+    return sorted(names, key=lambda e: e not in bases)
+
+
 def speculative_table(views: Sequence[CellView]) -> Table | None:
     """Benchmark | AR | speculative | AL | Speedup, at the headline DDTree budget."""
     spec = [v for v in _ok(views) if C.is_speculative(v)]
@@ -219,7 +232,7 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
     if len({v.engine for v in spec}) > 1:  # e.g. tree and chain: varying_keys leaves the engine to the caller
         label_keys.insert(1, "engine")
     partners = {id(v): ar_partners(v, views) for v in spec}
-    ar_names = list(dict.fromkeys(e for ps in partners.values() for e in ps))  # the baseline first
+    ar_names = _ar_engine_order(spec, list(partners.values()))  # the baseline first
     spec_names = sorted({v.engine for v in spec})
     one = len(ar_names) <= 1  # one AR engine: the plain layout; several (ar, llama.cpp): a column pair each
     headers = ["Benchmark" if k == "suite" else _header(k) for k in label_keys]
@@ -238,14 +251,15 @@ def speculative_table(views: Sequence[CellView]) -> Table | None:
         row += [_metric_cell(p, "decode_tok_s") for p in ps]
         row += [_metric_cell(v, "decode_tok_s"), _al_cell(v)]
         # the run's speedup metric is against its baseline (the first); the others are ratios of medians
-        row += [_speedup_text(v, ps[0])] + [_ratio_text(v, p) for p in ps[1:]]
+        row += [_speedup_vs(v, p, e, not one) for p, e in zip(ps, ar_names)] if ar_names else [_speedup_text(v, None)]
         if with_energy:
             row += [_metric_cell(p, "decode_tok_per_j") for p in ps] + [_metric_cell(v, "decode_tok_per_j")]
         rows.append(row)
     notes = [f"DDTree budget {hb}" if hb is not None else "",
              "speedup = speculative decode tok/s over AR decode tok/s on the same prompts"
              + ("" if one else f"; against {ar_names[0]} the run's speedup metric, against the others the "
-                                "ratio of medians"),
+                                "ratio of medians" if ar_names[0] in {_baseline_engine(v) for v in spec}
+                else "; ratios of medians"),
              "AL = tokens committed per draft+verify round, bonus token included (docs/metrics.md)",
              "tok/J = decode tokens per joule of the decode phase, gross" if with_energy else "",
              FORCED_NOTE if any(C.is_forced(v) for v in spec) else ""]
@@ -284,16 +298,20 @@ def budget_sweep_table(views: Sequence[CellView]) -> Table | None:
     swept = {key: members for key, members in groups.items()
              if len({v.cell.params["budget"] for v in members}) >= 2}
     # the baseline's speedup column, then one for each other AR engine on the same prompts (llama.cpp, say)
-    ar_names = list(dict.fromkeys(e for members in swept.values() for v in members for e in ar_partners(v, views)))
+    swept_cells = [v for members in swept.values() for v in members]
+    partners = {id(v): ar_partners(v, views) for v in swept_cells}
+    ar_names = _ar_engine_order(swept_cells, list(partners.values()))
+    several = len(ar_names) > 1
     rows = []
     for key, members in swept.items():
         best = max(members, key=lambda v: v.median("decode_tok_s") or float("-inf"))
         for v in sorted(members, key=lambda v: float(v.cell.params["budget"])):
-            partners = ar_partners(v, views)
-            others = [_ratio_text(v, partners.get(e)) for e in ar_names[1:]]
+            ps = partners[id(v)]
+            speedups = ([_speedup_vs(v, ps.get(e), e, several) for e in ar_names] if ar_names
+                        else [_speedup_text(v, None)])
             rows.append([C.fmt_param(k, val) for k, val in zip(label_keys, key)] + [
                 str(v.cell.params["budget"]), _al_cell(v), _metric_cell(v, "decode_tok_s"),
-                _speedup_text(v, ar_partner(v, views)), *others, "★ fastest" if v is best else ""])
+                *speedups, "★ fastest" if v is best else ""])
     if not rows:
         return None
     speedups = ["Speedup"] if len(ar_names) <= 1 else [f"Speedup vs {e}" for e in ar_names]

@@ -336,3 +336,27 @@ def test_budget_sweep_speedup_against_each_ar_engine(fab):
     for row in sweep.rows:  # the same decode rate as ar: the same speedup, as a ratio of medians
         assert row[-2].endswith("(ratio of medians)")
         assert abs(float(row[-2].split("x")[0]) - float(row[-3].split("x")[0].split()[0])) < 0.02
+
+
+def test_speedup_metric_only_under_the_baseline_column(fab):
+    """The run's speedup metric is against its baseline engine: it is shown under that engine's column even when
+    the first speculative row has no baseline partner (llama.cpp alone on HumanEval), never under another's."""
+    from lucebench.results.schema import MetricSummary
+
+    result = fab.gpu_result()
+    result.config.content = {**result.config.content, "baseline": "ar"}
+    ar = next(c for c in result.cells if c.params.get("engine") == "ar" and c.params.get("suite") == "humaneval")
+    llama = ar.model_copy(deep=True)
+    llama.id = ar.id.replace("ar/", "llama.cpp-gguf/", 1)
+    llama.params["engine"] = "llama.cpp-gguf"
+    result.cells = [c for c in result.cells if c is not ar] + [llama]
+    gsm = next(c for c in result.cells if c.params.get("engine") == "dflash" and c.params.get("suite") == "gsm8k")
+    gsm.metrics["speedup_decode"] = MetricSummary(unit="x", n=1, median=9.87, mean=9.87, stddev=0.0, min=9.87,
+                                                  max=9.87, samples=[9.87])
+    t = T.speculative_table(C.collect([result]))
+    assert t.headers[1:3] == ["AR ar (tok/s)", "AR llama.cpp-gguf (tok/s)"]
+    assert t.headers[5:7] == ["Speedup vs ar", "Speedup vs llama.cpp-gguf"]
+    he = next(r for r in t.rows if r[0] == "humaneval")
+    assert he[5] == "n/a" and he[6].endswith("(ratio of medians)")
+    g = next(r for r in t.rows if r[0] == "gsm8k")
+    assert "9.87" in g[5] and g[6] == "n/a"
