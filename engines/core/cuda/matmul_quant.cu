@@ -2,7 +2,8 @@
 // them, so that a step streams the file's bytes, not a bf16 copy of them; and the embedding lookup from such
 // a table. CPU reference: decode_row (../quant.cpp, ggml's dequantisation) then ../cpu/matmul.cpp.
 //
-// Weights are dequantised in registers exactly as ggml does (fp32: d * scale * q - dmin * min). Kernels:
+// Weights are dequantised in registers exactly as ggml does (fp32: d * scale * q - dmin * min), except on
+// qmma_kernel's q4_K route (sc q exact in fp16, d and dmin applied to the sums: see its comment). Kernels:
 //  * qmv_kernel<T, N> (q4_K, q6_K; n <= kQuantGemvMax, and up to kQmvMaxRows in passes of 8 where qmma_kernel
 //    is not built: the fp16 build, HIP): the decode GEMV, built to stream the weights (see its comment:
 //    16-byte loads a step ahead, scales factored out of the dot products; one round of resident blocks whose
@@ -10,7 +11,8 @@
 //    an MLP's SwiGLU after it (matmul_quant_rmsnorm: the decode step's folds).
 //  * qmma_kernel<T, NT> (q4_K, q6_K; kQuantGemvMax < n <= kQmmaMaxRows, CUDA): a verify's rows on the tensor
 //    cores, weights dequantised in registers and each block read once for all rows; a block's K slice of the
-//    activations staged once as bf16, no barrier in the K loop (split-K partials summed in split order).
+//    activations staged once (q4_K: fp16 scaled per token and super-block; q6_K: bf16), no barrier in the K
+//    loop (split-K partials summed in split order).
 //  * qgemv_kernel<T, N> (the other types, and q4_K / q6_K matrices qmv_kernel does not take: a q4_K matrix
 //    not 16-byte aligned; the fp16 build and HIP above kQmvMaxRows; n <= kQuantGemvMax, or over groups of
 //    that many where no tensor-core kernel is built): 8 elements at a time (dq8), one warp per two output
@@ -626,7 +628,7 @@ inline size_t qmma_smem_bytes(int nt, int chunk) {
 // q6_K's staged order within a super-block, in units of 4 elements: lane q's chunks c, c + 1 (c even) sit at
 // 4-unit 8 (c / 2) + 2 q, + 1, one 16-byte read. qmma_k4 gives the x elements 4 k4 .. 4 k4 + 3 staged at unit p4:
 // the chunk c = 2 (p4 / 8) + p4 % 2 of lane q = (p4 / 2) % 4, which holds elements 128h + 16l + 32j + 4m + e with
-// q = 2h + l, c = 4j + m (qmma_chunk's order).
+// q = 2h + l, c = 4j + m (qmma_chunk6's order).
 __device__ __forceinline__ int qmma_k4(int p4) {
     const int c = 2 * (p4 >> 3) + (p4 & 1), q = (p4 >> 1) & 3;
     return 32 * (q >> 1) + 8 * (c >> 2) + 4 * (q & 1) + (c & 3);
