@@ -278,7 +278,8 @@ std::vector<float> qmma_q4_staged(const std::vector<float>& x, int n, int in) {
 // max over the elements of |got - ref| / bound, where bound holds sum |w| |x| (+ |y0| where accumulated) of the
 // element: an error stated against the magnitudes that the rounding of each operand scales with, so that rows
 // of small activations are held to the same relative standard as large ones; an element whose bound is zero (a
-// zero activation row, y outside the written columns) must be exact
+// zero activation row not accumulated) must be exact. y outside the written columns keeps y0's |y0| as its bound
+// (check_qmma): a write there shows as an error of order 1.
 double bound_err(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& bound) {
     double e = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
