@@ -26,12 +26,17 @@ DeviceContext& context() {
 }
 
 float* GrowBuffer::get(size_t floats, gpuStream_t s) {
-#if defined(LB_CUDA)
     // Refused during capture even when no growth is needed: a later growth frees p, which a captured graph
-    // would still use, and the path a captured launch takes must not depend on what ran before it.
+    // would still use, and the path a captured launch takes must not depend on what ran before it. HIP as
+    // well: its decode step is a captured graph too (the unfused step's delta_rule asks for delta_prep).
+#if defined(LB_CUDA)
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     GPU_CHECK(cudaStreamIsCapturing(s, &st));
     if (st != cudaStreamCaptureStatusNone) return nullptr;
+#else
+    hipStreamCaptureStatus st = hipStreamCaptureStatusNone;
+    GPU_CHECK(hipStreamIsCapturing(s, &st));
+    if (st != hipStreamCaptureStatusNone) return nullptr;
 #endif
     if (floats <= cap) return p;
     GPU_CHECK(gpuStreamSynchronize(s));
