@@ -50,6 +50,31 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+_PAIRING_IGNORES = {"engine", "engine_type", "budget", "keep_ratio", "kv_k", "kv_v"}
+
+
+def baseline_pairs(cells: list[Cell], baseline: str) -> list[tuple[Cell, Cell]]:
+    """(cell, the baseline engine's cell it is measured against) for every ok cell that has one: the same params but
+    the engine axes, the DDTree budget, the keep ratio and the KV types; of several such baseline cells the one of
+    the same KV types, else the first in run order."""
+    def key(c: Cell) -> tuple:
+        return tuple(sorted((k, v) for k, v in c.params.items() if k not in _PAIRING_IGNORES))
+
+    def kv(c: Cell) -> tuple:
+        return c.params.get("kv_k"), c.params.get("kv_v")
+
+    by_key: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        if c.status == "ok" and c.params.get("engine") == baseline:
+            by_key.setdefault(key(c), []).append(c)
+    pairs = []
+    for c in cells:
+        cands = [b for b in by_key.get(key(c), []) if b is not c]
+        if c.status == "ok" and cands:
+            pairs.append((c, next((b for b in cands if kv(b) == kv(c)), cands[0])))
+    return pairs
+
+
 @dataclass
 class RunOptions:
     out_dir: Path
@@ -406,22 +431,11 @@ class Runner:
         """Speedups over the baseline engine's matching cell (same model, suite and settings)."""
         if not self.config.baseline:
             return
-        by_key: dict[tuple, Cell] = {}
-        ignore = {"engine", "engine_type", "budget", "keep_ratio", "kv_k", "kv_v"}
-
-        def key(c: Cell) -> tuple:
-            return tuple(sorted((k, v) for k, v in c.params.items() if k not in ignore))
-
-        for c in result.cells:
-            if c.status == "ok" and c.params.get("engine") == self.config.baseline:
-                by_key[key(c)] = c
-        for c in result.cells:
-            base = by_key.get(key(c))
-            if c.status == "ok" and base is not None and base is not c:
-                c.metrics.update(compute_speedups(c, base))
-                match = token_match(c, base)
-                if match is not None:
-                    c.metrics["token_match_pct"], c.checks["lossless"] = match
+        for c, base in baseline_pairs(result.cells, self.config.baseline):
+            c.metrics.update(compute_speedups(c, base))
+            match = token_match(c, base)
+            if match is not None:
+                c.metrics["token_match_pct"], c.checks["lossless"] = match
 
     def _write_report(self) -> None:
         from lucebench.reports import write_report
