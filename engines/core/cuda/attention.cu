@@ -7,6 +7,7 @@
 
 #include "attention_split.h"
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace lb::gpu {
 
@@ -508,13 +509,6 @@ __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-// d += a b: a the 16 x 16 row-major fragment, (b0, b1) the 16 x 8 column-major one, d 16 x 8 fp32
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // 16 bytes global -> shared, zero-filled (nothing read) where !valid
 __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {

@@ -21,6 +21,7 @@
 // splitk, the partials when split. A GrowBuffer is refused during graph capture: gemm_tc then returns false
 // and the caller takes its fallback.
 #include "common.cuh"
+#include "mma.cuh"
 #include "quant_blocks.cuh"
 
 #if defined(LB_CUDA) && !defined(LB_GPU_FP16)
@@ -93,13 +94,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
-}
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // Byte offset of 16-byte chunk c (0..3) of row r in a tile of 64-byte rows: the chunk XOR (r / 2) % 4, so
 // that the 8 rows an ldmatrix reads at one chunk fall in 8 distinct 16-byte bank groups.
@@ -185,7 +179,7 @@ __global__ __launch_bounds__(THREADS, BN == 256 ? 1 : 2) void gemm_tc_kernel(
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
-                for (int j = 0; j < NI; ++j) mma16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
+                for (int j = 0; j < NI; ++j) mma_bf16_16816(acc[i][j], af[i], bfr[j][0], bfr[j][1]);
         }
     }
     cp_async_wait<0>();
