@@ -37,7 +37,6 @@ const Knob kKnobs[] = {
     {"LB_GPU_DELTA_OUT", "delta_out", &Tuning::delta_out},
     {"LB_GPU_PREFILL_CHUNK", "prefill_chunk", nullptr, &Tuning::prefill_chunk, nullptr, 0, 1 << 30},
     {"LB_GPU_QUANT", "gpu_quant", &Tuning::gpu_quant},
-    {"LB_GPU_L2_NEXT", "gpu_l2_next_mb", nullptr, &Tuning::gpu_l2_next_mb, nullptr, -1, 1024},
     {"LB_GPU_FUSED_MLP", "fused_mlp", nullptr, &Tuning::fused_mlp, nullptr, 0, 1},
     {"LB_MK_FUSE", "mk_fuse", &Tuning::mk_fuse},
     {"LB_MK_FUSE_OUT", "mk_fuse_out", &Tuning::mk_fuse_out},

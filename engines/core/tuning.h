@@ -30,8 +30,6 @@ struct Tuning {
     bool delta_out = true;        // LB_GPU_DELTA_OUT: DeltaNet step fused with its out-projection (0: off)
     int prefill_chunk = 8192;     // LB_GPU_PREFILL_CHUNK: tokens a prefill forward runs at once; longer forwards
                                   // run in chunks of this size, so activations stay bounded (0: no chunking)
-    int gpu_l2_next_mb = -1;      // LB_GPU_L2_NEXT: MB of the next matrix a decode GEMV asks L2 for as its warps finish
-                                  // (-1: half the card's L2; 0: none)
     bool gpu_quant = true;        // LB_GPU_QUANT: GGUF matrices in q4_K/q5_K/q6_K/q8_0/q4_0 stay in their blocks on
                                   // the GPU (0: dequantised to the weight type at load, as before)
     int fused_mlp = -1;           // LB_GPU_FUSED_MLP: the one-kernel decode MLP (-1: the backend's default,

@@ -236,32 +236,6 @@ void check_matmul_quant(Rng& r, DType t, int n, int in, int out, bool acc, int c
            rel_err(dy.down(), ref), tol);
 }
 
-// qmv_kernel asking L2 for the next matrix's first bytes (L2Next, the decode step's order) reads them and
-// writes nothing: y bitwise the same as without, the next matrix's bytes unchanged; a request past the
-// matrix's end is cut to it (DecodeCfg::l2_next at most), so `next` of a few bytes is checked too.
-void check_qmv_l2_next(Rng& r, DType t, int n, int in, int out, size_t next_bytes, bool norm) {
-    std::vector<float> Wf, Nf;
-    std::vector<uint8_t> raw = random_blocks(r, t, out, in, &Wf), nraw = random_blocks(r, t, 64, in, &Nf);
-    const auto x = r.vec(size_t(n) * in), gain = r.vec(size_t(in));
-    Dev<uint8_t> dw(raw), dn(nraw);
-    Dev<float> dx(x), dg(gain), dy(size_t(n) * out), dy2(size_t(n) * out);
-    const gpu::L2Next next{dn.p, std::min(next_bytes, nraw.size())};
-    if (norm) {
-        gpu::matmul_quant_rmsnorm(dx.p, dg.p, 1e-6f, in, dw.p, t, out, dy.p, out, false, g_s);
-        gpu::matmul_quant_rmsnorm(dx.p, dg.p, 1e-6f, in, dw.p, t, out, dy2.p, out, false, g_s, false, next);
-    } else {
-        gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy.p, out, false, g_s, 1);
-        gpu::matmul_quant(dx.p, n, in, dw.p, t, out, dy2.p, out, false, g_s, 1, next);
-    }
-    const auto a = dy.down(), b = dy2.down();
-    size_t differ = 0;
-    for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    differ += dn.down() != nraw;
-    report("matmul_quant", std::string(dtype_name(t)) + ", qmv_kernel<" + std::to_string(n) + ">" +
-               (norm ? ", norm" : "") + ", L2 next (values differing)",
-           shape({{"in", in}, {"out", out}, {"next", long(next.bytes)}}), double(differ), 0);
-}
-
 #if !defined(__HIPCC__) && !defined(LB_USE_HIP) && !defined(LB_GPU_FP16)
 // qmma_kernel's activations: r.vec's values, and by token t % 5: 1 times 1e4 (fp16 overflows at 65,504 unscaled),
 // 2 times 1e-4 (fp16 subnormal below 6.1e-5 unscaled), 3 all zero, 4 super-blocks alternately times 1e4 and
@@ -1646,9 +1620,6 @@ int main(int argc, char** argv) {
     check_matmul_quant(r, DType::Q4_K, 3, 1280, 30001, false, 0, 30001, "qmv_kernel<3>, many groups a warp", 1e-5, 1);
     check_matmul_quant(r, DType::Q6_K, 5, 2304, 20003, true, 0, 20003, "qmv_kernel<5>, many groups a warp", 1e-5, 1);
     check_matmul_quant(r, DType::Q4_K, 1, 17408, 5120, true, 0, 5120, "qmv_kernel<1>, 27B ffn down", 1e-5, 1);
-    check_qmv_l2_next(r, DType::Q4_K, 1, 5120, 6144, size_t(1) << 30, false);
-    check_qmv_l2_next(r, DType::Q6_K, 3, 1024, 3000, 100, false);
-    check_qmv_l2_next(r, DType::Q4_K, 1, 2048, 4096, size_t(1) << 30, true);
     // the RMSNorm folded into qmv_kernel (the decode step's norms): 27B shapes (gate_up, DeltaNet in-proj, LM
     // head rows cut), small and odd ones, q4_K with 2 and 4 rows a warp
     check_matmul_quant_rmsnorm(r, DType::Q4_K, 5120, 34816, false, "qmv_kernel<1, 4 rows, norm>, 27B gate_up");

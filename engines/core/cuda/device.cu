@@ -74,9 +74,6 @@ void decode_setup(int device) {
     dec().tile = size_t(tuning().gemv_tile_bytes);
     dec().max_per_sm = tuning().gemv_blocks_per_sm;
     dec().prewait = tuning().gemv_prewait;  // 0 .. GV_STAGES (3)
-    // half the L2 by default: room for the next matrix's first bytes beside what the running GEMV streams
-    const int mb = tuning().gpu_l2_next_mb;
-    dec().l2_next = mb < 0 ? size_t(p.l2CacheSize) / 2 : size_t(mb) << 20;
     dec().ready = true;
 }
 bool decode_pdl() { return dec().pdl; }

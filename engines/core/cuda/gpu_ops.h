@@ -23,16 +23,6 @@ struct DecodeCfg {
     int max_per_sm = 8;       // GEMV blocks per SM cap (Tuning::gemv_blocks_per_sm)
     int prewait = 1;          // GEMV tiles requested before the dependency wait, of GV_STAGES (Tuning::gemv_prewait)
     size_t mlp_smem_block = 48 * 1024, mlp_static = 0;  // fused MLP: dynamic shared memory a block may take
-    size_t l2_next = 0;  // bytes of the next matrix a decode GEMV asks L2 for (Tuning::gpu_l2_next_mb)
-};
-
-// The weights the next GEMV of a decode step reads first (its first rows: a GEMV's first round of warps reads
-// a prefix of its matrix). The GEMV before it asks L2 for them as its warps finish (qmv_kernel), so that the
-// DRAM streams them through what separates the two (the tail, the launches, the small kernels between): the
-// step's bytes are fixed, the time the DRAM idles is not. {}: nothing asked.
-struct L2Next {
-    const void* ptr = nullptr;
-    size_t bytes = 0;
 };
 
 // A device buffer that only grows, for prefill scratch (split-K partials, delta-rule chunk data). Growing
@@ -103,15 +93,14 @@ bool quant_type_ok(DType t);  // a block type matmul_quant reads
 // warp where that applies); 2: qmma_kernel where it applies (q4_K, q6_K, n <= kQmmaMaxRows, CUDA; 5: in one K
 // split, as under graph capture, where the partials' scratch cannot grow); 8: neither, the path of the other
 // types (qgemv_kernel, qgemm_kernel / gemm_tc above kQuantGemvMax).
-// next: the next GEMV's first weights, asked of L2 at the end (qmv_kernel only; DecodeCfg::l2_next bytes at most).
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
-                  gpuStream_t s, int gemv = 0, L2Next next = {});
+                  gpuStream_t s, int gemv = 0);
 // One token: y (=|+=) rmsnorm(x, gain, eps) W^T, the norm computed in the GEMV (qmv_kernel; bitwise the
 // output of rmsnorm then matmul_quant). swiglu: W is an MLP's gate rows then up rows (out / 2 each) and y gets
 // silu(gate) * up (out / 2 floats; bitwise rmsnorm, matmul_quant, silu_mul). false (nothing launched) where
 // qmv_kernel does not take W (q4_K / q6_K, in % 256 == 0, in <= 11,264; swiglu: out % 4 == 0, not accumulate).
 bool matmul_quant_rmsnorm(const float* x, const float* gain, float eps, int in, const void* W, DType t, int out,
-                          float* y, int ldy, bool accumulate, gpuStream_t s, bool swiglu = false, L2Next next = {});
+                          float* y, int ldy, bool accumulate, gpuStream_t s, bool swiglu = false);
 // embed from a table of block rows.
 void embed_quant(const int* d_tokens, int n, const void* E, DType t, int H, float* x, gpuStream_t s);
 // y[n, nv * per_head] = x with its value heads reordered grouped -> tiled (llama.cpp's order; see model.h).

@@ -369,8 +369,7 @@ template <DType T, int N, int R, int MODE>
 __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __restrict__ x, int in,
                                                               const uint8_t* __restrict__ W, int out,
                                                               float* __restrict__ y, int ldy, bool accumulate,
-                                                              const float* __restrict__ gain, float eps,
-                                                              const uint8_t* __restrict__ l2_next, size_t l2_bytes) {
+                                                              const float* __restrict__ gain, float eps) {
     constexpr int BB = T == DType::Q4_K ? 144 : 210, H2 = R / 2;
     constexpr bool kSwiglu = MODE == kQmvSwiglu;
     // q4_K with a shared x: x scaled by kQmvUp and its runs' sums after it (qmv_smem), made once a block
@@ -492,12 +491,6 @@ __global__ __launch_bounds__(kQmvWarps * 32) void qmv_kernel(const float* __rest
         g = g2;
         s = s2;
     }
-    // the next GEMV's first bytes (L2Next), a slice a warp, asked of L2 as the warp finishes
-    if (l2_bytes > 0 && lane == 0) {
-        const size_t warps = size_t(gridDim.x) * kQmvWarps, wid = size_t(blockIdx.x) * kQmvWarps + threadIdx.x / 32;
-        const size_t per = ((l2_bytes + warps - 1) / warps + 15) & ~size_t(15), off = wid * per;
-        if (off < l2_bytes) prefetch_l2(l2_next + off, min(per, l2_bytes - off));
-    }
 }
 
 // Blocks of a qmv_kernel launch: the fewest that give every warp the same number of groups (k rounds, the
@@ -533,12 +526,12 @@ constexpr size_t qmv_smem(int in) {
 
 template <DType T, int N, int R, int MODE>
 void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                   gpuStream_t s, const float* gain, float eps, L2Next next) {
+                   gpuStream_t s, const float* gain, float eps) {
     const size_t smem = qmv_smem<T, MODE>(in);
     const int groups = MODE == kQmvSwiglu ? out / R : (out + R - 1) / R;
     const int blocks = qmv_grid<T, N, R, MODE>(groups, smem);
     launch_k(qmv_kernel<T, N, R, MODE>, dim3(blocks), dim3(kQmvWarps * 32), smem, s, x, in, W, out, y, ldy,
-             accumulate, gain, eps, (const uint8_t*)next.ptr, next.ptr ? std::min(next.bytes, dec().l2_next) : 0);
+             accumulate, gain, eps);
 }
 
 // rows: the rows a warp, 0: by the matrix (4 for q4_K at 1-2 tokens and >= kQmvWideRows rows, else 2); 2 or 4:
@@ -548,36 +541,34 @@ void launch_qmv_nr(const float* x, int in, const uint8_t* W, int out, float* y, 
 constexpr int kQmvNormMaxIn = 11264;  // qmv_smem <= 46.75 KB (and the norm's 36 static bytes): no opt-in
 template <DType T>
 void launch_qmv(const float* x, int n, int in, const uint8_t* W, int out, float* y, int ldy, bool accumulate,
-                gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f, bool swiglu = false,
-                L2Next next = {}) {
+                gpuStream_t s, int rows, const float* gain = nullptr, float eps = 0.f, bool swiglu = false) {
     // R = 4: q4_K at up to 2 tokens (more would spill registers; q6_K's 32 unpacked floats a row would too)
     const bool r4 = T == DType::Q4_K && n <= 2 && (rows == 4 || (rows == 0 && out >= kQmvWideRows));
     constexpr int R4 = T == DType::Q4_K ? 4 : 2;
     if (gain && swiglu) {
-        if (r4) return launch_qmv_nr<T, 1, R4, kQmvSwiglu>(x, in, W, out, y, ldy, false, s, gain, eps, next);
-        return launch_qmv_nr<T, 1, 2, kQmvSwiglu>(x, in, W, out, y, ldy, false, s, gain, eps, next);
+        if (r4) return launch_qmv_nr<T, 1, R4, kQmvSwiglu>(x, in, W, out, y, ldy, false, s, gain, eps);
+        return launch_qmv_nr<T, 1, 2, kQmvSwiglu>(x, in, W, out, y, ldy, false, s, gain, eps);
     }
     if (gain) {
-        if (r4) return launch_qmv_nr<T, 1, R4, kQmvNorm>(x, in, W, out, y, ldy, accumulate, s, gain, eps, next);
-        return launch_qmv_nr<T, 1, 2, kQmvNorm>(x, in, W, out, y, ldy, accumulate, s, gain, eps, next);
+        if (r4) return launch_qmv_nr<T, 1, R4, kQmvNorm>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
+        return launch_qmv_nr<T, 1, 2, kQmvNorm>(x, in, W, out, y, ldy, accumulate, s, gain, eps);
     }
     if constexpr (T == DType::Q4_K) {
         if (r4) {
-            if (n == 1) return launch_qmv_nr<T, 1, 4, kQmvPlain>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f, next);
-            return launch_qmv_nr<T, 2, 4, kQmvPlain>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f, next);
+            if (n == 1) return launch_qmv_nr<T, 1, 4, kQmvPlain>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
+            return launch_qmv_nr<T, 2, 4, kQmvPlain>(x, in, W, out, y, ldy, accumulate, s, nullptr, 0.f);
         }
     }
     for (int t0 = 0; t0 < n; t0 += kQmvTokens) {
         const int m = std::min(kQmvTokens, n - t0);
         const float* xt = x + size_t(t0) * in;
         float* yt = y + size_t(t0) * ldy;
-        const L2Next last = t0 + m == n ? next : L2Next{};  // the last pass asks for the next matrix
         switch (m) {
 #define LB_QMV_CASE(M) \
-    case M: launch_qmv_nr<T, M, 2, kQmvPlain>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f, last); break;
+    case M: launch_qmv_nr<T, M, 2, kQmvPlain>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
             LB_QMV_CASE(1) LB_QMV_CASE(2) LB_QMV_CASE(3) LB_QMV_CASE(4)
             LB_QMV_CASE(5) LB_QMV_CASE(6) LB_QMV_CASE(7)
-            default: launch_qmv_nr<T, 8, 2, kQmvPlain>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f, last); break;
+            default: launch_qmv_nr<T, 8, 2, kQmvPlain>(xt, in, W, out, yt, ldy, accumulate, s, nullptr, 0.f); break;
 #undef LB_QMV_CASE
         }
     }
@@ -1413,7 +1404,7 @@ static bool qmv_takes(DType t, int n, int in, const void* W, int gemv) {
 }
 
 void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out, float* y, int ldy, bool accumulate,
-                  gpuStream_t s, int gemv, L2Next next) {
+                  gpuStream_t s, int gemv) {
 #if LB_QUANT_MMA
     if (qmma_takes(t, n, in, W, gemv)) {
         const bool split = gemv != 5;
@@ -1424,11 +1415,8 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
 #endif
     if (qmv_takes(t, n, in, W, gemv)) {
         const int rows = gemv == 3 ? 2 : gemv == 4 ? 4 : 0;
-        if (t == DType::Q4_K)
-            return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows, nullptr, 0.f,
-                                           false, next);
-        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows, nullptr, 0.f,
-                                       false, next);
+        if (t == DType::Q4_K) return launch_qmv<DType::Q4_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows);
+        return launch_qmv<DType::Q6_K>(x, n, in, (const uint8_t*)W, out, y, ldy, accumulate, s, rows);
     }
     if (in % 8 != 0 || (t != kWT && in % int(dtype_block_elems(t)) != 0) || (n > kQuantGemvMax && in % 64 != 0))
         fail("unsupported", std::string("matmul_quant: ") + dtype_name(t) + " rows of " + std::to_string(in) +
@@ -1448,11 +1436,11 @@ void matmul_quant(const float* x, int n, int in, const void* W, DType t, int out
 }
 
 bool matmul_quant_rmsnorm(const float* x, const float* gain, float eps, int in, const void* W, DType t, int out,
-                          float* y, int ldy, bool accumulate, gpuStream_t s, bool swiglu, L2Next next) {
+                          float* y, int ldy, bool accumulate, gpuStream_t s, bool swiglu) {
     if (!qmv_takes(t, 1, in, W, 0) || in > kQmvNormMaxIn || (swiglu && (out % 4 != 0 || accumulate))) return false;
     const uint8_t* w = (const uint8_t*)W;
-    if (t == DType::Q4_K) launch_qmv<DType::Q4_K>(x, 1, in, w, out, y, ldy, accumulate, s, 0, gain, eps, swiglu, next);
-    else launch_qmv<DType::Q6_K>(x, 1, in, w, out, y, ldy, accumulate, s, 0, gain, eps, swiglu, next);
+    if (t == DType::Q4_K) launch_qmv<DType::Q4_K>(x, 1, in, w, out, y, ldy, accumulate, s, 0, gain, eps, swiglu);
+    else launch_qmv<DType::Q6_K>(x, 1, in, w, out, y, ldy, accumulate, s, 0, gain, eps, swiglu);
     return true;
 }
 

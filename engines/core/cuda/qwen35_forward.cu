@@ -9,22 +9,13 @@ namespace {
 const float* F(const Mat& m) { return (const float*)m.ptr; }
 }  // namespace
 
-L2Next first_weights(const Mat* W) {
-    if (!W) return {};
-    const Mat& m = W->parts.empty() ? *W : W->parts.front();
-    if (!quant_type_ok(m.dtype) || m.dtype == kWtypeDType) return {};  // the bf16 GEMVs ask for nothing
-    return {m.ptr, dtype_row_bytes(m.dtype, size_t(m.cols)) * size_t(m.rows)};
-}
-
-void matmul(const float* x, int n, const Mat& W, float* y, bool accumulate, gpuStream_t s, const Mat* next) {
+void matmul(const float* x, int n, const Mat& W, float* y, bool accumulate, gpuStream_t s) {
     const int in = int(W.cols), out = int(W.rows);
     if (W.parts.empty() && !quant_type_ok(W.dtype)) return matmul(x, n, in, (const wtype*)W.ptr, out, y, accumulate, s);
-    if (W.parts.empty()) return matmul_quant(x, n, in, W.ptr, W.dtype, out, y, out, accumulate, s, 0, first_weights(next));
+    if (W.parts.empty()) return matmul_quant(x, n, in, W.ptr, W.dtype, out, y, out, accumulate, s);
     int64_t row0 = 0;
-    for (size_t i = 0; i < W.parts.size(); ++i) {
-        const Mat& p = W.parts[i];
-        const L2Next after = i + 1 < W.parts.size() ? first_weights(&W.parts[i + 1]) : first_weights(next);
-        matmul_quant(x, n, in, p.ptr, p.dtype, int(p.rows), y + row0, out, accumulate, s, 0, after);
+    for (const Mat& p : W.parts) {
+        matmul_quant(x, n, in, p.ptr, p.dtype, int(p.rows), y + row0, out, accumulate, s);
         row0 += p.rows;
     }
 }
@@ -34,13 +25,12 @@ void embed(const int* d_tokens, int n, const Mat& E, float* x, gpuStream_t s) {
     embed(d_tokens, n, (const wtype*)E.ptr, int(E.cols), x, s);
 }
 
-void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float* x_tmp, float* y, gpuStream_t s,
-              const Mat* next) {
+void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float* x_tmp, float* y, gpuStream_t s) {
     if (W.tiled_cols) {
         heads_to_tiled(o, n, cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_v_dim, x_tmp, s);
         o = x_tmp;
     }
-    matmul(o, n, W, y, true, s, next);
+    matmul(o, n, W, y, true, s);
 }
 
 namespace {
@@ -49,7 +39,7 @@ namespace {
 // a norm (a decode step's 129 norms: its critical path is a chain of ~700 launches); else rmsnorm into h, then
 // matmul.
 void normed_matmul(const float* x, const float* gain, float eps, int n, int H, const Mat& W, float* h, float* y,
-                   gpuStream_t s, const Mat* next = nullptr) {
+                   gpuStream_t s) {
     const Mat* parts = W.parts.empty() ? &W : W.parts.data();
     const size_t np = W.parts.empty() ? 1 : W.parts.size();
     bool fold = n == 1;
@@ -57,22 +47,21 @@ void normed_matmul(const float* x, const float* gain, float eps, int n, int H, c
     // a part it refuses ends the fold; the unfused path below then rewrites every row
     for (size_t i = 0; fold && i < np; row0 += parts[i].rows, ++i)
         fold = matmul_quant_rmsnorm(x, gain, eps, H, parts[i].ptr, parts[i].dtype, int(parts[i].rows), y + row0,
-                                    int(W.rows), false, s, false,
-                                    i + 1 < np ? first_weights(&parts[i + 1]) : first_weights(next));
+                                    int(W.rows), false, s);
     if (fold) return;
     rmsnorm(x, gain, h, n, H, eps, s);
-    matmul(h, n, W, y, false, s, next);
+    matmul(h, n, W, y, false, s);
 }
 
 // act = silu(gate) * up of rmsnorm(x, gain) W^T (W: the MLP's gate rows, then its up rows, I each). One token
 // of a gate_up of one q4_K / q6_K run: one launch (matmul_quant_rmsnorm with swiglu, bitwise the unfused
 // output); else normed_matmul into big, then silu_mul.
 void normed_swiglu(const float* x, const float* gain, float eps, int n, int H, int I, const Mat& W, float* h,
-                   float* big, float* act, gpuStream_t s, const Mat* next) {
+                   float* big, float* act, gpuStream_t s) {
     if (n == 1 && W.parts.empty() && W.rows == 2 * int64_t(I) &&
-        matmul_quant_rmsnorm(x, gain, eps, H, W.ptr, W.dtype, int(W.rows), act, I, false, s, true, first_weights(next)))
+        matmul_quant_rmsnorm(x, gain, eps, H, W.ptr, W.dtype, int(W.rows), act, I, false, s, true))
         return;
-    normed_matmul(x, gain, eps, n, H, W, h, big, s, next);
+    normed_matmul(x, gain, eps, n, H, W, h, big, s);
     silu_mul(big, n, I, act, s);
 }
 }  // namespace
@@ -111,13 +100,6 @@ AttnScratch attention_scratch(const ModelConfig& cfg, const std::function<void*(
 void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWorkspace& ws, const ForwardCaches& c,
                     const int* d_tokens, int n, int* d_next, gpuStream_t s) {
     const int H = cfg.hidden, I = cfg.intermediate;
-    // each GEMV names the one after it (L2Next): layer l's first, past the last layer the LM head, after the LM
-    // head the next step's first
-    auto first_gemv = [&](int l) -> const Mat* {
-        if (l >= cfg.n_layers) return &w.lm_head;
-        const Qwen35Layer& L = w.layers[size_t(l)];
-        return L.full ? &L.attn_qkv : &L.lin_in;
-    };
     embed(d_tokens, n, w.embed, ws.x, s);
     for (int l = 0; l < cfg.n_layers; ++l) {
         const Qwen35Layer& L = w.layers[size_t(l)];
@@ -125,7 +107,7 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
         if (L.full) {
             const int nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim, rows = cfg.attn_qkv_rows(l);
             const bool gated = cfg.gated(l);
-            normed_matmul(ws.x, F(L.input_norm), cfg.eps, n, H, L.attn_qkv, ws.h, ws.big, s, &L.o_proj);
+            normed_matmul(ws.x, F(L.input_norm), cfg.eps, n, H, L.attn_qkv, ws.h, ws.big, s);
             attn_prep(ws.big, rows, n, nh, nkv, hd, cfg.rope_dims, cfg.rope_theta, F(L.q_norm), F(L.k_norm), cfg.eps,
                       c.d_pos, c.k[li], c.kt, c.v[li], c.vt, s, gated);
             if (c.score) c.score(l, ws.big, rows, n);
@@ -133,11 +115,11 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
                 c.sparse && block_sparse_select(ws.big, rows, n, nh, nkv, hd, gated, c.pos0, c.k[li], c.kt, *c.sparse, s);
             attention(ws.big, rows, n, nh, nkv, hd, c.d_pos, c.k[li], c.kt, c.v[li], c.vt, ws.o, s, gated,
                       sparse ? c.sparse : nullptr, &ws.attn, c.pos0);
-            matmul(ws.o, n, L.o_proj, ws.x, true, s, &L.gate_up);
+            matmul(ws.o, n, L.o_proj, ws.x, true, s);
         } else {
             const int rows = cfg.lin_in_rows(), cd = cfg.conv_dim(), vd = cfg.lin_value_dim();
             const int hk = cfg.lin_k_heads, hv = cfg.lin_v_heads, dk = cfg.lin_k_dim, dv = cfg.lin_v_dim;
-            normed_matmul(ws.x, F(L.input_norm), cfg.eps, n, H, L.lin_in, ws.h, ws.big, s, &L.out_proj);
+            normed_matmul(ws.x, F(L.input_norm), cfg.eps, n, H, L.lin_in, ws.h, ws.big, s);
             conv1d_silu(ws.big, rows, n, cd, cfg.conv_kernel, F(L.conv_w), c.conv[li], ws.conv, s);
             if (n == 1 && tuning().fused_delta && delta_decode_ok(dk, dv)) {
                 // one token (a decode step of a model with GGUF blocks): the fused decode graph's one-kernel step;
@@ -149,13 +131,12 @@ void forward_layers(const Qwen35Config& cfg, const Qwen35Weights& w, ForwardWork
                 delta_rule(ws.conv, cd, n, hk, hv, dk, dv, ws.g, ws.beta, c.ssm[li], ws.o, s);
             }
             gated_rmsnorm(ws.o, ws.big + cd, rows, F(L.ssm_norm), ws.normed, n, hv, dv, cfg.eps, s);
-            out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s, &L.gate_up);  // ws.conv: read by the delta rule, free now
+            out_proj(cfg, ws.normed, n, L.out_proj, ws.conv, ws.x, s);  // ws.conv: read by the delta rule, free now
         }
-        normed_swiglu(ws.x, F(L.post_norm), cfg.eps, n, H, I, L.gate_up, ws.h, ws.big, ws.act, s, &L.down);
-        matmul(ws.act, n, L.down, ws.x, true, s, first_gemv(l + 1));
+        normed_swiglu(ws.x, F(L.post_norm), cfg.eps, n, H, I, L.gate_up, ws.h, ws.big, ws.act, s);
+        matmul(ws.act, n, L.down, ws.x, true, s);
     }
-    normed_matmul(ws.x + size_t(n - 1) * H, F(w.final_norm), cfg.eps, 1, H, w.lm_head, ws.h, ws.logits, s,
-                  first_gemv(0));
+    normed_matmul(ws.x + size_t(n - 1) * H, F(w.final_norm), cfg.eps, 1, H, w.lm_head, ws.h, ws.logits, s);
     argmax(ws.logits, cfg.vocab, d_next, s);
     add_pos(c.d_pos, n, s, d_next, c.host_ring, c.ring_mask);
 }

@@ -51,15 +51,11 @@ struct ForwardCaches {
 
 // y[n, W.rows] (=|+=) x[n, W.cols] @ W^T whatever W's storage: the backend's wtype (gpu::matmul), GGUF blocks
 // (gpu::matmul_quant), or row runs of several types (one launch a run).
-// next: the GEMV that follows in the step, whose first weights this one asks of L2 as it ends (L2Next).
-void matmul(const float* x, int n, const Mat& W, float* y, bool accumulate, gpuStream_t s, const Mat* next = nullptr);
-// W's first weights (its first run of rows) for L2Next; {} for none or a wtype matrix.
-L2Next first_weights(const Mat* W);
+void matmul(const float* x, int n, const Mat& W, float* y, bool accumulate, gpuStream_t s);
 // The embedding rows of d_tokens from a table in either storage.
 void embed(const int* d_tokens, int n, const Mat& E, float* x, gpuStream_t s);
 // A DeltaNet out-projection: x_tmp takes the input reordered when W keeps llama.cpp's tiled columns.
-void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float* x_tmp, float* y, gpuStream_t s,
-              const Mat* next = nullptr);
+void out_proj(const ModelConfig& cfg, const float* o, int n, const Mat& W, float* x_tmp, float* y, gpuStream_t s);
 
 // Embeds d_tokens[0..n), runs every layer, then the final norm and LM head on the last token; writes
 // its argmax to d_next and advances d_pos by n.
