@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lucebench.matrix.pairing import hashable
 from lucebench.results.schema import Cell, Environment, MetricSummary, Result
 
 # Params that describe the hardware a cell ran on; in multi-result reports "card" is added from the
@@ -153,24 +154,16 @@ def varying_keys(views: Iterable[CellView], exclude: Iterable[str] = ()) -> list
                 keys.append(k)
     out = []
     for k in keys:
-        values = {_hashable(v.params.get(k)) for v in views}
+        values = {hashable(v.params.get(k)) for v in views}
         # A param that always repeats the engine's name (e.g. engine_type) adds nothing to a row label.
         if len(values) > 1 and not all(str(v.params.get(k)) == v.engine for v in views):
             out.append(k)
     return out
 
 
-def _hashable(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(x) for x in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(x)) for k, x in value.items()))
-    return value
-
-
 def key_of(v: CellView, keys: Sequence[str]) -> tuple[Any, ...]:
     """The values of `keys` in `v.params`, hashable, for grouping."""
-    return tuple(_hashable(v.params.get(k)) for k in keys)
+    return tuple(hashable(v.params.get(k)) for k in keys)
 
 
 def fmt_param(key: str, value: Any) -> str:

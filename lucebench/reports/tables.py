@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lucebench.matrix.pairing import pairing_key
 from lucebench.reports import cells as C
 from lucebench.reports.cells import KV_KEY, CellView
 from lucebench.reports.fmt import NA, NOISY_MARK, fmt_summary, fmt_value
@@ -144,15 +145,6 @@ def power_sweep_table(views: Sequence[CellView]) -> Table | None:
 
 
 # ---------------------------------------------------------------------------------------------- speculative
-# Engine-specific axes, ignored when pairing a speculative cell with its AR cell (as lucebench.metrics
-# does for the speedups); the KV type is preferred equal but not required.
-_SPEC_ONLY = ("engine", "engine_type", "budget", "keep_ratio", "kv_k", "kv_v")
-
-
-def _partner_key(v: CellView) -> tuple[Any, ...]:
-    return tuple(sorted((k, C._hashable(val)) for k, val in v.params.items() if k not in _SPEC_ONLY))
-
-
 def _baseline_engine(v: CellView) -> str | None:
     content = v.result.config.content
     return content.get("baseline") if isinstance(content, dict) else None
@@ -160,9 +152,10 @@ def _baseline_engine(v: CellView) -> str | None:
 
 def ar_partners(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
     """Every autoregressive cell a speculative cell is measured against (our `ar` and llama.cpp on the same GGUF,
-    say), by engine: the same params but the engine axes, the same KV type preferred; the run's baseline first."""
-    key = _partner_key(v)
-    cands = [o for o in _ok(views) if not C.is_speculative(o) and not C.is_compressed(o) and _partner_key(o) == key]
+    say), by engine: the same workload (`pairing_key`), the same KV type preferred; the run's baseline first."""
+    key = pairing_key(v.params)
+    cands = [o for o in _ok(views)
+             if not C.is_speculative(o) and not C.is_compressed(o) and pairing_key(o.params) == key]
     cands.sort(key=lambda o: C.kv_label(o) != C.kv_label(v))
     found: dict[str, CellView] = {}
     for o in cands:
@@ -387,9 +380,9 @@ def _full_prefill_partner(v: CellView, views: Sequence[CellView]) -> CellView | 
 def full_prefills(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
     """Every uncompressed cell a compressed prefill is measured against, by engine (ours and llama.cpp's, say):
     the same params but the engine axes, the same KV type."""
-    key = _partner_key(v)
+    key = pairing_key(v.params)
     return {o.engine: o for o in _ok(views) if not C.is_speculative(o) and not C.is_compressed(o)
-            and _partner_key(o) == key}
+            and pairing_key(o.params) == key}
 
 
 def _ttft_speedup(v: CellView, full: CellView | None) -> str:

@@ -24,6 +24,7 @@ from lucebench.config.load import LoadedConfig
 from lucebench.engines.registry import GPU_BACKENDS, LaunchRequest, check_runnable, resolve_engine
 from lucebench.errors import EngineError, UserError
 from lucebench.matrix import CellSpec, expand, select
+from lucebench.matrix.pairing import kv_types, pairing_key
 from lucebench.measure.cpu_load import CpuLoadProbe
 from lucebench.metrics import METRICS_VERSION, compute_cell_metrics, compute_speedups
 from lucebench.results.schema import (
@@ -50,28 +51,20 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-_PAIRING_IGNORES = {"engine", "engine_type", "budget", "keep_ratio", "kv_k", "kv_v"}
-
-
 def baseline_pairs(cells: list[Cell], baseline: str) -> list[tuple[Cell, Cell]]:
-    """(cell, the baseline engine's cell it is measured against) for every ok cell that has one: the same params but
-    the engine axes, the DDTree budget, the keep ratio and the KV types; of several such baseline cells the one of
-    the same KV types, else the first in run order."""
-    def key(c: Cell) -> tuple:
-        return tuple(sorted((k, v) for k, v in c.params.items() if k not in _PAIRING_IGNORES))
-
-    def kv(c: Cell) -> tuple:
-        return c.params.get("kv_k"), c.params.get("kv_v")
-
+    """(cell, the baseline engine's cell it is measured against) for every ok cell that has one: the same workload
+    (`pairing_key`: the params but the engine axes, the DDTree budget, the keep ratio and the KV types); of several
+    such baseline cells the one of the same KV types, else the first in run order."""
     by_key: dict[tuple, list[Cell]] = {}
     for c in cells:
         if c.status == "ok" and c.params.get("engine") == baseline:
-            by_key.setdefault(key(c), []).append(c)
+            by_key.setdefault(pairing_key(c.params), []).append(c)
     pairs = []
     for c in cells:
-        cands = [b for b in by_key.get(key(c), []) if b is not c]
+        cands = [b for b in by_key.get(pairing_key(c.params), []) if b is not c]
         if c.status == "ok" and cands:
-            pairs.append((c, next((b for b in cands if kv(b) == kv(c)), cands[0])))
+            same_kv = (b for b in cands if kv_types(b.params) == kv_types(c.params))
+            pairs.append((c, next(same_kv, cands[0])))
     return pairs
 
 
