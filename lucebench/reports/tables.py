@@ -370,16 +370,15 @@ def context_table(views: Sequence[CellView]) -> Table | None:
 
 def _full_prefill_partner(v: CellView, views: Sequence[CellView]) -> CellView | None:
     """The one full prefill a compressed cell's answers are compared with: the run's baseline engine's cell if
-    there is one, else the first (same params but the engine axes, the same KV type)."""
+    there is one, else the first (full_prefills)."""
     fulls = full_prefills(v, views)
-    content = v.result.config.content
-    baseline = content.get("baseline") if isinstance(content, dict) else None
+    baseline = _baseline_engine(v)
     return fulls.get(baseline) if baseline in fulls else next(iter(fulls.values()), None)
 
 
 def full_prefills(v: CellView, views: Sequence[CellView]) -> dict[str, CellView]:
     """Every uncompressed cell a compressed prefill is measured against, by engine (ours and llama.cpp's, say):
-    the same params but the engine axes, the same KV type."""
+    the same workload (`pairing_key`: the params but the engine axes, KV types included)."""
     key = pairing_key(v.params)
     return {o.engine: o for o in _ok(views) if not C.is_speculative(o) and not C.is_compressed(o)
             and pairing_key(o.params) == key}
